@@ -1,0 +1,44 @@
+# The two commands a new user runs (see README.md):
+#   make train   install missing packages, build, train the default demo
+#   make test    install missing packages, build, run every test
+BUILD    ?= build
+SANITIZE ?= build-sanitize
+JOBS     ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build test train test-sanitize bench format clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j$(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+
+train: build
+	$(BUILD)/apps/mlp_demo
+
+# The CPU code under AddressSanitizer + UndefinedBehaviorSanitizer. The CUDA
+# device slot is left out: the CUDA runtime maps memory where ASan keeps its
+# shadow, and there is no GPU code to check in this build.
+test-sanitize: deps
+	cmake -S . -B $(SANITIZE) -DCMAKE_BUILD_TYPE=Debug -DFORGE_SANITIZE=ON -DFORGE_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(SANITIZE) -j$(JOBS) --target test_core test_autograd test_ops
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir $(SANITIZE) --output-on-failure -j$(JOBS)
+
+bench: build
+	$(BUILD)/bench/bench_core
+
+format:
+	find core autograd ops apps bench tests -name '*.h' -o -name '*.cpp' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD) $(SANITIZE)

@@ -1,0 +1,19 @@
+// Gradient checkpointing: run fn without recording, keep only its inputs and
+// the generator position, and in backward re-run it with recording from the
+// same position, so gradients and dropout masks equal those of a plain run.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace forge::autograd {
+
+using TensorFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// `gen` is the generator fn draws from (the default one when null).
+std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& inputs, Generator* gen = nullptr);
+
+}  // namespace forge::autograd

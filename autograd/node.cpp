@@ -1,0 +1,53 @@
+#include "autograd/node.h"
+
+#include "autograd/grad_mode.h"
+
+namespace forge::autograd {
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!grad_enabled()) return false;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn) {
+  if (!needs_grad(inputs)) return;
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->next.reserve(inputs.size());
+  node->input_shapes.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    Edge e;
+    if (t.defined() && t.requires_grad()) {
+      if (t.is_leaf()) {
+        e.leaf = t.impl_ptr();
+      } else {
+        e.node = t.grad_fn();
+        e.output_nr = t.impl().output_nr;
+      }
+    }
+    node->next.push_back(std::move(e));
+    node->input_shapes.push_back(t.defined() ? t.shape() : Shape{});
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl& out = outputs[i].impl();
+    FORGE_CHECK(out.grad_fn == nullptr, "op '{}': output {} already belongs to a graph", name, i);
+    for (const Tensor& t : inputs) {
+      FORGE_CHECK(!t.same(outputs[i]), "op '{}': output {} is one of its inputs; return a view instead", name, i);
+    }
+    node->outputs.push_back({out.shape, out.dtype, outputs[i].device()});
+    out.requires_grad = true;
+    out.output_nr = static_cast<uint32_t>(i);
+  }
+  node->backward = std::move(fn);
+  for (const Tensor& t : outputs) t.impl().grad_fn = node;
+}
+
+Tensor record(const char* name, const std::vector<Tensor>& inputs, const Tensor& output, BackwardFn fn) {
+  record(name, inputs, std::vector<Tensor>{output}, std::move(fn));
+  return output;
+}
+
+}  // namespace forge::autograd

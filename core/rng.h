@@ -1,0 +1,52 @@
+// Philox 4x32-10 counter-based generator (Salmon et al., "Parallel random
+// numbers: as easy as 1, 2, 3", SC'11). A stream is keyed by (seed, offset):
+// draw number i of a request made at `offset` is lane i % 4 of the block with
+// counter (offset + i / 4, 0, 0, 0) under key (seed_lo, seed_hi). A request of
+// n values advances the offset by ceil(n / 4), so every op can compute any
+// element independently (on any device) and the whole state is two integers.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace forge {
+
+using Philox4x32 = std::array<uint32_t, 4>;
+
+// One Philox 4x32 block with 10 rounds.
+Philox4x32 philox4x32_10(Philox4x32 counter, std::array<uint32_t, 2> key);
+
+struct GeneratorState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  bool operator==(const GeneratorState&) const = default;
+};
+
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) : state_{seed, 0} {}
+
+  // Reserves blocks for `n` values and returns the offset the request starts at.
+  uint64_t reserve(uint64_t n);
+  uint64_t seed() const { return state_.seed; }
+  uint64_t offset() const { return state_.offset; }
+  void manual_seed(uint64_t seed) { state_ = {seed, 0}; }
+
+  GeneratorState state() const { return state_; }
+  void set_state(GeneratorState s) { state_ = s; }
+
+  // The i-th 32-bit word of the stream that starts at block `offset`.
+  static uint32_t word(uint64_t seed, uint64_t offset, uint64_t i);
+  // Uniform in [0, 1): 24 random bits for float, 53 (two words) for double.
+  static float uniform_f32(uint64_t seed, uint64_t offset, uint64_t i);
+  static double uniform_f64(uint64_t seed, uint64_t offset, uint64_t i);
+
+ private:
+  GeneratorState state_;
+};
+
+// The process-wide generator used when an op is given none.
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
+}  // namespace forge

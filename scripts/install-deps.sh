@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that the build and the tests need, and nothing
+# when they are all present already. Safe to run any number of times.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libopenblas-openmp-dev   # OpenBLAS built with OpenMP: BLAS and our kernels share one thread pool
+  libyaml-cpp-dev
+  libspdlog-dev libfmt-dev
+  libgtest-dev
+  zlib1g-dev libpng-dev libjpeg62-turbo-dev
+  dataset-fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
