@@ -4,6 +4,23 @@
 
 namespace forge::autograd {
 
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> pending;
+  for (Edge& e : next) {
+    if (e.node) pending.push_back(std::move(e.node));
+  }
+  while (!pending.empty()) {
+    std::shared_ptr<Node> n = std::move(pending.back());
+    pending.pop_back();
+    if (n.use_count() == 1) {
+      // Last owner: take its edges before it dies, so its destructor finds none.
+      for (Edge& e : n->next) {
+        if (e.node) pending.push_back(std::move(e.node));
+      }
+    }
+  }
+}
+
 bool needs_grad(const std::vector<Tensor>& inputs) {
   if (!grad_enabled()) return false;
   for (const Tensor& t : inputs) {

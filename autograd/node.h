@@ -39,6 +39,13 @@ struct Node {
   std::vector<OutputMeta> outputs;  // to make zero gradients for unused outputs
   BackwardFn backward;
   bool released = false;  // backward ran without retain_graph: saved tensors are gone
+
+  Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  // Releases a chain of nodes iteratively: freeing a 10^5-op graph by
+  // recursion through the edges would overflow the stack.
+  ~Node();
 };
 
 // True when grad mode is on and any input requires grad: the op must record.

@@ -36,7 +36,10 @@ TensorImpl& Tensor::impl() const {
   return *impl_;
 }
 
-int64_t Tensor::size(int64_t d) const { return shape()[static_cast<size_t>(wrap_dim(d, dim(), "size"))]; }
+int64_t Tensor::size(int64_t d) const {
+  FORGE_CHECK(dim() > 0, "size({}): a 0-d tensor has no dimensions", d);
+  return shape()[static_cast<size_t>(wrap_dim(d, dim(), "size"))];
+}
 
 void* Tensor::raw_data() const {
   FORGE_CHECK(device().is_cpu(), "CPU data of a tensor on {} requested; copy it with .to(Device::cpu())",

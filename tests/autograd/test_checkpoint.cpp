@@ -4,6 +4,7 @@
 
 #include "autograd/checkpoint.h"
 #include "autograd/engine.h"
+#include "autograd/node.h"
 #include "ops/ops.h"
 #include "tests/test_util.h"
 

@@ -1,0 +1,727 @@
+// Elementwise ops on the CPU: one flat loop per op when the operands need no
+// index arithmetic (same shape, or one element), otherwise a broadcast walk
+// over the output in innermost runs where each operand either advances by one
+// element or stays put. Backward passes are fused single loops for the unary
+// ops and go through sum_to for the broadcasting binary ones.
+#include "ops/elementwise/elementwise.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/threading.h"
+
+namespace forge::ops {
+
+namespace {
+
+// Rough cost of one element in parallel_for units: a load/store and an add is
+// 1; a transcendental call is tens.
+constexpr int64_t kCheap = 1;
+constexpr int64_t kTranscendental = 16;
+constexpr int64_t kPow = 32;
+
+// ---- argument checks ----
+
+void check_float(const Tensor& t, const char* op, const char* arg) {
+  FORGE_CHECK(t.defined(), "{}: {} is an undefined tensor", op, arg);
+  FORGE_CHECK(t.device().is_cpu(),
+              "{}: {} is on {}, but this op runs on the CPU; move it with .to(Device::cpu())", op,
+              arg, t.device().str());
+  FORGE_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
+              "{}: {} must be a f32 or f64 tensor, got {}; convert it with .to(DType::f32)", op,
+              arg, dtype_name(t.dtype()));
+}
+
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  FORGE_CHECK(a.dtype() == b.dtype(),
+              "{}: operands must have one dtype, got {} and {}; convert one with .to()", op,
+              dtype_name(a.dtype()), dtype_name(b.dtype()));
+}
+
+void check_mask(const Tensor& t, const char* op, const char* arg) {
+  FORGE_CHECK(t.defined(), "{}: {} is an undefined tensor", op, arg);
+  FORGE_CHECK(t.device().is_cpu(),
+              "{}: {} is on {}, but this op runs on the CPU; move it with .to(Device::cpu())", op,
+              arg, t.device().str());
+  FORGE_CHECK(t.dtype() == DType::boolean || t.dtype() == DType::u8,
+              "{}: {} must be a bool or u8 tensor, got {}", op, arg, dtype_name(t.dtype()));
+}
+
+// Masks are bool or u8; both are one byte per element, true when non-zero.
+const uint8_t* mask_data(const Tensor& m) {
+  return static_cast<const uint8_t*>(m.raw_data());
+}
+
+Shape broadcast_pair(const Shape& a, const Shape& b, const char* op) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    // Right-aligned: missing leading dims count as 1.
+    const int64_t da = i + a.size() < n ? 1 : a[i + a.size() - n];
+    const int64_t db = i + b.size() < n ? 1 : b[i + b.size() - n];
+    FORGE_CHECK(da == db || da == 1 || db == 1,
+                "{}: shapes {} and {} do not broadcast: dim {} is {} in one and {} in the other "
+                "(sizes must match or "
+                "one must be 1)",
+                op, shape_str(a), shape_str(b), static_cast<int64_t>(i) - static_cast<int64_t>(n),
+                da, db);
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+// Whether `from` broadcasts to exactly `to` (from's dims are each 1 or equal).
+bool broadcasts_to(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  const size_t lead = to.size() - from.size();
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (from[i] != 1 && from[i] != to[lead + i]) return false;
+  }
+  return true;
+}
+
+// ---- the broadcast walk ----
+
+// How K operands are read while walking an output: the output's dims with
+// size-1 dims dropped and neighbours merged wherever every operand is
+// contiguous across them (e.g. [B, N, D] + [D] becomes [B*N, D] with strides
+// [D, 1] and [0, 1]). The innermost stride of every operand is then 0 or 1.
+template <size_t K>
+struct BroadcastPlan {
+  Shape sizes;                   // at least one dim
+  std::array<Shape, K> strides;  // element strides over `sizes`, 0 where broadcast
+};
+
+template <size_t K>
+BroadcastPlan<K> plan_broadcast(const Shape& out, const std::array<Shape, K>& ins) {
+  const int64_t n = shape_numel(out);
+  BroadcastPlan<K> p;
+  bool flat = true;
+  for (const Shape& s : ins) flat = flat && (shape_numel(s) == n || shape_numel(s) == 1);
+  if (flat) {
+    // Fast path: an operand with all n elements is laid out like the output
+    // (broadcasting only added size-1 dims); a one-element one is a constant.
+    p.sizes = {n};
+    for (size_t k = 0; k < K; ++k) p.strides[k] = {shape_numel(ins[k]) == n ? 1 : 0};
+    return p;
+  }
+  std::array<Shape, K> full;
+  for (size_t k = 0; k < K; ++k) {
+    const Shape& s = ins[k];
+    full[k].assign(out.size(), 0);
+    int64_t stride = 1;
+    for (size_t i = s.size(); i-- > 0;) {
+      full[k][i + out.size() - s.size()] = s[i] == 1 ? 0 : stride;
+      stride *= s[i];
+    }
+  }
+  for (size_t d = 0; d < out.size(); ++d) {
+    if (out[d] == 1) continue;
+    bool merge = !p.sizes.empty();
+    for (size_t k = 0; k < K && merge; ++k) merge = p.strides[k].back() == full[k][d] * out[d];
+    if (merge) {
+      p.sizes.back() *= out[d];
+      for (size_t k = 0; k < K; ++k) p.strides[k].back() = full[k][d];
+    } else {
+      p.sizes.push_back(out[d]);
+      for (size_t k = 0; k < K; ++k) p.strides[k].push_back(full[k][d]);
+    }
+  }
+  return p;
+}
+
+// Calls run(out_offset, in_offsets, len) on consecutive runs of output elements
+// that lie in one innermost row; the output's elements are split evenly across
+// threads, so a thread may start or end mid-row.
+template <size_t K, typename Run>
+void for_each_run(const BroadcastPlan<K>& p, int64_t cost_per_item, Run&& run) {
+  const int64_t n = shape_numel(p.sizes);
+  if (n == 0) return;
+  const size_t nd = p.sizes.size(), last = nd - 1;
+  const int64_t inner = p.sizes[last];
+  parallel_for(n, cost_per_item, [&](int64_t begin, int64_t end) {
+    // Odometer over the outer dims, started at begin's row.
+    std::vector<int64_t> idx(last);
+    std::array<int64_t, K> row{};
+    int64_t rem = begin / inner;
+    for (size_t d = last; d-- > 0;) {
+      idx[d] = rem % p.sizes[d];
+      rem /= p.sizes[d];
+      for (size_t k = 0; k < K; ++k) row[k] += idx[d] * p.strides[k][d];
+    }
+    int64_t col = begin % inner;
+    for (int64_t o = begin; o < end;) {
+      const int64_t len = std::min(inner - col, end - o);
+      std::array<int64_t, K> at;
+      for (size_t k = 0; k < K; ++k) at[k] = row[k] + col * p.strides[k][last];
+      run(o, at, len);
+      o += len;
+      col = 0;
+      for (size_t d = last; d-- > 0;) {
+        for (size_t k = 0; k < K; ++k) row[k] += p.strides[k][d];
+        if (++idx[d] < p.sizes[d]) break;
+        for (size_t k = 0; k < K; ++k) row[k] -= p.strides[k][d] * p.sizes[d];
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
+// out[i] = f(a[i], b[i]) over one run; an operand that does not walk is one
+// value. One loop per pattern so that each is a plain vectorisable loop.
+template <typename T, typename F>
+void binary_run(const T* a, bool a_walks, const T* b, bool b_walks, T* out, int64_t len, F f) {
+  if (a_walks && b_walks) {
+    for (int64_t i = 0; i < len; ++i) out[i] = f(a[i], b[i]);
+  } else if (a_walks) {
+    const T bv = *b;
+    for (int64_t i = 0; i < len; ++i) out[i] = f(a[i], bv);
+  } else if (b_walks) {
+    const T av = *a;
+    for (int64_t i = 0; i < len; ++i) out[i] = f(av, b[i]);
+  } else {
+    const T v = f(*a, *b);
+    for (int64_t i = 0; i < len; ++i) out[i] = v;
+  }
+}
+
+// out = f(a, b) broadcast; f is a generic lambda over the element type.
+template <typename F>
+Tensor binary(const Tensor& a, const Tensor& b, const char* op, int64_t cost, F f) {
+  check_float(a, op, "a");
+  check_float(b, op, "b");
+  check_same_dtype(a, b, op);
+  const Shape shape = broadcast_pair(a.shape(), b.shape(), op);
+  Tensor out = Tensor::empty(shape, a.dtype());
+  const auto plan = plan_broadcast<2>(shape, {a.shape(), b.shape()});
+  const bool a_walks = plan.strides[0].back() != 0, b_walks = plan.strides[1].back() != 0;
+  FORGE_DISPATCH_FLOAT(a.dtype(), op, [&] {
+    const scalar_t* pa = a.data<scalar_t>();
+    const scalar_t* pb = b.data<scalar_t>();
+    scalar_t* po = out.data<scalar_t>();
+    for_each_run(plan, cost, [&](int64_t o, const std::array<int64_t, 2>& at, int64_t len) {
+      binary_run(pa + at[0], a_walks, pb + at[1], b_walks, po + o, len, f);
+    });
+  });
+  return out;
+}
+
+// y[i] = f(x[i]).
+template <typename F>
+Tensor map(const Tensor& x, const char* op, int64_t cost, F f) {
+  check_float(x, op, "x");
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  FORGE_DISPATCH_FLOAT(x.dtype(), op, [&] {
+    const scalar_t* px = x.data<scalar_t>();
+    scalar_t* py = y.data<scalar_t>();
+    parallel_for(x.numel(), cost, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) py[i] = f(px[i]);
+    });
+  });
+  return y;
+}
+
+// The backward of a unary op in one pass: dx[i] = g[i] * deriv(s[i]), where s
+// is the tensor the derivative is cheapest from (the input or the output).
+template <typename D>
+Tensor chain(const Tensor& g, const Tensor& s, const char* op, int64_t cost, D deriv) {
+  FORGE_CHECK(g.shape() == s.shape() && g.dtype() == s.dtype(),
+              "{} backward: gradient {} {} does not match the saved {} {}", op,
+              shape_str(g.shape()), dtype_name(g.dtype()), shape_str(s.shape()),
+              dtype_name(s.dtype()));
+  Tensor dx = Tensor::empty(g.shape(), g.dtype());
+  FORGE_DISPATCH_FLOAT(g.dtype(), op, [&] {
+    const scalar_t* pg = g.data<scalar_t>();
+    const scalar_t* ps = s.data<scalar_t>();
+    scalar_t* pd = dx.data<scalar_t>();
+    parallel_for(g.numel(), cost, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) pd[i] = pg[i] * deriv(ps[i]);
+    });
+  });
+  return dx;
+}
+
+// Records y = op(x) when x needs grad, with the backward `chain(g, saved, deriv)`.
+template <typename D>
+Tensor record_unary(const char* op, const Tensor& x, const Tensor& y, const Tensor& saved,
+                    int64_t cost, D deriv) {
+  if (!autograd::needs_grad({x})) return y;
+  return autograd::record(op, {x}, y,
+                          [op, cost, deriv, s = saved.detach()](const std::vector<Tensor>& g) {
+                            return std::vector<Tensor>{chain(g[0], s, op, cost, deriv)};
+                          });
+}
+
+// ---- sum_to's reduction ----
+
+// Sum of n contiguous values in eight independent lanes, which the compiler
+// can keep in one vector register without reassociating a single chain.
+template <typename T>
+T sum_contiguous(const T* p, int64_t n) {
+  T lanes[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) lanes[k] += p[i + k];
+  }
+  T s = 0;
+  for (; i < n; ++i) s += p[i];
+  for (int k = 0; k < 8; ++k) s += lanes[k];
+  return s;
+}
+
+// g is [outer, R, inner] contiguous; out[o, i] = sum_r g[o, r, i].
+template <typename T>
+void sum_middle(const T* g, T* out, int64_t outer, int64_t R, int64_t inner) {
+  if (inner == 1 && outer == 1) {
+    // A full reduction (a scalar operand's gradient): partial sums per thread.
+    const int64_t chunks = std::clamp<int64_t>(R / kParallelGrain, 1, num_threads());
+    std::vector<T> partial(static_cast<size_t>(chunks));
+    parallel_for(chunks, R / chunks, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t lo = R * c / chunks, hi = R * (c + 1) / chunks;
+        partial[static_cast<size_t>(c)] = sum_contiguous(g + lo, hi - lo);
+      }
+    });
+    T s = 0;
+    for (T v : partial) s += v;
+    out[0] = s;
+  } else if (inner == 1) {
+    parallel_for(outer, R, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o) out[o] = sum_contiguous(g + o * R, R);
+    });
+  } else {
+    // Rows of `inner` are added into the output row: the inner loop walks both
+    // contiguously. Threads split the outer*inner outputs, cutting rows if needed.
+    parallel_for(outer * inner, R, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin / inner; o * inner < end; ++o) {
+        const int64_t i0 = std::max<int64_t>(begin - o * inner, 0),
+                      i1 = std::min(end - o * inner, inner);
+        T* dst = out + o * inner;
+        const T* src = g + o * R * inner;
+        for (int64_t i = i0; i < i1; ++i) dst[i] = 0;
+        for (int64_t r = 0; r < R; ++r) {
+          const T* row = src + r * inner;
+          for (int64_t i = i0; i < i1; ++i) dst[i] += row[i];
+        }
+      }
+    });
+  }
+}
+
+}  // namespace
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  return broadcast_pair(a, b, "broadcast_shapes");
+}
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  check_float(g, "sum_to", "g");
+  FORGE_CHECK(broadcasts_to(shape, g.shape()),
+              "sum_to: cannot sum a tensor of shape {} to shape {}; the target must broadcast to "
+              "the source",
+              shape_str(g.shape()), shape_str(shape));
+  // Already the right shape (the common case in binary backward): no copy.
+  if (g.shape() == shape) return g;
+
+  // g's dims as groups of reduced (target has 1) and kept dims, neighbours of
+  // one kind merged and size-1 dims dropped: [B, N, D] -> [D] is {B*N: reduced, D: kept}.
+  struct Group {
+    int64_t size;
+    bool reduced;
+  };
+  std::vector<Group> groups;
+  const size_t lead = g.shape().size() - shape.size();
+  for (size_t i = 0; i < g.shape().size(); ++i) {
+    const int64_t gs = g.shape()[i];
+    if (gs == 1) continue;
+    const bool reduced = i < lead || shape[i - lead] == 1;
+    if (!groups.empty() && groups.back().reduced == reduced) {
+      groups.back().size *= gs;
+    } else {
+      groups.push_back({gs, reduced});
+    }
+  }
+
+  Tensor cur = g;
+  FORGE_DISPATCH_FLOAT(g.dtype(), "sum_to", [&] {
+    // One pass per reduced group, outermost first, each viewing the current
+    // tensor as [outer, R, inner]; the last pass writes the result.
+    for (size_t p = 0; p < groups.size();) {
+      if (!groups[p].reduced) {
+        ++p;
+        continue;
+      }
+      int64_t outer = 1, inner = 1;
+      for (size_t q = 0; q < p; ++q) outer *= groups[q].size;
+      for (size_t q = p + 1; q < groups.size(); ++q) inner *= groups[q].size;
+      Tensor next = Tensor::empty({outer * inner}, g.dtype());
+      sum_middle(cur.data<scalar_t>(), next.data<scalar_t>(), outer, groups[p].size, inner);
+      cur = next;
+      groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(p));
+    }
+  });
+  Tensor out = cur.view(shape);
+  if (!autograd::needs_grad({g})) return out;
+  // Forward summed g over its broadcast dims, so each g element gets the gradient of its sum.
+  return autograd::record("sum_to", {g}, out, [from = g.shape()](const std::vector<Tensor>& grad) {
+    return std::vector<Tensor>{expand(grad[0], from)};
+  });
+}
+
+Tensor expand(const Tensor& x, const Shape& shape) {
+  check_float(x, "expand", "x");
+  FORGE_CHECK(broadcasts_to(x.shape(), shape),
+              "expand: cannot broadcast shape {} to {}; each dim must match or be 1",
+              shape_str(x.shape()), shape_str(shape));
+  Tensor out = Tensor::empty(shape, x.dtype());
+  const auto plan = plan_broadcast<1>(shape, {x.shape()});
+  const bool walks = plan.strides[0].back() != 0;
+  FORGE_DISPATCH_FLOAT(x.dtype(), "expand", [&] {
+    const scalar_t* px = x.data<scalar_t>();
+    scalar_t* po = out.data<scalar_t>();
+    for_each_run(plan, kCheap, [&](int64_t o, const std::array<int64_t, 1>& at, int64_t len) {
+      if (walks) {
+        std::copy(px + at[0], px + at[0] + len, po + o);
+      } else {
+        std::fill(po + o, po + o + len, px[at[0]]);
+      }
+    });
+  });
+  if (!autograd::needs_grad({x})) return out;
+  return autograd::record("expand", {x}, out, [from = x.shape()](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{sum_to(g[0], from)};
+  });
+}
+
+// ---- binary ops ----
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = binary(a, b, "add", kCheap, []<typename T>(T x, T y) -> T { return x + y; });
+  if (!autograd::needs_grad({a, b})) return out;
+  return autograd::record("add", {a, b}, out,
+                          [sa = a.shape(), sb = b.shape(), ra = a.requires_grad(),
+                           rb = b.requires_grad()](const std::vector<Tensor>& g) {
+                            return std::vector<Tensor>{ra ? sum_to(g[0], sa) : Tensor(),
+                                                       rb ? sum_to(g[0], sb) : Tensor()};
+                          });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = binary(a, b, "sub", kCheap, []<typename T>(T x, T y) -> T { return x - y; });
+  if (!autograd::needs_grad({a, b})) return out;
+  return autograd::record("sub", {a, b}, out,
+                          [sa = a.shape(), sb = b.shape(), ra = a.requires_grad(),
+                           rb = b.requires_grad()](const std::vector<Tensor>& g) {
+                            // Negate after summing: the reduced tensor is the smaller one.
+                            return std::vector<Tensor>{ra ? sum_to(g[0], sa) : Tensor(),
+                                                       rb ? neg(sum_to(g[0], sb)) : Tensor()};
+                          });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = binary(a, b, "mul", kCheap, []<typename T>(T x, T y) -> T { return x * y; });
+  if (!autograd::needs_grad({a, b})) return out;
+  const bool ra = a.requires_grad(), rb = b.requires_grad();
+  // d(a*b)/da = b and /db = a; only the factor another input's gradient needs is kept.
+  return autograd::record(
+      "mul", {a, b}, out,
+      [sa = a.shape(), sb = b.shape(), ra, rb, a_saved = rb ? a.detach() : Tensor(),
+       b_saved = ra ? b.detach() : Tensor()](const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{ra ? sum_to(mul(g[0], b_saved), sa) : Tensor(),
+                                   rb ? sum_to(mul(g[0], a_saved), sb) : Tensor()};
+      });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = binary(a, b, "div", kCheap, []<typename T>(T x, T y) -> T { return x / y; });
+  if (!autograd::needs_grad({a, b})) return out;
+  // y = a / b: dy/da = 1 / b, dy/db = -a / b^2 = -y / b. Both start from g / b
+  // (output shape), so it is computed once.
+  return autograd::record(
+      "div", {a, b}, out,
+      [sa = a.shape(), sb = b.shape(), ra = a.requires_grad(), rb = b.requires_grad(),
+       b_saved = b.detach(),
+       y_saved = b.requires_grad() ? out.detach() : Tensor()](const std::vector<Tensor>& g) {
+        const Tensor g_over_b = div(g[0], b_saved);
+        return std::vector<Tensor>{ra ? sum_to(g_over_b, sa) : Tensor(),
+                                   rb ? neg(sum_to(mul(g_over_b, y_saved), sb)) : Tensor()};
+      });
+}
+
+Tensor add(const Tensor& a, double s) {
+  Tensor out = map(a, "add", kCheap, [s]<typename T>(T x) -> T { return x + static_cast<T>(s); });
+  if (!autograd::needs_grad({a})) return out;
+  return autograd::record("add_scalar", {a}, out,
+                          [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+}
+
+Tensor mul(const Tensor& a, double s) {
+  Tensor out = map(a, "mul", kCheap, [s]<typename T>(T x) -> T { return x * static_cast<T>(s); });
+  if (!autograd::needs_grad({a})) return out;
+  return autograd::record("mul_scalar", {a}, out, [s](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{mul(g[0], s)};
+  });
+}
+
+// ---- unary ops ----
+
+Tensor neg(const Tensor& x) {
+  Tensor y = map(x, "neg", kCheap, []<typename T>(T v) -> T { return -v; });
+  if (!autograd::needs_grad({x})) return y;
+  return autograd::record(
+      "neg", {x}, y, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{neg(g[0])}; });
+}
+
+Tensor exp(const Tensor& x) {
+  Tensor y = map(x, "exp", kTranscendental, []<typename T>(T v) -> T { return std::exp(v); });
+  return record_unary("exp", x, y, y, kCheap, []<typename T>(T e) -> T { return e; });
+}
+
+Tensor log(const Tensor& x) {
+  Tensor y = map(x, "log", kTranscendental, []<typename T>(T v) -> T { return std::log(v); });
+  return record_unary("log", x, y, x, kCheap, []<typename T>(T v) -> T { return T(1) / v; });
+}
+
+Tensor sqrt(const Tensor& x) {
+  Tensor y = map(x, "sqrt", kCheap, []<typename T>(T v) -> T { return std::sqrt(v); });
+  // d sqrt(x)/dx = 1 / (2 sqrt(x)), from the output.
+  return record_unary("sqrt", x, y, y, kCheap, []<typename T>(T r) -> T { return T(0.5) / r; });
+}
+
+Tensor rsqrt(const Tensor& x) {
+  Tensor y = map(x, "rsqrt", kCheap, []<typename T>(T v) -> T { return T(1) / std::sqrt(v); });
+  // d x^(-1/2)/dx = -x^(-3/2) / 2 = -y^3 / 2.
+  return record_unary("rsqrt", x, y, y, kCheap,
+                      []<typename T>(T r) -> T { return T(-0.5) * r * r * r; });
+}
+
+Tensor pow(const Tensor& x, double exponent) {
+  Tensor y = map(x, "pow", kPow, [exponent]<typename T>(T v) -> T {
+    return std::pow(v, static_cast<T>(exponent));
+  });
+  // p * x^(p-1); exponent 0 is a constant, whose gradient is 0 even at x = 0.
+  return record_unary("pow", x, y, x, kPow, [exponent]<typename T>(T v) -> T {
+    return exponent == 0 ? T(0)
+                         : static_cast<T>(exponent) * std::pow(v, static_cast<T>(exponent - 1));
+  });
+}
+
+Tensor abs(const Tensor& x) {
+  Tensor y = map(x, "abs", kCheap, []<typename T>(T v) -> T { return std::abs(v); });
+  return record_unary("abs", x, y, x, kCheap, []<typename T>(T v) -> T {
+    return v > T(0) ? T(1) : (v < T(0) ? T(-1) : T(0));
+  });
+}
+
+Tensor square(const Tensor& x) {
+  Tensor y = map(x, "square", kCheap, []<typename T>(T v) -> T { return v * v; });
+  return record_unary("square", x, y, x, kCheap, []<typename T>(T v) -> T { return T(2) * v; });
+}
+
+Tensor clamp(const Tensor& x, double lo, double hi) {
+  FORGE_CHECK(!(lo > hi), "clamp: lo ({}) must not exceed hi ({})", lo, hi);
+  Tensor y = map(x, "clamp", kCheap, [lo, hi]<typename T>(T v) -> T {
+    return std::min(std::max(v, static_cast<T>(lo)), static_cast<T>(hi));
+  });
+  return record_unary("clamp", x, y, x, kCheap, [lo, hi]<typename T>(T v) -> T {
+    return v >= static_cast<T>(lo) && v <= static_cast<T>(hi) ? T(1) : T(0);
+  });
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor y = map(x, "relu", kCheap, []<typename T>(T v) -> T { return v > T(0) ? v : T(0); });
+  return record_unary("relu", x, y, x, kCheap,
+                      []<typename T>(T v) -> T { return v > T(0) ? T(1) : T(0); });
+}
+
+namespace {
+
+constexpr double kInvSqrt2 = 0.70710678118654752440;     // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1 / sqrt(2 pi)
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2 / pi)
+constexpr double kGeluCubic = 0.044715;
+
+// Phi(x) = (1 + erf(x / sqrt 2)) / 2, written with erfc so that the far
+// negative tail keeps its relative precision instead of cancelling to 0.
+template <typename T>
+T normal_cdf(T x) {
+  return T(0.5) * std::erfc(-x * T(kInvSqrt2));
+}
+
+template <typename T>
+T sigmoid_of(T x) {
+  // exp of a non-positive argument only: no overflow at either end.
+  if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
+  const T e = std::exp(x);
+  return e / (T(1) + e);
+}
+
+}  // namespace
+
+Tensor gelu(const Tensor& x, GeluApprox approx) {
+  if (approx == GeluApprox::tanh) {
+    // 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3);
+    // dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+    Tensor y = map(x, "gelu", kTranscendental, []<typename T>(T v) -> T {
+      return T(0.5) * v * (T(1) + std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCubic) * v * v * v)));
+    });
+    return record_unary("gelu_tanh", x, y, x, kTranscendental, []<typename T>(T v) -> T {
+      const T t = std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCubic) * v * v * v));
+      return T(0.5) * (T(1) + t) +
+             T(0.5) * v * (T(1) - t * t) * T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * v * v);
+    });
+  }
+  // x Phi(x); dy/dx = Phi(x) + x phi(x).
+  Tensor y =
+      map(x, "gelu", kTranscendental, []<typename T>(T v) -> T { return v * normal_cdf(v); });
+  return record_unary("gelu", x, y, x, 2 * kTranscendental, []<typename T>(T v) -> T {
+    return normal_cdf(v) + v * T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v);
+  });
+}
+
+Tensor elu(const Tensor& x, double alpha) {
+  Tensor y = map(x, "elu", kTranscendental, [alpha]<typename T>(T v) -> T {
+    return v > T(0) ? v : static_cast<T>(alpha) * std::expm1(v);
+  });
+  return record_unary("elu", x, y, x, kTranscendental, [alpha]<typename T>(T v) -> T {
+    return v > T(0) ? T(1) : static_cast<T>(alpha) * std::exp(v);
+  });
+}
+
+Tensor silu(const Tensor& x) {
+  Tensor y =
+      map(x, "silu", kTranscendental, []<typename T>(T v) -> T { return v * sigmoid_of(v); });
+  // d(x s)/dx = s + x s (1 - s) with s = sigmoid(x).
+  return record_unary("silu", x, y, x, kTranscendental, []<typename T>(T v) -> T {
+    const T s = sigmoid_of(v);
+    return s * (T(1) + v * (T(1) - s));
+  });
+}
+
+Tensor sigmoid(const Tensor& x) {
+  Tensor y = map(x, "sigmoid", kTranscendental, []<typename T>(T v) -> T { return sigmoid_of(v); });
+  return record_unary("sigmoid", x, y, y, kCheap,
+                      []<typename T>(T s) -> T { return s * (T(1) - s); });
+}
+
+Tensor tanh(const Tensor& x) {
+  Tensor y = map(x, "tanh", kTranscendental, []<typename T>(T v) -> T { return std::tanh(v); });
+  return record_unary("tanh", x, y, y, kCheap, []<typename T>(T t) -> T { return T(1) - t * t; });
+}
+
+// ---- selection ----
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  check_mask(cond, "where", "cond");
+  check_float(a, "where", "a");
+  check_float(b, "where", "b");
+  check_same_dtype(a, b, "where");
+  const Shape shape =
+      broadcast_pair(broadcast_pair(cond.shape(), a.shape(), "where"), b.shape(), "where");
+  Tensor out = Tensor::empty(shape, a.dtype());
+  const auto plan = plan_broadcast<3>(shape, {cond.shape(), a.shape(), b.shape()});
+  // Innermost strides are 0 or 1, so multiplying by them keeps each read in place or walking.
+  const int64_t sc = plan.strides[0].back(), sa = plan.strides[1].back(),
+                sb = plan.strides[2].back();
+  FORGE_DISPATCH_FLOAT(a.dtype(), "where", [&] {
+    const uint8_t* pc = mask_data(cond);
+    const scalar_t* pa = a.data<scalar_t>();
+    const scalar_t* pb = b.data<scalar_t>();
+    scalar_t* po = out.data<scalar_t>();
+    for_each_run(plan, kCheap, [&](int64_t o, const std::array<int64_t, 3>& at, int64_t len) {
+      const uint8_t* c = pc + at[0];
+      const scalar_t* x = pa + at[1];
+      const scalar_t* y = pb + at[2];
+      scalar_t* dst = po + o;
+      for (int64_t i = 0; i < len; ++i) dst[i] = c[i * sc] ? x[i * sa] : y[i * sb];
+    });
+  });
+  if (!autograd::needs_grad({a, b})) return out;
+  // The gradient flows to whichever operand was picked, then sums back to its shape.
+  return autograd::record(
+      "where", {cond, a, b}, out,
+      [c = cond.detach(), sa_shape = a.shape(), sb_shape = b.shape(), ra = a.requires_grad(),
+       rb = b.requires_grad()](const std::vector<Tensor>& g) {
+        const Tensor zero = Tensor::zeros({}, g[0].dtype());
+        return std::vector<Tensor>{Tensor(), ra ? sum_to(where(c, g[0], zero), sa_shape) : Tensor(),
+                                   rb ? sum_to(where(c, zero, g[0]), sb_shape) : Tensor()};
+      });
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  check_float(x, "masked_fill", "x");
+  check_mask(mask, "masked_fill", "mask");
+  FORGE_CHECK(broadcasts_to(mask.shape(), x.shape()),
+              "masked_fill: mask of shape {} does not broadcast to x's shape {}; each mask dim "
+              "must match or be 1",
+              shape_str(mask.shape()), shape_str(x.shape()));
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  const auto plan = plan_broadcast<2>(x.shape(), {x.shape(), mask.shape()});
+  const int64_t sm = plan.strides[1].back();
+  FORGE_DISPATCH_FLOAT(x.dtype(), "masked_fill", [&] {
+    const scalar_t* px = x.data<scalar_t>();
+    const uint8_t* pm = mask_data(mask);
+    scalar_t* po = out.data<scalar_t>();
+    const auto v = static_cast<scalar_t>(value);
+    for_each_run(plan, kCheap, [&](int64_t o, const std::array<int64_t, 2>& at, int64_t len) {
+      const scalar_t* src = px + at[0];
+      const uint8_t* m = pm + at[1];
+      scalar_t* dst = po + o;
+      for (int64_t i = 0; i < len; ++i) dst[i] = m[i * sm] ? v : src[i];
+    });
+  });
+  if (!autograd::needs_grad({x})) return out;
+  // Filled positions are constants: their gradient is 0.
+  return autograd::record("masked_fill", {x, mask}, out,
+                          [m = mask.detach()](const std::vector<Tensor>& g) {
+                            return std::vector<Tensor>{masked_fill(g[0], m, 0.0), Tensor()};
+                          });
+}
+
+}  // namespace forge::ops
+
+namespace forge {
+
+Tensor operator+(const Tensor& a, const Tensor& b) {
+  return ops::add(a, b);
+}
+Tensor operator-(const Tensor& a, const Tensor& b) {
+  return ops::sub(a, b);
+}
+Tensor operator*(const Tensor& a, const Tensor& b) {
+  return ops::mul(a, b);
+}
+Tensor operator/(const Tensor& a, const Tensor& b) {
+  return ops::div(a, b);
+}
+Tensor operator+(const Tensor& a, double s) {
+  return ops::add(a, s);
+}
+Tensor operator-(const Tensor& a, double s) {
+  return ops::add(a, -s);
+}
+Tensor operator*(const Tensor& a, double s) {
+  return ops::mul(a, s);
+}
+// Multiplying by 1/s may differ from a true division in the last bit.
+Tensor operator/(const Tensor& a, double s) {
+  return ops::mul(a, 1.0 / s);
+}
+Tensor operator+(double s, const Tensor& a) {
+  return ops::add(a, s);
+}
+Tensor operator-(double s, const Tensor& a) {
+  return ops::add(ops::neg(a), s);
+}
+Tensor operator*(double s, const Tensor& a) {
+  return ops::mul(a, s);
+}
+Tensor operator-(const Tensor& a) {
+  return ops::neg(a);
+}
+
+}  // namespace forge

@@ -1,0 +1,409 @@
+// safetensors: round trips of every dtype, the exact bytes of the standard
+// layout, atomic replacement, and rejection of every kind of corrupt file
+// with a message naming the file and the tensor.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "core/safetensors.h"
+
+namespace forge::safetensors {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory per test, removed afterwards.
+class SafetensorsFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / fmt::format("forge_st_{}_{}", ::getpid(), info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const std::string& path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string le64(uint64_t n) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return s;
+}
+
+// A file with `header` (unpadded) and `data` bytes.
+std::string make_file(std::string_view header, std::string_view data) {
+  return le64(header.size()) + std::string(header) + std::string(data);
+}
+
+// The forge::Error message of deserializing `bytes` ("" if it loaded).
+std::string error_of(std::string_view bytes) {
+  try {
+    deserialize(bytes, "bad.safetensors");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_REJECTED(bytes, ...)                                                          \
+  do {                                                                                       \
+    const std::string msg_ = error_of(bytes);                                                \
+    ASSERT_FALSE(msg_.empty()) << "accepted";                                                \
+    EXPECT_NE(msg_.find("bad.safetensors"), std::string::npos) << msg_;                      \
+    for (const char* part_ : {__VA_ARGS__}) {                                                \
+      EXPECT_NE(msg_.find(part_), std::string::npos) << "no '" << part_ << "' in: " << msg_; \
+    }                                                                                        \
+  } while (0)
+
+std::string bytes_of(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
+}
+
+std::map<std::string, Tensor> every_dtype() {
+  std::map<std::string, Tensor> m;
+  m["f32"] = Tensor::from_vector<float>({1.5f, -2.25f, 0.0f, 3.0e38f, -1e-38f, 7.0f}, {2, 3});
+  m["f64"] = Tensor::from_vector<double>({1.0 / 3.0, -0.0, 1e300, 5e-324});
+  m["i32"] = Tensor::from_vector<int32_t>({std::numeric_limits<int32_t>::min(), -1, 0, 2147483647},
+                                          {2, 2});
+  m["i64"] = Tensor::from_vector<int64_t>({std::numeric_limits<int64_t>::min(), 9007199254740993LL},
+                                          {2, 1});
+  m["u8"] = Tensor::from_vector<uint8_t>({0, 1, 127, 128, 255});
+  m["mask"] = Tensor::from_vector<bool>({true, false, false, true}, {1, 4});
+  // bf16/f16 have no CPU kernels: raw 2-byte elements through raw_data.
+  m["bf16"] = Tensor::empty({3}, DType::bf16);
+  const uint16_t bf[] = {0x3f80, 0xc000, 0x7f80};  // 1.0, -2.0, +inf
+  std::memcpy(m["bf16"].raw_data(), bf, sizeof(bf));
+  m["f16"] = Tensor::empty({2, 2}, DType::f16);
+  const uint16_t hf[] = {0x3c00, 0xbc00, 0x7bff, 0x0001};  // 1, -1, 65504, smallest subnormal
+  std::memcpy(m["f16"].raw_data(), hf, sizeof(hf));
+  m["scalar"] = Tensor::scalar(4.5, DType::f64);
+  m["empty"] = Tensor::empty({0, 3}, DType::f32);
+  // A view into the middle of a storage (non-zero offset) writes its own rows.
+  m["rows"] = Tensor::arange(0, 12, 1, DType::i64).view({4, 3}).slice0(1, 3);
+  return m;
+}
+
+void expect_same_tensors(const std::map<std::string, Tensor>& got,
+                         const std::map<std::string, Tensor>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    const Tensor& g = got.at(name);
+    EXPECT_EQ(g.dtype(), w.dtype()) << name;
+    EXPECT_EQ(g.shape(), w.shape()) << name;
+    EXPECT_EQ(bytes_of(g), bytes_of(w)) << name;
+  }
+}
+
+const std::map<std::string, std::string> kMeta = {{"format", "pt"},
+                                                  {"note", "gr\xc3\xbc\xc3\x9f \"quoted\"\n"}};
+
+TEST(SafetensorsRoundTrip, EveryDtypeInMemory) {
+  const auto tensors = every_dtype();
+  const File f = deserialize(serialize(tensors, kMeta), "mem");
+  expect_same_tensors(f.tensors, tensors);
+  EXPECT_EQ(f.metadata, kMeta);
+  EXPECT_EQ(f.tensors.at("scalar").dim(), 0);
+  EXPECT_EQ(f.tensors.at("scalar").item(), 4.5);
+  EXPECT_EQ(f.tensors.at("rows").to_vector<int64_t>(), (std::vector<int64_t>{3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(f.tensors.at("mask").to_vector<bool>(), (std::vector<bool>{true, false, false, true}));
+}
+
+TEST_F(SafetensorsFiles, EveryDtypeThroughAFile) {
+  const auto tensors = every_dtype();
+  save(path("all.safetensors"), tensors, kMeta);
+  const File f = load(path("all.safetensors"));
+  expect_same_tensors(f.tensors, tensors);
+  EXPECT_EQ(f.metadata, kMeta);
+  EXPECT_EQ(read_file(path("all.safetensors")), serialize(tensors, kMeta));
+  EXPECT_FALSE(fs::exists(path("all.safetensors.tmp")));
+}
+
+TEST(SafetensorsRoundTrip, NoTensorsNoMetadata) {
+  const std::string bytes = serialize({});
+  EXPECT_EQ(bytes, le64(8) + "{}      ");
+  const File f = deserialize(bytes, "mem");
+  EXPECT_TRUE(f.tensors.empty());
+  EXPECT_TRUE(f.metadata.empty());
+}
+
+// The layout the Python package writes: compact JSON (metadata first, then the
+// tensors with dtype, shape, data_offsets), spaces up to a multiple of 8.
+TEST(SafetensorsFormat, ExactBytesOfATinyFile) {
+  const std::string bytes = serialize({{"a", Tensor::from_vector<float>({1.0f, 2.0f})}});
+  const std::string json = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  ASSERT_EQ(json.size(), 54u);
+  const std::string expected = std::string("\x38\0\0\0\0\0\0\0", 8) + json + "  " +
+                               std::string("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);  // 1.0f, 2.0f
+  EXPECT_EQ(bytes, expected);
+}
+
+TEST(SafetensorsFormat, NameOrderContiguousWithMetadataFirst) {
+  std::map<std::string, Tensor> t;
+  t["w"] = Tensor::from_vector<uint8_t>({7, 8, 9}, {1, 3});
+  t["b"] = Tensor::scalar(-2, DType::i64);
+  const std::string bytes = serialize(t, {{"format", "pt"}});
+  const std::string json =
+      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
+      R"("w":{"dtype":"U8","shape":[1,3],"data_offsets":[8,11]}})";
+  ASSERT_EQ(json.size(), 139u);
+  const std::string expected = std::string("\x90\0\0\0\0\0\0\0", 8) + json + "     " +
+                               std::string("\xfe\xff\xff\xff\xff\xff\xff\xff\x07\x08\x09", 11);
+  EXPECT_EQ(bytes, expected);
+  EXPECT_EQ((bytes.size() - 8 - 11) % 8, 0u);
+}
+
+// Files as other writers make them: tensors in any order, no padding, a
+// reader must accept.
+TEST(SafetensorsFormat, AcceptsUnpaddedHeadersAndAnyOrder) {
+  const std::string header =
+      R"({"z":{"dtype":"I32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"I32","shape":[1],"data_offsets":[4,8]}})";
+  const std::string data("\x01\x00\x00\x00\x02\x00\x00\x00", 8);
+  const File f = deserialize(make_file(header, data), "mem");
+  EXPECT_EQ(f.tensors.at("z").item(), 1);
+  EXPECT_EQ(f.tensors.at("a").item(), 2);
+}
+
+TEST(SafetensorsReject, TruncatedAtEveryPart) {
+  const std::string good =
+      serialize({{"a", Tensor::ones({4})}, {"b", Tensor::zeros({2}, DType::i64)}});
+  uint64_t n;
+  std::memcpy(&n, good.data(), 8);
+  struct Cut {
+    size_t at;
+    const char* says;
+  };
+  const Cut cuts[] = {
+      {0, "too short for the 8-byte header length"},
+      {3, "too short for the 8-byte header length"},
+      {7, "too short for the 8-byte header length"},
+      {8, "runs past the end of the file"},
+      {8 + 5, "runs past the end of the file"},
+      {8 + n - 1, "runs past the end of the file"},
+      {8 + n + 1, "run past the end"},
+      {good.size() - 1, "run past the end"},
+  };
+  for (const Cut& c : cuts) {
+    SCOPED_TRACE(c.at);
+    EXPECT_REJECTED(std::string_view(good).substr(0, c.at), c.says);
+  }
+  // Cut exactly at the end of the first tensor: the second one is missing.
+  EXPECT_REJECTED(std::string_view(good).substr(0, 8 + n + 16), "tensor \"b\"", "run past the end");
+}
+
+TEST_F(SafetensorsFiles, TruncatedFilesAreRejectedByLoad) {
+  const std::string good = serialize({{"a", Tensor::ones({4})}});
+  for (size_t at : {size_t{0}, size_t{5}, size_t{20}, good.size() - 3}) {
+    write_file(path("t.safetensors"), std::string_view(good).substr(0, at));
+    try {
+      load(path("t.safetensors"));
+      ADD_FAILURE() << "a file cut at " << at << " loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path("t.safetensors")), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(SafetensorsReject, HeaderLengthLargerThanTheFile) {
+  EXPECT_REJECTED(le64(1000) + "{}" + std::string(40, ' '), "header length 1000",
+                  "runs past the end of the file");
+}
+
+TEST_F(SafetensorsFiles, HugeHeaderLengthIsNotAllocated) {
+  // 2^62 bytes could never be allocated: a forge::Error (not bad_alloc) proves
+  // the length was checked first; both in memory and through load().
+  const std::string bytes = le64(1ull << 62) + "{}";
+  EXPECT_REJECTED(bytes, "exceeds the limit of 100000000 bytes");
+  EXPECT_REJECTED(le64(std::numeric_limits<uint64_t>::max()) + "{}", "exceeds the limit");
+  write_file(path("huge.safetensors"), bytes);
+  EXPECT_THROW(load(path("huge.safetensors")), Error);
+  // Under the limit but past the file's end.
+  write_file(path("long.safetensors"), le64(99'000'000) + "{}");
+  try {
+    load(path("long.safetensors"));
+    ADD_FAILURE() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs past the end of the file"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(SafetensorsReject, OverlappingOffsets) {
+  const std::string h =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  EXPECT_REJECTED(make_file(h, std::string(12, '\0')), "tensor \"b\"", "overlap tensor \"a\"");
+  // Two tensors on the same bytes.
+  const std::string same =
+      R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})";
+  EXPECT_REJECTED(make_file(same, std::string(4, '\0')), "overlap");
+  // An empty tensor placed inside another one.
+  const std::string inside =
+      R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"e":{"dtype":"U8","shape":[0],"data_offsets":[2,2]}})";
+  EXPECT_REJECTED(make_file(inside, std::string(4, '\0')), "tensor \"e\"", "overlap");
+}
+
+TEST(SafetensorsReject, SizeDoesNotMatchShapeAndDtype) {
+  EXPECT_REJECTED(
+      make_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, '\0')),
+      "tensor \"a\"", "hold 8 bytes", "needs 12 bytes");
+  EXPECT_REJECTED(make_file(R"({"a":{"dtype":"F64","shape":[2,2],"data_offsets":[0,16]}})",
+                            std::string(16, '\0')),
+                  "tensor \"a\"", "needs 32 bytes");
+}
+
+TEST(SafetensorsReject, OffsetsPastTheEnd) {
+  EXPECT_REJECTED(
+      make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", std::string(4, '\0')),
+      "tensor \"a\"", "run past the end of the 4-byte data section");
+  EXPECT_REJECTED(
+      make_file(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[9,9]}})", std::string(4, '\0')),
+      "tensor \"a\"", "run past the end");
+  EXPECT_REJECTED(
+      make_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[18446744073709551615,0]}})", "x"),
+      "tensor \"a\"", "end before they begin");
+}
+
+TEST(SafetensorsReject, Holes) {
+  const std::string middle =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})";
+  EXPECT_REJECTED(make_file(middle, std::string(20, '\0')), "tensor \"b\"",
+                  "hole of 4 bytes at [8, 12)");
+  EXPECT_REJECTED(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                            std::string(12, '\0')),
+                  "tensor \"a\"", "hole of 4 bytes at [0, 4)");
+  EXPECT_REJECTED(
+      make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", std::string(12, '\0')),
+      "leaving 4 bytes");
+}
+
+TEST(SafetensorsReject, UnknownDtype) {
+  for (const char* dt : {"F8_E4M3", "I8", "float32", "f32", ""}) {
+    EXPECT_REJECTED(
+        make_file(fmt::format(R"({{"a":{{"dtype":"{}","shape":[1],"data_offsets":[0,1]}}}})", dt),
+                  "x"),
+        "tensor \"a\"", "unknown or unsupported dtype");
+  }
+  EXPECT_REJECTED(make_file(R"({"a":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", "xxxx"),
+                  "dtype must be a string");
+}
+
+TEST(SafetensorsReject, BadShapes) {
+  EXPECT_REJECTED(make_file(R"({"a":{"dtype":"U8","shape":[-1,2],"data_offsets":[0,0]}})", ""),
+                  "tensor \"a\"", "negative dimension");
+  EXPECT_REJECTED(make_file(R"({"a":{"dtype":"U8","shape":[1.5],"data_offsets":[0,1]}})", "x"),
+                  "tensor \"a\"", "non-integer dimension");
+  EXPECT_REJECTED(make_file(R"({"a":{"dtype":"U8","shape":"2","data_offsets":[0,2]}})", "xx"),
+                  "tensor \"a\"", "shape must be an array");
+  // Products that overflow 64 bits must not wrap around to a small size.
+  EXPECT_REJECTED(
+      make_file(R"({"a":{"dtype":"U8","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}})",
+                ""),
+      "tensor \"a\"", "more elements than fit in 64 bits");
+  EXPECT_REJECTED(
+      make_file(R"({"a":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})", ""),
+      "tensor \"a\"", "more bytes than fit in 64 bits");
+  EXPECT_REJECTED(
+      make_file(R"({"a":{"dtype":"U8","shape":[9223372036854775808,0],"data_offsets":[0,0]}})", ""),
+      "tensor \"a\"", "dimension above 2^63 - 1");
+}
+
+TEST(SafetensorsReject, BadEntries) {
+  EXPECT_REJECTED(make_file(R"({"a":{"dtype":"U8","shape":[1]}})", "x"), "tensor \"a\"",
+                  "missing field \"data_offsets\"");
+  EXPECT_REJECTED(
+      make_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":1}})", "x"),
+      "tensor \"a\"", "unknown field \"extra\"");
+  EXPECT_REJECTED(make_file(R"({"a":[1]})", "x"), "tensor \"a\"", "expected an object");
+  for (const char* offs : {"[0]", "[0,1,2]", "[-1,0]", "[0.0,1]", "\"0,1\""}) {
+    EXPECT_REJECTED(
+        make_file(fmt::format(R"({{"a":{{"dtype":"U8","shape":[1],"data_offsets":{}}}}})", offs),
+                  "x"),
+        "tensor \"a\"", "data_offsets must be [begin, end]");
+  }
+  EXPECT_REJECTED(make_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                            R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+                            "xy"),
+                  "duplicate key \"a\"");
+}
+
+TEST(SafetensorsReject, BadHeaders) {
+  const std::string not_json = "this is not json";
+  EXPECT_REJECTED(make_file(not_json, ""), "header", "invalid JSON at byte 0");
+  EXPECT_REJECTED(make_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]})", "x"),
+                  "invalid JSON at byte");
+  EXPECT_REJECTED(make_file("[]", ""), "the header must be a JSON object, found array");
+  EXPECT_REJECTED(make_file(R"({"__metadata__":{"k":1}})", ""),
+                  "__metadata__ \"k\" must be a string");
+  EXPECT_REJECTED(make_file(R"({"__metadata__":["k"]})", ""), "__metadata__ must be an object");
+  EXPECT_REJECTED(make_file(std::string("{\"a\xff\":1}"), ""), "invalid JSON");
+}
+
+TEST(SafetensorsReject, BoolBytesMustBeZeroOrOne) {
+  EXPECT_REJECTED(make_file(R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})",
+                            std::string("\x01\x00\x02", 3)),
+                  "tensor \"m\"", "BOOL element 2 is the byte 2");
+}
+
+TEST_F(SafetensorsFiles, LoadErrorsNameThePath) {
+  try {
+    load(path("missing.safetensors"));
+    ADD_FAILURE() << "loaded a missing file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.safetensors"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load(dir_.string()), Error);  // a directory
+  EXPECT_THROW(save(path("no/such/dir/x.safetensors"), {{"a", Tensor::ones({1})}}), Error);
+}
+
+TEST_F(SafetensorsFiles, SaveReplacesAnExistingFileAtomically) {
+  const std::string p = path("model.safetensors");
+  save(p, {{"old", Tensor::full({8}, 1.0)}}, {{"v", "1"}});
+  save(p, {{"new", Tensor::full({2}, 2.0, DType::f64)}}, {{"v", "2"}});
+  File f = load(p);
+  EXPECT_EQ(f.tensors.size(), 1u);
+  EXPECT_TRUE(f.tensors.count("new"));
+  EXPECT_EQ(f.metadata.at("v"), "2");
+  EXPECT_FALSE(fs::exists(p + ".tmp"));
+  // A save that fails (here: the temporary name is taken by a directory) leaves
+  // the previous file whole.
+  const std::string before = read_file(p);
+  fs::create_directory(p + ".tmp");
+  EXPECT_THROW(save(p, {{"newer", Tensor::ones({3})}}), Error);
+  EXPECT_EQ(read_file(p), before);
+  fs::remove(p + ".tmp");
+  // A save that fails while preparing writes nothing either.
+  EXPECT_THROW(save(p, {{"u", Tensor()}}), Error);
+  EXPECT_THROW(save(p, {{"__metadata__", Tensor::ones({1})}}), Error);
+  EXPECT_EQ(read_file(p), before);
+  EXPECT_FALSE(fs::exists(p + ".tmp"));
+}
+
+TEST_F(SafetensorsFiles, CudaTensorsAreSavedFromTheCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor cpu = Tensor::arange(0, 10, 1, DType::f32);
+  save(path("cuda.safetensors"), {{"x", cpu.to(Device::cuda(0))}});
+  const File f = load(path("cuda.safetensors"));
+  EXPECT_TRUE(f.tensors.at("x").device().is_cpu());
+  EXPECT_EQ(bytes_of(f.tensors.at("x")), bytes_of(cpu));
+}
+
+}  // namespace
+}  // namespace forge::safetensors
