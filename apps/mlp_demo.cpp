@@ -103,7 +103,7 @@ double accuracy(const Split& s, const std::vector<Tensor>& params) {
 
 int run(int argc, char** argv) {
   std::string data = "/usr/share/datasets/fashion-mnist";
-  int epochs = 3, threads = 0;
+  int epochs = 5, threads = 0;
   int64_t batch = 128;
   double lr = 0.05, momentum = 0.9;
   uint64_t seed = 0;

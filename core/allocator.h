@@ -26,6 +26,10 @@ class Allocator {
   virtual void copy_to_host(void* dst_host, const void* src, size_t nbytes) = 0;
   virtual void copy_from_host(void* dst, const void* src_host, size_t nbytes) = 0;
 
+  // Bytes held for reuse (not counted in stats), and giving them back.
+  virtual size_t cached_bytes() { return 0; }
+  virtual void empty_cache() {}
+
   MemoryStats stats() const;
   void reset_peak();  // peak := current
 
@@ -47,6 +51,7 @@ inline MemoryStats memory_stats(Device device = Device::cpu()) {
   return allocator_for(device).stats();
 }
 inline void reset_peak_memory(Device device = Device::cpu()) { allocator_for(device).reset_peak(); }
+inline void empty_cache(Device device = Device::cpu()) { allocator_for(device).empty_cache(); }
 
 // CPU memory is 64-byte aligned (a cache line, a full AVX-512 register).
 constexpr size_t kCpuAlignment = 64;

@@ -46,5 +46,25 @@ TEST(Device, CudaRoundTripAndCounters) {
   EXPECT_GE(memory_stats(gpu).peak - before, 4000);
 }
 
+TEST(CpuAllocatorCache, ReusesFreedBlocksAndCountsRequestedBytes) {
+  empty_cache();
+  const int64_t before = memory_stats().current;
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({1 << 18});  // 1 MiB: large enough to be cached
+    first = t.raw_data();
+    EXPECT_EQ(memory_stats().current - before, 1 << 20);
+  }
+  EXPECT_EQ(memory_stats().current, before);
+#if !defined(__SANITIZE_ADDRESS__)
+  EXPECT_GE(allocator_for(Device::cpu()).cached_bytes(), size_t{1} << 20);
+  Tensor again = Tensor::empty({(1 << 18) - 100});  // same size class
+  EXPECT_EQ(again.raw_data(), first);
+  EXPECT_EQ(memory_stats().current - before, 4 * ((1 << 18) - 100));
+#endif
+  empty_cache();
+  EXPECT_EQ(allocator_for(Device::cpu()).cached_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace forge
