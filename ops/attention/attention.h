@@ -1,0 +1,94 @@
+// The attention mechanisms of ../shared/ATTENTION.md (docs/ATTENTION.md for
+// users), each ONE autograd op with its own fused forward and backward.
+//
+// Shapes (the letters never change meaning): q [B, H, N, d]; k [B, H, M, d];
+// v [B, H, M, dv]; output [B, H, N, dv]. key_padding_mask (optional, may be an
+// undefined Tensor) is [B, M], bool or u8, true = a real token. `causal`
+// means query i sees keys j <= i and needs N == M. f32 and f64 on the CPU.
+#pragma once
+
+#include <cstdint>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace forge::ops::attention {
+
+// ---- softmax: scaled dot-product attention, tiled (online softmax) ----
+struct SoftmaxOptions {
+  double scale = 0;        // 0: d^-1/2
+  bool causal = false;
+  double dropout = 0;      // on the attention probabilities; 0 when not training
+  Generator* gen = nullptr;  // dropout's generator (the default one when null)
+};
+Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask = Tensor(),
+               const SoftmaxOptions& options = {});
+
+// ---- local: blocked sliding-window attention (self-attention, N == M) ----
+struct LocalOptions {
+  int64_t window = 64;
+  int64_t look_backward = 1;
+  int64_t look_forward = -1;  // -1: 0 when causal, else 1
+  bool causal = false;
+  double dropout = 0;
+  Generator* gen = nullptr;
+};
+Tensor local(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask = Tensor(),
+             const LocalOptions& options = {});
+
+// ---- efficient: Efficient Attention (Shen et al.) ----
+struct EfficientOptions {
+  bool causal = false;
+  int64_t bucket_size = 64;  // causal blind-spot buckets; 1 = full causal prefix
+};
+Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask = Tensor(),
+                 const EfficientOptions& options = {});
+
+// ---- linear: elu(x) + 1 feature map (Katharopoulos et al.) ----
+struct LinearOptions {
+  bool causal = false;
+  double eps = 1e-6;
+};
+Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask = Tensor(),
+              const LinearOptions& options = {});
+
+// ---- taylor_linear: first-order Taylor attention (Li et al.), non-causal ----
+Tensor taylor_linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask = Tensor());
+
+// ---- linformer: sequence projections E, F [kdim, Mmax] with biases [kdim] ----
+// Inputs shorter than Mmax use the first M columns of E and F.
+struct LinformerOptions {
+  double dropout = 0;
+  Generator* gen = nullptr;
+};
+Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& E, const Tensor& F,
+                 const Tensor& bias_E, const Tensor& bias_F, const Tensor& key_padding_mask = Tensor(),
+                 const LinformerOptions& options = {});
+
+// ---- favor: Performer FAVOR+ ----
+enum class FavorKernel { softmax, relu, no_projection };
+enum class FavorStabilizer { prefix, global };  // causal softmax kernel only
+struct FavorOptions {
+  FavorKernel kernel = FavorKernel::softmax;
+  bool causal = false;
+  FavorStabilizer stabilizer = FavorStabilizer::prefix;
+};
+// W [m, d] (no gradient); undefined for FavorKernel::no_projection.
+Tensor favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
+             const Tensor& key_padding_mask = Tensor(), const FavorOptions& options = {});
+// The Gaussian orthogonal random matrix [m, d]; scaling 0: rows scaled by the
+// norms of Gaussian vectors, 1: by sqrt(d). Drawn from `gen` (default when null).
+Tensor gaussian_orthogonal_random_matrix(int64_t m, int64_t d, int scaling = 0, DType dtype = DType::f32,
+                                         Generator* gen = nullptr);
+
+// ---- taylorshift: TaylorShift (Nauen et al.), direct and efficient ----
+struct TaylorShiftOptions {
+  double a = 0.5, b = 1.0, c = 1.0;
+  int64_t n0 = 0;  // switch point: direct when N <= n0; 0: d^2 + d + 1; -1: always efficient
+  bool output_normalized = false;  // multiply the output by sqrt(N / d)
+};
+// tau [H]: the per-head temperature (learnable).
+Tensor taylorshift(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& tau,
+                   const Tensor& key_padding_mask = Tensor(), const TaylorShiftOptions& options = {});
+
+}  // namespace forge::ops::attention

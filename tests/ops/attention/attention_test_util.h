@@ -1,0 +1,89 @@
+// Helpers shared by the attention op tests: inputs, the causal-leak check and
+// peak-memory measurement from the allocator's counters.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+#include "tests/test_util.h"
+
+namespace forge::testing {
+
+// Uniform [lo, hi) tensor of `shape` and dtype from its own seeded generator,
+// optionally requiring grad.
+inline Tensor uniform(const Shape& shape, uint64_t seed, DType dtype = DType::f64, double lo = -1, double hi = 1,
+                      bool requires_grad = true) {
+  Tensor t = leaf64(shape, seed, lo, hi).detach();
+  if (dtype != DType::f64) t = t.to(dtype);
+  if (requires_grad) t.set_requires_grad(true);
+  return t;
+}
+
+// A [B, M] bool key padding mask with the last `pad[b]` keys of batch b padded.
+inline Tensor padding_mask(int64_t B, int64_t M, const std::vector<int64_t>& pad) {
+  Tensor m = Tensor::ones({B, M}, DType::boolean);
+  bool* p = m.data<bool>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = M - pad[static_cast<size_t>(b)]; j < M; ++j) p[b * M + j] = false;
+  return m;
+}
+
+// A causal op must not look ahead: changing k and v at positions > i leaves
+// outputs 0..i bit-identical. fn(q, k, v) -> [B, H, N, dv].
+inline void expect_no_causal_leak(const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn,
+                                  const Tensor& q, const Tensor& k, const Tensor& v) {
+  NoGradGuard no_grad;
+  const Tensor base = fn(q, k, v);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), dv = v.size(3);
+  for (int64_t i : {int64_t{0}, N / 3, N / 2, N - 2}) {
+    if (i < 0 || i + 1 >= N) continue;
+    Tensor k2 = k.detach().clone(), v2 = v.detach().clone(), q2 = q.detach().clone();
+    // Overwrite every position after i (q too: a later query must not change earlier outputs).
+    for (Tensor* t : {&k2, &v2, &q2}) {
+      const int64_t len = t->size(2), dim = t->size(3);
+      FORGE_DISPATCH_FLOAT(t->dtype(), "leak test", [&] {
+        scalar_t* p = t->data<scalar_t>();
+        for (int64_t bh = 0; bh < B * H; ++bh)
+          for (int64_t j = i + 1; j < len; ++j)
+            for (int64_t c = 0; c < dim; ++c) p[(bh * len + j) * dim + c] = static_cast<scalar_t>(3.0 + 0.5 * c - 0.1 * j);
+      });
+    }
+    const Tensor out = fn(q2, k2, v2);
+    const auto a = base.to_vector<double>(), b = out.to_vector<double>();
+    for (int64_t bh = 0; bh < B * H; ++bh)
+      for (int64_t r = 0; r <= i; ++r)
+        for (int64_t c = 0; c < dv; ++c) {
+          const size_t at = static_cast<size_t>((bh * N + r) * dv + c);
+          ASSERT_EQ(a[at], b[at]) << "output row " << r << " changed when positions after " << i
+                                  << " changed (batch-head " << bh << ", column " << c << ")";
+        }
+  }
+}
+
+// Peak CPU bytes allocated above the starting level while fn runs.
+inline int64_t peak_bytes_during(const std::function<void()>& fn) {
+  const int64_t base = memory_stats().current;
+  reset_peak_memory();
+  fn();
+  return memory_stats().peak - base;
+}
+
+// Forward + backward of fn on f32 inputs of length N (B = 1, H = 1): the peak
+// allocated bytes beyond the inputs themselves.
+inline int64_t attention_peak_bytes(const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn,
+                                    int64_t N, int64_t d) {
+  Tensor q = uniform({1, 1, N, d}, 1, DType::f32), k = uniform({1, 1, N, d}, 2, DType::f32),
+         v = uniform({1, 1, N, d}, 3, DType::f32);
+  return peak_bytes_during([&] {
+    Tensor o = fn(q, k, v);
+    autograd::backward(ops::sum(o));
+  });
+}
+
+}  // namespace forge::testing
