@@ -56,7 +56,9 @@ TEST(CpuAllocatorCache, ReusesFreedBlocksAndCountsRequestedBytes) {
     EXPECT_EQ(memory_stats().current - before, 1 << 20);
   }
   EXPECT_EQ(memory_stats().current, before);
-#if !defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__)
+  (void)first;  // nothing is cached under ASan, so use-after-free stays detectable
+#else
   EXPECT_GE(allocator_for(Device::cpu()).cached_bytes(), size_t{1} << 20);
   Tensor again = Tensor::empty({(1 << 18) - 100});  // same size class
   EXPECT_EQ(again.raw_data(), first);
