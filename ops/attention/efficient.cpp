@@ -1,0 +1,500 @@
+// efficient: Efficient Attention (Shen et al. 2018) as in the Linear Attention
+// Transformer seed, one autograd op with a fused forward and backward.
+//
+//   q' = softmax over the d features of each query row, times c = d^-1/2
+// Non-causal (M may differ from N):
+//   k' = softmax over the keys j of each feature column (padding keys excluded;
+//        a column with every key padded is 0),   o = q' (k'^T v)
+// Causal, blind-spot buckets of s = bucket_size positions (N % s == 0):
+//   k' = exp(k), zero on padding keys;  for a query in bucket u,
+//   C = sum_j k'_j v_j^T [d, dv] and z = sum_j k'_j [d] over the keys of the
+//   buckets before u (s == 1: over j <= i), o_i = (q'_i C) / max(q'_i . z, 1e-3)
+// The causal form is a scan over buckets with the running state (C, z); its
+// backward is a forward scan (dq needs the prefix states) and a reverse scan
+// carrying the gradients of the states. Only the inputs are saved; the feature
+// maps are recomputed. Nothing of size N x M is ever held.
+#include <cblas.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/threading.h"
+#include "ops/attention/attention.h"
+#include "ops/attention/common.h"
+#include "ops/attention/registry.h"
+
+namespace forge::ops::attention {
+
+namespace {
+
+// Rows per block (non-causal; causal, about as many).
+constexpr int64_t kChunk = 64;
+// The reference's floor on the causal denominator.
+constexpr double kMinDenominator = 1e-3;
+
+// c = alpha op(a) op(b) + beta c, row-major, with leading dimensions.
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha, const double* a,
+          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// p = softmax over the d features of each of `rows` rows of x [rows, d]
+// (unscaled: the d^-1/2 goes into the GEMMs' alpha).
+template <typename T>
+void softmax_rows(const T* x, int64_t rows, int64_t d, T* p) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    T* pr = p + r * d;
+    T mx = xr[0];
+    for (int64_t f = 1; f < d; ++f) mx = std::max(mx, xr[f]);
+    T sum = 0;
+    for (int64_t f = 0; f < d; ++f) sum += (pr[f] = std::exp(xr[f] - mx));
+    const T inv = T(1) / sum;
+    for (int64_t f = 0; f < d; ++f) pr[f] *= inv;
+  }
+}
+
+// In the forward q' = c p with p = softmax_d(q); dq holds dq' on entry and
+// leaves with dq = p * (c dq' - p . (c dq')).
+template <typename T>
+void softmax_rows_backward(const T* p, int64_t rows, int64_t d, T c, T* dq) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* pr = p + r * d;
+    T* gr = dq + r * d;
+    T dot = 0;
+    for (int64_t f = 0; f < d; ++f) dot += pr[f] * gr[f];
+    for (int64_t f = 0; f < d; ++f) gr[f] = c * pr[f] * (gr[f] - dot);
+  }
+}
+
+struct Sizes {
+  int64_t N, M, d, dv;
+  int64_t s;       // rows per block: kChunk non-causal; causal, a multiple of the bucket size
+  int64_t bucket;  // causal bucket size
+  bool causal;
+  bool intra;  // causal: a block sees part of itself (buckets of 1, or several per block)
+};
+
+// Per-thread scratch of one block: features, the state and its gradient.
+template <typename T>
+struct Scratch {
+  std::vector<T> p, kp, num, gn, gx, den, a, g, C, z, R, r, colmax, colinv;
+  explicit Scratch(const Sizes& s)
+      : p(s.s * s.d),
+        kp(s.s * s.d),
+        num(s.s * s.dv),
+        gn(s.s * s.dv),
+        gx(s.s),
+        den(s.s),
+        a(s.intra ? s.s * s.s : 0),
+        g(s.intra ? s.s * s.s : 0),
+        C(s.d * s.dv),
+        z(s.d),
+        R(s.d * s.dv),
+        r(s.d),
+        colmax(s.d),
+        colinv(s.d) {}
+};
+
+// ---- non-causal ----
+
+// k' [c, d] of a block of keys from the column statistics; padding keys are 0
+// (so their v never counts, as v = 0 there in the reference).
+template <typename T>
+void key_features(const T* k, int64_t c, const uint8_t* keep, const Sizes& s, Scratch<T>& w) {
+  for (int64_t j = 0; j < c; ++j)
+    for (int64_t f = 0; f < s.d; ++f)
+      w.kp[j * s.d + f] = (keep == nullptr || keep[j])
+                              ? std::exp(k[j * s.d + f] - w.colmax[f]) * w.colinv[f]
+                              : T(0);
+}
+
+// The per-column statistics of the key softmax (max and 1 / sum over the real
+// keys; 1 / sum = 0 for a column with no real key) and C = k'^T v [d, dv].
+// k [M, d], v [M, dv].
+template <typename T>
+void key_context(const T* k, const T* v, const uint8_t* keep, const Sizes& s, Scratch<T>& w) {
+  std::fill(w.colmax.begin(), w.colmax.end(), -std::numeric_limits<T>::infinity());
+  std::fill(w.colinv.begin(), w.colinv.end(), T(0));
+  for (int64_t j = 0; j < s.M; ++j)
+    if (keep == nullptr || keep[j])
+      for (int64_t f = 0; f < s.d; ++f) w.colmax[f] = std::max(w.colmax[f], k[j * s.d + f]);
+  for (int64_t j = 0; j < s.M; ++j)
+    if (keep == nullptr || keep[j])
+      for (int64_t f = 0; f < s.d; ++f) w.colinv[f] += std::exp(k[j * s.d + f] - w.colmax[f]);
+  for (int64_t f = 0; f < s.d; ++f) w.colinv[f] = w.colinv[f] > 0 ? T(1) / w.colinv[f] : T(0);
+  std::fill(w.C.begin(), w.C.end(), T(0));
+  for (int64_t j0 = 0; j0 < s.M; j0 += s.s) {
+    const int64_t c = std::min(s.s, s.M - j0);
+    key_features(k + j0 * s.d, c, keep ? keep + j0 : nullptr, s, w);
+    gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, v + j0 * s.dv, s.dv, T(1), w.C.data(),
+         s.dv);
+  }
+}
+
+template <typename T>
+void noncausal_forward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, const Sizes& s,
+                          Scratch<T>& w, T* o) {
+  const T c = T(1) / std::sqrt(static_cast<T>(s.d));
+  key_context(k, v, keep, s, w);
+  for (int64_t i0 = 0; i0 < s.N; i0 += s.s) {
+    const int64_t rows = std::min(s.s, s.N - i0);
+    softmax_rows(q + i0 * s.d, rows, s.d, w.p.data());
+    gemm(false, false, rows, s.dv, s.d, c, w.p.data(), s.d, w.C.data(), s.dv, T(0), o + i0 * s.dv,
+         s.dv);
+  }
+}
+
+template <typename T>
+void noncausal_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, const T* g,
+                           const Sizes& s, Scratch<T>& w, T* dq, T* dk, T* dv) {
+  const T c = T(1) / std::sqrt(static_cast<T>(s.d));
+  key_context(k, v, keep, s, w);
+  // In the forward o = q' C, so dq' = g C^T and R = dC = q'^T g (summed over queries).
+  std::fill(w.R.begin(), w.R.end(), T(0));
+  for (int64_t i0 = 0; i0 < s.N; i0 += s.s) {
+    const int64_t rows = std::min(s.s, s.N - i0);
+    softmax_rows(q + i0 * s.d, rows, s.d, w.p.data());
+    T* dqc = dq + i0 * s.d;
+    gemm(false, true, rows, s.d, s.dv, T(1), g + i0 * s.dv, s.dv, w.C.data(), s.dv, T(0), dqc, s.d);
+    softmax_rows_backward(w.p.data(), rows, s.d, c, dqc);
+    gemm(true, false, s.d, s.dv, rows, c, w.p.data(), s.d, g + i0 * s.dv, s.dv, T(1), w.R.data(),
+         s.dv);
+  }
+  // C = k'^T v: dk' = v dC^T and dv = k' dC. k' was a softmax over j per
+  // column f, so dk[j, f] = k'[j, f] (dk'[j, f] - t_f) with
+  // t_f = sum_j k'[j, f] dk'[j, f] = sum_e dC[f, e] C[f, e].
+  for (int64_t f = 0; f < s.d; ++f) {
+    T t = 0;
+    for (int64_t e = 0; e < s.dv; ++e) t += w.R[f * s.dv + e] * w.C[f * s.dv + e];
+    w.r[f] = t;
+  }
+  for (int64_t j0 = 0; j0 < s.M; j0 += s.s) {
+    const int64_t rows = std::min(s.s, s.M - j0);
+    key_features(k + j0 * s.d, rows, keep ? keep + j0 : nullptr, s, w);
+    T* dkc = dk + j0 * s.d;
+    gemm(false, true, rows, s.d, s.dv, T(1), v + j0 * s.dv, s.dv, w.R.data(), s.dv, T(0), dkc, s.d);
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t f = 0; f < s.d; ++f)
+        dkc[j * s.d + f] = w.kp[j * s.d + f] * (dkc[j * s.d + f] - w.r[f]);
+    gemm(false, false, rows, s.dv, s.d, T(1), w.kp.data(), s.d, w.R.data(), s.dv, T(0),
+         dv + j0 * s.dv, s.dv);
+  }
+}
+
+// ---- causal ----
+// Rows go in blocks of s.s (a multiple of the bucket size): the state (C, z)
+// holds the keys of the blocks before; inside a block query i sees key j when
+// j is in an earlier bucket (bucket size 1: j <= i), a masked [rows, rows]
+// product A (skipped when a block is one bucket: it sees nothing of itself).
+
+// Zeroes the entries of a [rows, rows] block where query i does not see key j.
+template <typename T>
+void keep_visible(T* a, int64_t rows, int64_t bucket) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < rows; ++j)
+      if (!(bucket == 1 ? j <= i : j / bucket < i / bucket)) a[i * rows + j] = 0;
+}
+
+// p = softmax_d(q) and k' = exp(k) (0 on padding keys) of a block of rows.
+template <typename T>
+void block_features(const T* q, const T* k, const uint8_t* keep, int64_t rows, const Sizes& s,
+                    Scratch<T>& w) {
+  softmax_rows(q, rows, s.d, w.p.data());
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t f = 0; f < s.d; ++f)
+      w.kp[j * s.d + f] = (keep == nullptr || keep[j]) ? std::exp(k[j * s.d + f]) : T(0);
+}
+
+// num = q' C + A v [rows, dv] and den = x = q' . z + rowsum(A) [rows] of a
+// block, with q' = c p and A = visible(q' k'^T) [rows, rows]. v [rows, dv].
+template <typename T>
+void block_outputs(const T* v, int64_t rows, const Sizes& s, T c, Scratch<T>& w) {
+  gemm(false, false, rows, s.dv, s.d, c, w.p.data(), s.d, w.C.data(), s.dv, T(0), w.num.data(),
+       s.dv);
+  for (int64_t i = 0; i < rows; ++i) {
+    T x = 0;
+    for (int64_t f = 0; f < s.d; ++f) x += w.p[i * s.d + f] * w.z[f];
+    w.den[i] = c * x;
+  }
+  if (!s.intra) return;
+  gemm(false, true, rows, rows, s.d, c, w.p.data(), s.d, w.kp.data(), s.d, T(0), w.a.data(), rows);
+  keep_visible(w.a.data(), rows, s.bucket);
+  gemm(false, false, rows, s.dv, rows, T(1), w.a.data(), rows, v, s.dv, T(1), w.num.data(), s.dv);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < rows; ++j) w.den[i] += w.a[i * rows + j];
+}
+
+// C += k'^T v and z += colsum(k') for a block (k' in the scratch, v [rows, dv]).
+template <typename T>
+void add_block(const T* v, int64_t rows, const Sizes& s, Scratch<T>& w) {
+  gemm(true, false, s.d, s.dv, rows, T(1), w.kp.data(), s.d, v, s.dv, T(1), w.C.data(), s.dv);
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t f = 0; f < s.d; ++f) w.z[f] += w.kp[j * s.d + f];
+}
+
+template <typename T>
+void causal_forward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, const Sizes& s,
+                       Scratch<T>& w, T* o) {
+  const T c = T(1) / std::sqrt(static_cast<T>(s.d));
+  std::fill(w.C.begin(), w.C.end(), T(0));
+  std::fill(w.z.begin(), w.z.end(), T(0));
+  for (int64_t i0 = 0; i0 < s.N; i0 += s.s) {
+    const int64_t rows = std::min(s.s, s.N - i0);
+    block_features(q + i0 * s.d, k + i0 * s.d, keep ? keep + i0 : nullptr, rows, s, w);
+    block_outputs(v + i0 * s.dv, rows, s, c, w);
+    for (int64_t i = 0; i < rows; ++i) {
+      const T inv = T(1) / std::max(w.den[i], static_cast<T>(kMinDenominator));
+      for (int64_t e = 0; e < s.dv; ++e) o[(i0 + i) * s.dv + e] = w.num[i * s.dv + e] * inv;
+    }
+    add_block(v + i0 * s.dv, rows, s, w);
+  }
+}
+
+// For the rows of a block with num and den = x in the scratch and g
+// [rows, dv]: in the forward o = num / max(x, 1e-3), so gn = g / max(x, 1e-3)
+// is the gradient of num and gx = -(g . o) / max(x, 1e-3) that of x where
+// x > 1e-3 (0 where the floor held). den becomes max(x, 1e-3).
+template <typename T>
+void block_output_backward(const T* g, int64_t rows, const Sizes& s, Scratch<T>& w) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const bool floored = !(w.den[i] > static_cast<T>(kMinDenominator));
+    const T den = floored ? static_cast<T>(kMinDenominator) : w.den[i];
+    const T inv = T(1) / den;
+    T go = 0;
+    for (int64_t e = 0; e < s.dv; ++e) {
+      const T ge = g[i * s.dv + e];
+      go += ge * w.num[i * s.dv + e] * inv;
+      w.gn[i * s.dv + e] = ge * inv;
+    }
+    w.gx[i] = floored ? T(0) : -go * inv;
+    w.den[i] = den;
+  }
+}
+
+// G = visible(gn v^T + gx 1^T) [rows, rows]: the gradient of A (num had A v,
+// x had rowsum(A)). v [rows, dv].
+template <typename T>
+void block_score_grad(const T* v, int64_t rows, const Sizes& s, Scratch<T>& w) {
+  gemm(false, true, rows, rows, s.dv, T(1), w.gn.data(), s.dv, v, s.dv, T(0), w.g.data(), rows);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < rows; ++j) w.g[i * rows + j] += w.gx[i];
+  keep_visible(w.g.data(), rows, s.bucket);
+}
+
+template <typename T>
+void causal_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, const T* g,
+                        const Sizes& s, Scratch<T>& w, T* den_all, T* gx_all, T* dq, T* dk, T* dv) {
+  const T c = T(1) / std::sqrt(static_cast<T>(s.d));
+  // Pass 1 (forward scan, as the forward): num = q' C + A v and x = q' . z + rowsum(A)
+  // with A = visible(q' k'^T), so dq' = gn C^T + gx z^T + G k'. The floored
+  // denominators and gx are kept for pass 2.
+  std::fill(w.C.begin(), w.C.end(), T(0));
+  std::fill(w.z.begin(), w.z.end(), T(0));
+  for (int64_t i0 = 0; i0 < s.N; i0 += s.s) {
+    const int64_t rows = std::min(s.s, s.N - i0);
+    const T* vb = v + i0 * s.dv;
+    block_features(q + i0 * s.d, k + i0 * s.d, keep ? keep + i0 : nullptr, rows, s, w);
+    block_outputs(vb, rows, s, c, w);
+    block_output_backward(g + i0 * s.dv, rows, s, w);
+    T* dqb = dq + i0 * s.d;
+    gemm(false, true, rows, s.d, s.dv, T(1), w.gn.data(), s.dv, w.C.data(), s.dv, T(0), dqb, s.d);
+    for (int64_t i = 0; i < rows; ++i) {
+      den_all[i0 + i] = w.den[i];
+      gx_all[i0 + i] = w.gx[i];
+      for (int64_t f = 0; f < s.d; ++f) dqb[i * s.d + f] += w.gx[i] * w.z[f];
+    }
+    if (s.intra) {
+      block_score_grad(vb, rows, s, w);
+      gemm(false, false, rows, s.d, rows, T(1), w.g.data(), rows, w.kp.data(), s.d, T(1), dqb, s.d);
+    }
+    softmax_rows_backward(w.p.data(), rows, s.d, c, dqb);
+    add_block(vb, rows, s, w);
+  }
+  // Pass 2 (reverse scan): R = dC = sum q'_i gn_i^T and r = dz = sum gx_i q'_i
+  // over the queries of later blocks, which see every key of this block. C and
+  // z summed k'_j v_j^T and k'_j, and A = visible(q' k'^T), so
+  //   dk'_j = R v_j + r + (G^T q')_j,   dv_j = R^T k'_j + (A^T gn)_j,
+  // and k' = exp(k) gives dk = k' dk' (0 on padding keys, where k' = 0).
+  std::fill(w.R.begin(), w.R.end(), T(0));
+  std::fill(w.r.begin(), w.r.end(), T(0));
+  for (int64_t i0 = (s.N - 1) / s.s * s.s; i0 >= 0; i0 -= s.s) {
+    const int64_t rows = std::min(s.s, s.N - i0);
+    const T* vb = v + i0 * s.dv;
+    block_features(q + i0 * s.d, k + i0 * s.d, keep ? keep + i0 : nullptr, rows, s, w);
+    for (int64_t i = 0; i < rows; ++i) {
+      const T inv = T(1) / den_all[i0 + i];
+      for (int64_t e = 0; e < s.dv; ++e) w.gn[i * s.dv + e] = g[(i0 + i) * s.dv + e] * inv;
+      w.gx[i] = gx_all[i0 + i];
+    }
+    T* dkb = dk + i0 * s.d;
+    T* dvb = dv + i0 * s.dv;
+    gemm(false, true, rows, s.d, s.dv, T(1), vb, s.dv, w.R.data(), s.dv, T(0), dkb, s.d);
+    gemm(false, false, rows, s.dv, s.d, T(1), w.kp.data(), s.d, w.R.data(), s.dv, T(0), dvb, s.dv);
+    if (s.intra) {
+      gemm(false, true, rows, rows, s.d, c, w.p.data(), s.d, w.kp.data(), s.d, T(0), w.a.data(),
+           rows);
+      keep_visible(w.a.data(), rows, s.bucket);
+      block_score_grad(vb, rows, s, w);
+      gemm(true, false, rows, s.d, rows, c, w.g.data(), rows, w.p.data(), s.d, T(1), dkb, s.d);
+      gemm(true, false, rows, s.dv, rows, T(1), w.a.data(), rows, w.gn.data(), s.dv, T(1), dvb,
+           s.dv);
+    }
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t f = 0; f < s.d; ++f)
+        dkb[j * s.d + f] = w.kp[j * s.d + f] * (dkb[j * s.d + f] + w.r[f]);
+    gemm(true, false, s.d, s.dv, rows, c, w.p.data(), s.d, w.gn.data(), s.dv, T(1), w.R.data(),
+         s.dv);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t f = 0; f < s.d; ++f) w.r[f] += c * w.gx[i] * w.p[i * s.d + f];
+  }
+}
+
+}  // namespace
+
+Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+                 const EfficientOptions& options) {
+  const Dims4 dims = check_qkv("efficient", q, k, v, key_padding_mask, options.causal);
+  FORGE_CHECK(dims.d >= 1,
+              "attention::efficient: q and k need at least one feature (d >= 1), got d = {}",
+              dims.d);
+  if (options.causal) {
+    FORGE_CHECK(options.bucket_size >= 1,
+                "attention::efficient: options.bucket_size must be >= 1, got {}",
+                options.bucket_size);
+    FORGE_CHECK(dims.N % options.bucket_size == 0,
+                "attention::efficient: causal needs the length N = {} to be a multiple of "
+                "options.bucket_size = {}; pad the sequence (with masked keys) or pick a bucket "
+                "size that divides N",
+                dims.N, options.bucket_size);
+  }
+  // Causal blocks: one bucket when buckets are large, else the multiple of the
+  // bucket size nearest above kChunk rows.
+  const int64_t bucket = options.bucket_size;
+  const int64_t block = !options.causal    ? kChunk
+                        : bucket >= kChunk ? bucket
+                                           : (kChunk + bucket - 1) / bucket * bucket;
+  const Sizes s{dims.N, dims.M, dims.d,         dims.dv,
+                block,  bucket, options.causal, options.causal && (bucket == 1 || block > bucket)};
+  const int64_t BH = dims.B * dims.H;
+  const int64_t cost = (s.N + s.M) * s.d * (s.dv + 4);
+  Tensor o = Tensor::empty({dims.B, dims.H, s.N, s.dv}, q.dtype());
+  FORGE_DISPATCH_FLOAT(q.dtype(), "attention::efficient", [&] {
+    const scalar_t *qp = q.data<scalar_t>(), *kp = k.data<scalar_t>(), *vp = v.data<scalar_t>();
+    const uint8_t* mask = mask_bytes(key_padding_mask);
+    scalar_t* op = o.data<scalar_t>();
+    parallel_for(BH, cost, [&](int64_t b0, int64_t b1) {
+      Scratch<scalar_t> w(s);
+      for (int64_t bh = b0; bh < b1; ++bh) {
+        const uint8_t* keep = mask ? mask + bh / dims.H * s.M : nullptr;
+        const scalar_t *qb = qp + bh * s.N * s.d, *kb = kp + bh * s.M * s.d,
+                       *vb = vp + bh * s.M * s.dv;
+        if (s.causal)
+          causal_forward_bh(qb, kb, vb, keep, s, w, op + bh * s.N * s.dv);
+        else
+          noncausal_forward_bh(qb, kb, vb, keep, s, w, op + bh * s.N * s.dv);
+      }
+    });
+  });
+  return autograd::record(
+      "attention::efficient", {q, k, v}, o,
+      [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, s, H = dims.H, BH,
+       cost](const std::vector<Tensor>& grads) {
+        const Tensor& g = grads[0];
+        Tensor dq = Tensor::empty(qs.shape(), g.dtype()), dk = Tensor::empty(ks.shape(), g.dtype()),
+               dv = Tensor::empty(vs.shape(), g.dtype());
+        FORGE_DISPATCH_FLOAT(g.dtype(), "attention::efficient backward", [&] {
+          const scalar_t *qp = qs.data<scalar_t>(), *kp = ks.data<scalar_t>(),
+                         *vp = vs.data<scalar_t>();
+          const scalar_t* gp = g.data<scalar_t>();
+          const uint8_t* mask = mask_bytes(ms);
+          scalar_t *dqp = dq.data<scalar_t>(), *dkp = dk.data<scalar_t>(),
+                   *dvp = dv.data<scalar_t>();
+          // Causal: the floored denominator and gx of every row, [BH, 2, N], from pass 1 for
+          // pass 2.
+          Tensor rows = s.causal ? Tensor::empty({BH, 2, s.N}, g.dtype()) : Tensor();
+          scalar_t* rp = s.causal ? rows.data<scalar_t>() : nullptr;
+          parallel_for(BH, 2 * cost, [&](int64_t b0, int64_t b1) {
+            Scratch<scalar_t> w(s);
+            for (int64_t bh = b0; bh < b1; ++bh) {
+              const uint8_t* keep = mask ? mask + bh / H * s.M : nullptr;
+              const scalar_t *qb = qp + bh * s.N * s.d, *kb = kp + bh * s.M * s.d,
+                             *vb = vp + bh * s.M * s.dv;
+              const scalar_t* gb = gp + bh * s.N * s.dv;
+              scalar_t *dqb = dqp + bh * s.N * s.d, *dkb = dkp + bh * s.M * s.d,
+                       *dvb = dvp + bh * s.M * s.dv;
+              if (s.causal)
+                causal_backward_bh(qb, kb, vb, keep, gb, s, w, rp + bh * 2 * s.N,
+                                   rp + (bh * 2 + 1) * s.N, dqb, dkb, dvb);
+              else
+                noncausal_backward_bh(qb, kb, vb, keep, gb, s, w, dqb, dkb, dvb);
+            }
+          });
+        });
+        return std::vector<Tensor>{dq, dk, dv};
+      });
+}
+
+namespace {
+
+// A [B, H, len, dim] f64 leaf uniform in [-1, 1), requiring grad.
+Tensor gradcheck_input(int64_t B, int64_t H, int64_t len, int64_t dim, uint64_t seed) {
+  Generator gen(seed);
+  Tensor t = Tensor::rand({B, H, len, dim}, DType::f64, &gen);
+  double* p = t.data<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
+  t.set_requires_grad(true);
+  return t;
+}
+
+// [B, M] bool, the last pad[b] keys of batch b padded.
+Tensor gradcheck_mask(int64_t M, std::vector<int64_t> pad) {
+  const auto B = static_cast<int64_t>(pad.size());
+  Tensor m = Tensor::ones({B, M}, DType::boolean);
+  bool* p = m.data<bool>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = M - pad[static_cast<size_t>(b)]; j < M; ++j) p[b * M + j] = false;
+  return m;
+}
+
+GradcheckCase efficient_case(const std::string& name, int64_t N, int64_t M, bool masked,
+                             bool causal, int64_t bucket_size) {
+  return {"efficient/" + name,
+          [=] {
+            std::vector<Tensor> in{gradcheck_input(2, 2, N, 3, 21), gradcheck_input(2, 2, M, 3, 22),
+                                   gradcheck_input(2, 2, M, 4, 23)};
+            if (masked) in.push_back(gradcheck_mask(M, {1, 3}));
+            return in;
+          },
+          [=](const std::vector<Tensor>& in) {
+            EfficientOptions options;
+            options.causal = causal;
+            options.bucket_size = bucket_size;
+            return efficient(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), options);
+          }};
+}
+
+}  // namespace
+
+std::vector<GradcheckCase> efficient_gradcheck_cases() {
+  return {efficient_case("plain", 6, 6, false, false, 64),
+          efficient_case("mask", 6, 6, true, false, 64),
+          efficient_case("cross+mask", 5, 8, true, false, 64),
+          efficient_case("causal", 7, 7, false, true, 1),
+          efficient_case("causal+mask", 7, 7, true, true, 1),
+          efficient_case("causal+buckets", 9, 9, false, true, 3),
+          efficient_case("causal+buckets+mask", 9, 9, true, true, 3)};
+}
+
+}  // namespace forge::ops::attention

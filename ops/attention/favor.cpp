@@ -1,0 +1,740 @@
+// Performer FAVOR+ attention (Choromanski et al. 2020), as in the
+// performer-pytorch seed: random-feature maps phi(q) [N, m], phi(k) [M, m] and
+// linear attention over them, one autograd op with a fused forward and a fused
+// backward per (b, h); plus the Gaussian orthogonal random matrix W [m, d].
+//
+// Both passes share one form. The key features are kept as g_j [m] with
+//   phi(k_j) = alpha g_j + beta            (per feature; masked keys: 0)
+// softmax kernel: g_j = exp(k'_j - diag(k_j) - M_j), alpha = r, beta = r eps,
+// with M_j the stop-grad key stabiliser (global: one max; prefix: the max of
+// k' over keys j' <= j); relu / no_projection: g_j = phi(k_j), alpha = 1,
+// beta = 0, M_j = 0. Then, with S [m, dv] and z [m]:
+//   S = alpha sum_j g_j v_j^T + beta 1 (sum_j v_j)^T,  z = alpha sum_j g_j + beta n
+//   o_i = phi(q_i) S / (phi(q_i) . z)
+// where causal sums run over j <= i (z also gets + 1e-6) as a prefix scan in
+// chunks whose state is rescaled by exp(M_{i-1} - M_i) when the stabiliser
+// grows. The stabilisers take the max over real (unmasked) keys only. Causal
+// no_projection uses phi(k) = exp(k), as the reference does: its softmax over
+// the whole sequence would let later keys change earlier outputs.
+// Nothing of size N x M is ever allocated: only [N, m] features and [m, dv]
+// states per (b, h).
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/threading.h"
+#include "ops/attention/attention.h"
+#include "ops/attention/common.h"
+#include "ops/attention/registry.h"
+
+namespace forge::ops::attention {
+
+namespace {
+
+constexpr double kSoftmaxEps = 1e-4;  // the reference's kernel_epsilon for the softmax kernel
+constexpr double kReluEps = 1e-3;     // the reference's kernel_epsilon for the generalized kernel
+constexpr double kCausalEps = 1e-6;   // added to every entry of the causal normaliser
+// Positions per chunk of the causal scan: the [L, L] intra-chunk blocks and the
+// [F, dv] state updates are GEMMs.
+constexpr int64_t kChunk = 64;
+
+// C [n, p] = a op(A) op(B) + b C, row-major, op(A) [n, kk], op(B) [kk, p].
+void gemm(bool ta, bool tb, int64_t n, int64_t p, int64_t kk, float a, const float* A,
+          const float* Bm, float b, float* C) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(n), static_cast<int>(p), static_cast<int>(kk), a, A,
+              static_cast<int>(ta ? n : kk), Bm, static_cast<int>(tb ? kk : p), b, C,
+              static_cast<int>(p));
+}
+
+void gemm(bool ta, bool tb, int64_t n, int64_t p, int64_t kk, double a, const double* A,
+          const double* Bm, double b, double* C) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(n), static_cast<int>(p), static_cast<int>(kk), a, A,
+              static_cast<int>(ta ? n : kk), Bm, static_cast<int>(tb ? kk : p), b, C,
+              static_cast<int>(p));
+}
+
+struct FavorDims {
+  Dims4 s;
+  int64_t F = 0;  // feature count: m, or d for no_projection
+  FavorOptions opt;
+};
+
+// Per-thread buffers for one (b, h); allocated once per parallel chunk through
+// the tensor allocator so that the peak-memory counter sees them.
+template <typename T>
+struct Scratch {
+  Tensor buf;
+  T* qf;   // [N, F]  phi(q)
+  T* qx;   // [N, F]  q' (relu kernel's pre-activation)
+  T* g;    // [M, F]  g_j
+  T* kx;   // [M, F]  k'
+  T* mk;   // [M]     M_j
+  T* S;    // [F, dv]
+  T* z;    // [F]
+  T* vs;   // [dv]
+  T* dqf;  // [N, F]
+  T* dg;   // [M, F]
+  T* dn;   // [N, dv] d(numerator)
+  T* dd;   // [N]     d(denominator)
+  T* P;    // [kChunk, kChunk] causal intra-chunk weights
+  T* D;    // [kChunk, kChunk] their backward counterpart
+  T* tmp;  // [kChunk, max(F, dv)]
+  explicit Scratch(const FavorDims& f, bool backward) {
+    const Dims4& s = f.s;
+    const int64_t F = f.F;
+    const int64_t sizes[] = {s.N * F,
+                             s.N * F,
+                             s.M * F,
+                             s.M * F,
+                             s.M,
+                             F * s.dv,
+                             F,
+                             s.dv,
+                             backward ? s.N * F : 0,
+                             backward ? s.M * F : 0,
+                             backward ? s.N * s.dv : 0,
+                             backward ? s.N : 0,
+                             kChunk * kChunk,
+                             kChunk * kChunk,
+                             kChunk * std::max(F, s.dv)};
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    buf = Tensor::empty({total}, dtype_of<T>());
+    T* p = buf.data<T>();
+    T** slots[] = {&qf, &qx, &g, &kx, &mk, &S, &z, &vs, &dqf, &dg, &dn, &dd, &P, &D, &tmp};
+    for (int i = 0; i < 15; ++i) {
+      *slots[i] = p;
+      p += sizes[i];
+    }
+  }
+};
+
+// phi(q) for one (b, h): q [N, d], W [m, d] -> qf [N, F] (and q' in qx).
+template <typename T>
+void query_features(const FavorDims& f, const T* q, const T* W, Scratch<T>& w) {
+  const int64_t N = f.s.N, d = f.s.d, F = f.F;
+  const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
+  if (f.opt.kernel == FavorKernel::no_projection) {
+    for (int64_t i = 0; i < N; ++i) {  // softmax over the d features of each row
+      const T* x = q + i * d;
+      T* y = w.qf + i * F;
+      const T mx = *std::max_element(x, x + d);
+      T sum = 0;
+      for (int64_t e = 0; e < d; ++e) sum += (y[e] = std::exp(x[e] - mx));
+      for (int64_t e = 0; e < d; ++e) y[e] /= sum;
+    }
+    return;
+  }
+  gemm(false, true, N, F, d, c, q, W, T(0), w.qx);  // q' = (c q) W^T
+  if (f.opt.kernel == FavorKernel::relu) {
+    for (int64_t t = 0; t < N * F; ++t)
+      w.qf[t] = std::max(w.qx[t], T(0)) + static_cast<T>(kReluEps);
+    return;
+  }
+  const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(F)));
+  for (int64_t i = 0; i < N; ++i) {
+    const T* x = q + i * d;
+    const T* xp = w.qx + i * F;
+    T* y = w.qf + i * F;
+    T sq = 0;
+    for (int64_t e = 0; e < d; ++e) sq += x[e] * x[e];
+    const T shift =
+        sq * c * c / 2 + *std::max_element(xp, xp + F);  // diag(q_i) + stop-grad row max
+    for (int64_t e = 0; e < F; ++e)
+      y[e] = r * (std::exp(xp[e] - shift) + static_cast<T>(kSoftmaxEps));
+  }
+}
+
+// g and M_j for one (b, h): k [M, d] -> g [M, F], mk [M]; returns (alpha, beta).
+template <typename T>
+std::pair<T, T> key_features(const FavorDims& f, const T* k, const T* W, const uint8_t* mask,
+                             Scratch<T>& w) {
+  const int64_t M = f.s.M, d = f.s.d, F = f.F;
+  const bool causal = f.opt.causal;
+  std::fill(w.mk, w.mk + M, T(0));
+  if (f.opt.kernel == FavorKernel::no_projection) {
+    // Causal: phi(k) = exp(k) as the reference does (a softmax over the whole
+    // sequence would let later keys change earlier outputs); else softmax over j.
+    if (causal) {
+      for (int64_t t = 0; t < M * F; ++t) w.g[t] = (mask && !mask[t / F]) ? T(0) : std::exp(k[t]);
+      return {T(1), T(0)};
+    }
+    for (int64_t e = 0; e < F; ++e) {
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < M; ++j)
+        if (!mask || mask[j]) mx = std::max(mx, k[j * F + e]);
+      T sum = 0;
+      for (int64_t j = 0; j < M; ++j)
+        if (!mask || mask[j]) sum += (w.g[j * F + e] = std::exp(k[j * F + e] - mx));
+      for (int64_t j = 0; j < M; ++j)
+        w.g[j * F + e] = (!mask || mask[j]) ? w.g[j * F + e] / sum : T(0);
+    }
+    return {T(1), T(0)};
+  }
+  const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
+  gemm(false, true, M, F, d, c, k, W, T(0), w.kx);  // k' = (c k) W^T
+  if (f.opt.kernel == FavorKernel::relu) {
+    for (int64_t t = 0; t < M * F; ++t)
+      w.g[t] = (mask && !mask[t / F]) ? T(0) : std::max(w.kx[t], T(0)) + static_cast<T>(kReluEps);
+    return {T(1), T(0)};
+  }
+  // Softmax kernel. The stabiliser is over real keys only; prefix: running max.
+  const bool prefix = causal && f.opt.stabilizer == FavorStabilizer::prefix;
+  const T ninf = -std::numeric_limits<T>::infinity();
+  T run = ninf;
+  for (int64_t j = 0; j < M; ++j) {
+    if (!mask || mask[j]) run = std::max(run, *std::max_element(w.kx + j * F, w.kx + (j + 1) * F));
+    w.mk[j] = run;
+  }
+  if (!prefix) std::fill(w.mk, w.mk + M, run == ninf ? T(0) : run);
+  for (int64_t j = 0; j < M; ++j) {
+    T* y = w.g + j * F;
+    if (mask && !mask[j]) {
+      std::fill(y, y + F, T(0));
+      continue;
+    }
+    const T* x = k + j * d;
+    const T* xp = w.kx + j * F;
+    T sq = 0;
+    for (int64_t e = 0; e < d; ++e) sq += x[e] * x[e];
+    const T shift = sq * c * c / 2 + w.mk[j];
+    for (int64_t e = 0; e < F; ++e) y[e] = std::exp(xp[e] - shift);
+  }
+  const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(F)));
+  return {r, r * static_cast<T>(kSoftmaxEps)};
+}
+
+// The rescale factor exp(M_a - M_b) of a state kept relative to M_a when the
+// stabiliser moves to M_b >= M_a; 0 while no real key has been seen.
+template <typename T>
+T rescale(T from, T to) {
+  if (from == to) return T(1);
+  return from == -std::numeric_limits<T>::infinity() ? T(0) : std::exp(from - to);
+}
+
+// Non-causal S and z: S = alpha g^T v + beta 1 vs^T, z = alpha sum_j g_j + beta n.
+template <typename T>
+void totals(const FavorDims& f, const T* v, const uint8_t* mask, T alpha, T beta, Scratch<T>& w) {
+  const int64_t M = f.s.M, dv = f.s.dv, F = f.F;
+  gemm(true, false, F, dv, M, alpha, w.g, v, T(0), w.S);
+  std::fill(w.vs, w.vs + dv, T(0));
+  std::fill(w.z, w.z + F, T(0));
+  T n = 0;
+  for (int64_t j = 0; j < M; ++j) {
+    if (mask && !mask[j]) continue;
+    n += 1;
+    for (int64_t c = 0; c < dv; ++c) w.vs[c] += v[j * dv + c];
+    for (int64_t e = 0; e < F; ++e) w.z[e] += w.g[j * F + e];
+  }
+  for (int64_t e = 0; e < F; ++e) {
+    w.z[e] = alpha * w.z[e] + beta * n;
+    for (int64_t c = 0; c < dv; ++c) w.S[e * dv + c] += beta * w.vs[c];
+  }
+}
+
+// P [L, L]: P_ij = (phi(q_i) . g_j) exp(M_j - M_i) for j <= i, else 0.
+template <typename T>
+void intra_chunk_weights(const T* Qc, const T* Gc, const T* Mc, int64_t L, int64_t F, T* P) {
+  gemm(false, true, L, L, F, T(1), Qc, Gc, T(0), P);
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = 0; j < L; ++j)
+      P[i * L + j] = j <= i ? P[i * L + j] * rescale(Mc[j], Mc[i]) : T(0);
+}
+
+// D [L, L]: D_ij = (dnum_i . v_j + dden_i) exp(M_j - M_i) for j <= i, else 0.
+template <typename T>
+void intra_chunk_grad_weights(const T* dNc, const T* ddc, const T* Vc, const T* Mc, int64_t L,
+                              int64_t dv, T* D) {
+  gemm(false, true, L, L, dv, T(1), dNc, Vc, T(0), D);
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = 0; j < L; ++j)
+      D[i * L + j] = j <= i ? (D[i * L + j] + ddc[i]) * rescale(Mc[j], Mc[i]) : T(0);
+}
+
+// Moves the causal state (S~, z~) from M_p to the chunk's last M and adds the
+// chunk's keys: S~ += sum_j exp(M_j - M_last) g_j v_j^T. Returns M_last.
+template <typename T>
+T advance_state(const T* Gc, const T* Vc, const T* Mc, int64_t L, int64_t F, int64_t dv, T mprev,
+                Scratch<T>& w) {
+  const T mlast = Mc[L - 1];
+  const T s = rescale(mprev, mlast);
+  for (int64_t t = 0; t < F * dv; ++t) w.S[t] *= s;
+  for (int64_t e = 0; e < F; ++e) w.z[e] *= s;
+  for (int64_t j = 0; j < L; ++j) {
+    const T fj = rescale(Mc[j], mlast);
+    for (int64_t c = 0; c < dv; ++c) w.tmp[j * dv + c] = fj * Vc[j * dv + c];
+    for (int64_t e = 0; e < F; ++e) w.z[e] += fj * Gc[j * F + e];
+  }
+  gemm(true, false, F, dv, L, T(1), Gc, w.tmp, T(1), w.S);
+  return mlast;
+}
+
+// Forward: o [N, dv] and the normaliser den [N] for one (b, h).
+template <typename T>
+void favor_forward_bh(const FavorDims& f, const T* q, const T* k, const T* v, const T* W,
+                      const uint8_t* mask, T* o, T* den, Scratch<T>& w) {
+  const int64_t N = f.s.N, dv = f.s.dv, F = f.F;
+  query_features(f, q, W, w);
+  const auto [alpha, beta] = key_features(f, k, W, mask, w);
+  if (!f.opt.causal) {
+    totals(f, v, mask, alpha, beta, w);
+    gemm(false, false, N, dv, F, T(1), w.qf, w.S, T(0), o);  // numerator phi(q) S
+    for (int64_t i = 0; i < N; ++i) {
+      const T* y = w.qf + i * F;
+      T dn = 0;
+      for (int64_t e = 0; e < F; ++e) dn += y[e] * w.z[e];
+      if (dn == T(0)) dn = T(1);  // every key masked: S = 0 and z = 0, the row is 0
+      den[i] = dn;
+      for (int64_t c = 0; c < dv; ++c) o[i * dv + c] /= dn;
+    }
+    return;
+  }
+  // Causal: a prefix scan over chunks of kChunk positions. The state entering a
+  // chunk, relative to the stabiliser M_p of the position before it, is
+  // S~ = sum_{j<p} exp(M_j - M_p) g_j v_j^T [F, dv] and z~ likewise [F], plus
+  // vs = sum_{j<p} v_j and the count n of real keys. Inside the chunk, with
+  // e_ij = exp(M_j - M_i) (<= 1) for j <= i, P_ij = (phi(q_i) . g_j) e_ij [L, L]:
+  //   num_i = alpha (P v + s_i phi(q_i) S~)_i + beta sum(phi(q_i)) vs_i,  s_i = exp(M_p - M_i)
+  //   den_i = alpha (sum_j P_ij + s_i phi(q_i) . z~) + (beta n_i + 1e-6) sum(phi(q_i))
+  std::fill(w.S, w.S + F * dv, T(0));
+  std::fill(w.z, w.z + F, T(0));
+  std::fill(w.vs, w.vs + dv, T(0));
+  T n = 0, mprev = -std::numeric_limits<T>::infinity();
+  for (int64_t i0 = 0; i0 < N; i0 += kChunk) {
+    const int64_t L = std::min(kChunk, N - i0);
+    const T *Qc = w.qf + i0 * F, *Gc = w.g + i0 * F, *Vc = v + i0 * dv, *Mc = w.mk + i0;
+    T* Oc = o + i0 * dv;
+    intra_chunk_weights(Qc, Gc, Mc, L, F, w.P);
+    gemm(false, false, L, dv, F, T(1), Qc, w.S, T(0), Oc);
+    for (int64_t i = 0; i < L; ++i) {
+      const T s = alpha * rescale(mprev, Mc[i]);
+      for (int64_t c = 0; c < dv; ++c) Oc[i * dv + c] *= s;
+    }
+    gemm(false, false, L, dv, L, alpha, w.P, Vc, T(1), Oc);
+    for (int64_t i = 0; i < L; ++i) {
+      if (!mask || mask[i0 + i]) {
+        for (int64_t c = 0; c < dv; ++c) w.vs[c] += Vc[i * dv + c];
+        n += 1;
+      }
+      const T* y = Qc + i * F;
+      T ysum = 0, yz = 0, prow = 0;
+      for (int64_t e = 0; e < F; ++e) {
+        ysum += y[e];
+        yz += y[e] * w.z[e];
+      }
+      for (int64_t j = 0; j <= i; ++j) prow += w.P[i * L + j];
+      const T dn = alpha * (prow + rescale(mprev, Mc[i]) * yz) +
+                   (beta * n + static_cast<T>(kCausalEps)) * ysum;
+      den[i0 + i] = dn;
+      for (int64_t c = 0; c < dv; ++c)
+        Oc[i * dv + c] = (Oc[i * dv + c] + beta * ysum * w.vs[c]) / dn;
+    }
+    mprev = advance_state(Gc, Vc, Mc, L, F, dv, mprev, w);
+  }
+}
+
+// Backward for one (b, h). In the forward o_i = num_i / den_i, so
+// dnum_i = do_i / den_i and dden_i = -(do_i . o_i) / den_i; then through S, z
+// to phi(q), g, v, and through the feature maps to q and k.
+template <typename T>
+void favor_backward_bh(const FavorDims& f, const T* q, const T* k, const T* v, const T* W,
+                       const uint8_t* mask, const T* o, const T* den, const T* go, T* gq, T* gk,
+                       T* gv, Scratch<T>& w) {
+  const int64_t N = f.s.N, M = f.s.M, d = f.s.d, dv = f.s.dv, F = f.F;
+  query_features(f, q, W, w);
+  const auto [alpha, beta] = key_features(f, k, W, mask, w);
+  for (int64_t i = 0; i < N; ++i) {
+    T dot = 0;
+    for (int64_t c = 0; c < dv; ++c) {
+      w.dn[i * dv + c] = go[i * dv + c] / den[i];
+      dot += go[i * dv + c] * o[i * dv + c];
+    }
+    w.dd[i] = -dot / den[i];
+  }
+  if (!f.opt.causal) {
+    totals(f, v, mask, alpha, beta, w);
+    // dphi(q) = dnum S^T + dden z^T
+    gemm(false, true, N, F, dv, T(1), w.dn, w.S, T(0), w.dqf);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t e = 0; e < F; ++e) w.dqf[i * F + e] += w.dd[i] * w.z[e];
+    // dS = phi(q)^T dnum [F, dv] (reusing S), dz = phi(q)^T dden [F] (reusing z)
+    gemm(true, false, F, dv, N, T(1), w.qf, w.dn, T(0), w.S);
+    gemm(true, false, F, 1, N, T(1), w.qf, w.dd, T(0), w.z);
+    // In the forward S = alpha g^T v + beta 1 vs^T and z = alpha sum_j g_j + beta n, so
+    // dg_j = alpha (dS v_j + dz) and dv_j = alpha dS^T g_j + beta colsum(dS) for real keys.
+    gemm(false, true, M, F, dv, alpha, v, w.S, T(0), w.dg);
+    gemm(false, false, M, dv, F, alpha, w.g, w.S, T(0), gv);
+    std::fill(w.vs, w.vs + dv, T(0));
+    for (int64_t e = 0; e < F; ++e)
+      for (int64_t c = 0; c < dv; ++c) w.vs[c] += w.S[e * dv + c];
+    for (int64_t j = 0; j < M; ++j) {
+      const bool real = !mask || mask[j];
+      for (int64_t e = 0; e < F; ++e)
+        w.dg[j * F + e] = real ? w.dg[j * F + e] + alpha * w.z[e] : T(0);
+      for (int64_t c = 0; c < dv; ++c)
+        gv[j * dv + c] = real ? gv[j * dv + c] + beta * w.vs[c] : T(0);
+    }
+  } else {
+    // Causal, chunked as in the forward. First a forward sweep for
+    // dphi(q_i) = s_i alpha (S~ dnum_i + dden_i z~) (the state of earlier chunks)
+    // + alpha sum_{j<=i} D_ij g_j with D_ij = (dnum_i . v_j + dden_i) e_ij (this chunk)
+    // + beta (vs_i . dnum_i) + dden_i (beta n_i + 1e-6)   (the terms equal in every feature).
+    std::fill(w.S, w.S + F * dv, T(0));
+    std::fill(w.z, w.z + F, T(0));
+    std::fill(w.vs, w.vs + dv, T(0));
+    T n = 0, mprev = -std::numeric_limits<T>::infinity();
+    for (int64_t i0 = 0; i0 < N; i0 += kChunk) {
+      const int64_t L = std::min(kChunk, N - i0);
+      const T *Gc = w.g + i0 * F, *Vc = v + i0 * dv, *Mc = w.mk + i0, *dNc = w.dn + i0 * dv;
+      T* dQc = w.dqf + i0 * F;
+      intra_chunk_grad_weights(dNc, w.dd + i0, Vc, Mc, L, dv, w.D);
+      gemm(false, false, L, F, L, alpha, w.D, Gc, T(0), dQc);
+      gemm(false, true, L, F, dv, T(1), dNc, w.S, T(0), w.tmp);  // dnum_i S~^T
+      for (int64_t i = 0; i < L; ++i) {
+        if (!mask || mask[i0 + i]) {
+          for (int64_t c = 0; c < dv; ++c) w.vs[c] += Vc[i * dv + c];
+          n += 1;
+        }
+        const T ddi = w.dd[i0 + i];
+        T bterm = 0;
+        for (int64_t c = 0; c < dv; ++c) bterm += w.vs[c] * dNc[i * dv + c];
+        bterm = beta * bterm + ddi * (beta * n + static_cast<T>(kCausalEps));
+        const T s = alpha * rescale(mprev, Mc[i]);
+        for (int64_t e = 0; e < F; ++e)
+          dQc[i * F + e] += s * (w.tmp[i * F + e] + ddi * w.z[e]) + bterm;
+      }
+      mprev = advance_state(Gc, Vc, Mc, L, F, dv, mprev, w);
+    }
+    // Then a reverse sweep. Entering chunk [i0, i1) from the right, the state is
+    // R~ = sum_{i>=i1} alpha exp(M_i1 - M_i) phi(q_i) dnum_i^T [F, dv] (in S),
+    // ra~ = the same with dden_i [F] (in z) and sv = sum_{i>=i1} beta sum(phi(q_i)) dnum_i
+    // (in vs). A real key j of the chunk gets, with t_j = exp(M_j - M_i1):
+    //   dg_j = t_j (R~ v_j + ra~) + alpha (D^T phi(q))_j
+    //   dv_j = t_j R~^T g_j + alpha (P^T dnum)_j + sv_j
+    std::fill(w.S, w.S + F * dv, T(0));
+    std::fill(w.z, w.z + F, T(0));
+    std::fill(w.vs, w.vs + dv, T(0));
+    T mnext = 0;
+    for (int64_t i0 = ((N - 1) / kChunk) * kChunk; i0 >= 0; i0 -= kChunk) {
+      const int64_t L = std::min(kChunk, N - i0);
+      const T *Qc = w.qf + i0 * F, *Gc = w.g + i0 * F, *Vc = v + i0 * dv, *Mc = w.mk + i0,
+              *dNc = w.dn + i0 * dv;
+      T *dGc = w.dg + i0 * F, *dVc = gv + i0 * dv;
+      const bool last = i0 + L == N;  // no state from the right yet
+      gemm(false, true, L, F, dv, T(1), Vc, w.S, T(0), dGc);
+      gemm(false, false, L, dv, F, T(1), Gc, w.S, T(0), dVc);
+      for (int64_t j = 0; j < L; ++j) {
+        const T t = last ? T(0) : rescale(Mc[j], mnext);
+        for (int64_t e = 0; e < F; ++e) dGc[j * F + e] = t * (dGc[j * F + e] + w.z[e]);
+        for (int64_t c = 0; c < dv; ++c) dVc[j * dv + c] *= t;
+      }
+      intra_chunk_weights(Qc, Gc, Mc, L, F, w.P);
+      intra_chunk_grad_weights(dNc, w.dd + i0, Vc, Mc, L, dv, w.D);
+      gemm(true, false, L, F, L, alpha, w.D, Qc, T(1), dGc);
+      gemm(true, false, L, dv, L, alpha, w.P, dNc, T(1), dVc);
+      for (int64_t j = L - 1; j >= 0; --j) {
+        const T* y = Qc + j * F;
+        T ysum = 0;
+        for (int64_t e = 0; e < F; ++e) ysum += y[e];
+        for (int64_t c = 0; c < dv; ++c) w.vs[c] += beta * ysum * dNc[j * dv + c];
+        const bool real = !mask || mask[i0 + j];
+        for (int64_t c = 0; c < dv; ++c) dVc[j * dv + c] = real ? dVc[j * dv + c] + w.vs[c] : T(0);
+        if (!real) std::fill(dGc + j * F, dGc + (j + 1) * F, T(0));
+      }
+      // Move the state to M_i0 and add this chunk's queries: u_i = alpha exp(M_i0 - M_i).
+      const T rr = last ? T(0) : rescale(Mc[0], mnext);
+      for (int64_t t = 0; t < F * dv; ++t) w.S[t] *= rr;
+      for (int64_t e = 0; e < F; ++e) w.z[e] *= rr;
+      for (int64_t i = 0; i < L; ++i) {
+        const T u = alpha * rescale(Mc[0], Mc[i]);
+        for (int64_t c = 0; c < dv; ++c) w.tmp[i * dv + c] = u * dNc[i * dv + c];
+        const T ud = u * w.dd[i0 + i];
+        for (int64_t e = 0; e < F; ++e) w.z[e] += ud * Qc[i * F + e];
+      }
+      gemm(true, false, F, dv, L, T(1), Qc, w.tmp, T(1), w.S);
+      mnext = Mc[0];
+    }
+  }
+
+  // Through the query feature map (forward: query_features).
+  const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
+  const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(F)));
+  if (f.opt.kernel == FavorKernel::no_projection) {
+    for (int64_t i = 0; i < N; ++i) {  // softmax_d backward
+      const T* y = w.qf + i * F;
+      const T* dy = w.dqf + i * F;
+      T dot = 0;
+      for (int64_t e = 0; e < F; ++e) dot += y[e] * dy[e];
+      for (int64_t e = 0; e < F; ++e) gq[i * d + e] = y[e] * (dy[e] - dot);
+    }
+  } else {
+    // phi(q) = relu(q') + 1e-3, or r (exp(q' - diag(q) - max) + eps): d(q') per feature
+    // and, for the softmax kernel, d(diag) = -sum_f d(q'); then q' = (c q) W^T.
+    std::vector<T> ddiag(static_cast<size_t>(N), T(0));
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t e = 0; e < F; ++e) {
+        const int64_t t = i * F + e;
+        if (f.opt.kernel == FavorKernel::relu) {
+          w.dqf[t] = w.qx[t] > 0 ? w.dqf[t] : T(0);
+        } else {
+          w.dqf[t] *= w.qf[t] - r * static_cast<T>(kSoftmaxEps);
+          ddiag[static_cast<size_t>(i)] -= w.dqf[t];
+        }
+      }
+    gemm(false, false, N, d, F, c, w.dqf, W, T(0), gq);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t e = 0; e < d; ++e)
+        gq[i * d + e] += ddiag[static_cast<size_t>(i)] * c * c * q[i * d + e];
+  }
+
+  // Through the key feature map (forward: key_features); masked keys have dg = 0.
+  if (f.opt.kernel == FavorKernel::no_projection) {
+    if (f.opt.causal) {
+      for (int64_t t = 0; t < M * F; ++t) gk[t] = w.g[t] * w.dg[t];  // g = exp(k)
+    } else {
+      for (int64_t e = 0; e < F; ++e) {  // softmax over j backward, per feature column
+        T dot = 0;
+        for (int64_t j = 0; j < M; ++j) dot += w.g[j * F + e] * w.dg[j * F + e];
+        for (int64_t j = 0; j < M; ++j) gk[j * F + e] = w.g[j * F + e] * (w.dg[j * F + e] - dot);
+      }
+    }
+    return;
+  }
+  std::vector<T> ddiag(static_cast<size_t>(M), T(0));
+  for (int64_t j = 0; j < M; ++j)
+    for (int64_t e = 0; e < F; ++e) {
+      const int64_t t = j * F + e;
+      if (f.opt.kernel == FavorKernel::relu) {
+        w.dg[t] = w.kx[t] > 0 ? w.dg[t] : T(0);
+      } else {
+        w.dg[t] *= w.g[t];  // g = exp(k' - diag(k) - M_j), M_j stop-grad
+        ddiag[static_cast<size_t>(j)] -= w.dg[t];
+      }
+    }
+  gemm(false, false, M, d, F, c, w.dg, W, T(0), gk);
+  for (int64_t j = 0; j < M; ++j)
+    for (int64_t e = 0; e < d; ++e)
+      gk[j * d + e] += ddiag[static_cast<size_t>(j)] * c * c * k[j * d + e];
+}
+
+}  // namespace
+
+Tensor favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
+             const Tensor& key_padding_mask, const FavorOptions& options) {
+  FavorDims f;
+  f.s = check_qkv("favor", q, k, v, key_padding_mask, options.causal);
+  f.opt = options;
+  if (options.kernel == FavorKernel::no_projection) {
+    FORGE_CHECK(!W.defined(),
+                "attention::favor: W must be undefined with the no_projection kernel, got {}",
+                shape_str(W.shape()));
+    f.F = f.s.d;
+  } else {
+    FORGE_CHECK(W.defined(),
+                "attention::favor: W [m, {}] is required by the softmax and relu kernels (make one "
+                "with gaussian_orthogonal_random_matrix), got an undefined tensor",
+                f.s.d);
+    FORGE_CHECK(W.dim() == 2 && W.size(1) == f.s.d && W.size(0) > 0,
+                "attention::favor: W must be [m, d] = [m, {}] with m > 0, got {}", f.s.d,
+                shape_str(W.shape()));
+    FORGE_CHECK(W.dtype() == q.dtype() && W.device().is_cpu(),
+                "attention::favor: W must be a {} CPU tensor, got {}", dtype_name(q.dtype()),
+                dtype_name(W.dtype()));
+    FORGE_CHECK(!W.requires_grad(),
+                "attention::favor: W is a buffer and gets no gradient; pass it detached");
+    f.F = W.size(0);
+  }
+  const Dims4& s = f.s;
+  const uint8_t* mask = mask_bytes(key_padding_mask);
+  Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
+  Tensor den = Tensor::empty({s.B, s.H, s.N}, q.dtype());
+  const int64_t cost = (s.N + s.M) * f.F * (s.d + s.dv);
+  FORGE_DISPATCH_FLOAT(q.dtype(), "attention::favor", [&] {
+    const scalar_t* pw = W.defined() ? W.data<scalar_t>() : nullptr;
+    parallel_for(s.B * s.H, cost, [&](int64_t b0, int64_t b1) {
+      Scratch<scalar_t> w(f, false);
+      for (int64_t bh = b0; bh < b1; ++bh)
+        favor_forward_bh<scalar_t>(
+            f, q.data<scalar_t>() + bh * s.N * s.d, k.data<scalar_t>() + bh * s.M * s.d,
+            v.data<scalar_t>() + bh * s.M * s.dv, pw, mask ? mask + (bh / s.H) * s.M : nullptr,
+            out.data<scalar_t>() + bh * s.N * s.dv, den.data<scalar_t>() + bh * s.N, w);
+    });
+  });
+  const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
+  const Tensor Wd = W.defined() ? W.detach() : Tensor();
+  return autograd::record(
+      "attention::favor", {q, k, v}, out,
+      [f, qd, kd, vd, Wd, od, den, key_padding_mask](const std::vector<Tensor>& g) {
+        const Dims4& s = f.s;
+        const Tensor go = g[0];
+        Tensor gq = Tensor::empty(qd.shape(), qd.dtype()),
+               gk = Tensor::empty(kd.shape(), kd.dtype()),
+               gv = Tensor::empty(vd.shape(), vd.dtype());
+        const uint8_t* mask = mask_bytes(key_padding_mask);
+        const int64_t cost = (s.N + s.M) * f.F * (s.d + s.dv) * 3;
+        FORGE_DISPATCH_FLOAT(qd.dtype(), "attention::favor backward", [&] {
+          const scalar_t* pw = Wd.defined() ? Wd.data<scalar_t>() : nullptr;
+          parallel_for(s.B * s.H, cost, [&](int64_t b0, int64_t b1) {
+            Scratch<scalar_t> w(f, true);
+            for (int64_t bh = b0; bh < b1; ++bh)
+              favor_backward_bh<scalar_t>(
+                  f, qd.data<scalar_t>() + bh * s.N * s.d, kd.data<scalar_t>() + bh * s.M * s.d,
+                  vd.data<scalar_t>() + bh * s.M * s.dv, pw,
+                  mask ? mask + (bh / s.H) * s.M : nullptr, od.data<scalar_t>() + bh * s.N * s.dv,
+                  den.data<scalar_t>() + bh * s.N, go.data<scalar_t>() + bh * s.N * s.dv,
+                  gq.data<scalar_t>() + bh * s.N * s.d, gk.data<scalar_t>() + bh * s.M * s.d,
+                  gv.data<scalar_t>() + bh * s.M * s.dv, w);
+          });
+        });
+        return std::vector<Tensor>{gq, gk, gv};
+      });
+}
+
+namespace {
+
+// Householder QR of a [n, n] (row-major, double): returns Q [n, n] with a = Q R.
+std::vector<double> householder_q(std::vector<double> a, int64_t n) {
+  std::vector<std::vector<double>> vs;
+  for (int64_t col = 0; col < n; ++col) {
+    std::vector<double> u(static_cast<size_t>(n - col));
+    double norm = 0;
+    for (int64_t i = col; i < n; ++i) norm += a[i * n + col] * a[i * n + col];
+    norm = std::sqrt(norm);
+    for (int64_t i = col; i < n; ++i) u[static_cast<size_t>(i - col)] = a[i * n + col];
+    u[0] += a[col * n + col] >= 0 ? norm : -norm;  // u = x + sign(x0) ||x|| e1
+    double un = 0;
+    for (double x : u) un += x * x;
+    un = std::sqrt(un);
+    if (un > 0)
+      for (double& x : u) x /= un;
+    for (int64_t c = col; c < n; ++c) {  // a[col:, col:] -= 2 u (u^T a[col:, col:])
+      double dot = 0;
+      for (int64_t i = col; i < n; ++i) dot += u[static_cast<size_t>(i - col)] * a[i * n + c];
+      for (int64_t i = col; i < n; ++i) a[i * n + c] -= 2 * u[static_cast<size_t>(i - col)] * dot;
+    }
+    vs.push_back(std::move(u));
+  }
+  std::vector<double> qm(static_cast<size_t>(n * n), 0.0);  // Q = H_0 H_1 ... H_{n-1} I
+  for (int64_t i = 0; i < n; ++i) qm[static_cast<size_t>(i * n + i)] = 1;
+  for (int64_t col = n; col-- > 0;) {
+    const std::vector<double>& u = vs[static_cast<size_t>(col)];
+    for (int64_t c = 0; c < n; ++c) {
+      double dot = 0;
+      for (int64_t i = col; i < n; ++i) dot += u[static_cast<size_t>(i - col)] * qm[i * n + c];
+      for (int64_t i = col; i < n; ++i) qm[i * n + c] -= 2 * u[static_cast<size_t>(i - col)] * dot;
+    }
+  }
+  return qm;
+}
+
+}  // namespace
+
+Tensor gaussian_orthogonal_random_matrix(int64_t m, int64_t d, int scaling, DType dtype,
+                                         Generator* gen) {
+  FORGE_CHECK(m > 0 && d > 0,
+              "gaussian_orthogonal_random_matrix: m and d must be positive, got m = {}, d = {}", m,
+              d);
+  FORGE_CHECK(scaling == 0 || scaling == 1,
+              "gaussian_orthogonal_random_matrix: scaling must be 0 (Gaussian row norms) or 1 "
+              "(sqrt(d)), got {}",
+              scaling);
+  FORGE_CHECK(dtype == DType::f32 || dtype == DType::f64,
+              "gaussian_orthogonal_random_matrix: dtype must be f32 or f64, got {}",
+              dtype_name(dtype));
+  Generator& g = gen ? *gen : default_generator();
+  std::vector<double> rows;  // [ceil(m / d) d, d]: the blocks Q^T, stacked
+  for (int64_t b = 0; b < (m + d - 1) / d; ++b) {
+    const std::vector<double> qm =
+        householder_q(Tensor::randn({d, d}, DType::f64, &g).to_vector<double>(), d);
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t j = 0; j < d; ++j) rows.push_back(qm[j * d + i]);
+  }
+  std::vector<double> scale(static_cast<size_t>(m), std::sqrt(static_cast<double>(d)));
+  if (scaling == 0) {
+    const std::vector<double> gauss = Tensor::randn({m, d}, DType::f64, &g).to_vector<double>();
+    for (int64_t i = 0; i < m; ++i) {
+      double sq = 0;
+      for (int64_t j = 0; j < d; ++j) sq += gauss[i * d + j] * gauss[i * d + j];
+      scale[static_cast<size_t>(i)] = std::sqrt(sq);
+    }
+  }
+  std::vector<double> out(static_cast<size_t>(m * d));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < d; ++j)
+      out[i * d + j] = rows[i * d + j] * scale[static_cast<size_t>(i)];
+  return Tensor::from_vector(out, {m, d}).to(dtype);
+}
+
+std::vector<GradcheckCase> favor_gradcheck_cases() {
+  struct Spec {
+    const char* name;
+    FavorKernel kernel;
+    bool causal;
+    FavorStabilizer stabilizer;
+    bool mask;
+    int64_t M;
+  };
+  using K = FavorKernel;
+  using S = FavorStabilizer;
+  const Spec specs[] = {
+      {"favor/softmax", K::softmax, false, S::prefix, false, 6},
+      {"favor/softmax+mask", K::softmax, false, S::prefix, true, 6},
+      {"favor/softmax+cross+mask", K::softmax, false, S::prefix, true, 8},
+      {"favor/softmax+causal", K::softmax, true, S::prefix, false, 6},
+      {"favor/softmax+causal+mask", K::softmax, true, S::prefix, true, 6},
+      {"favor/softmax+causal+global", K::softmax, true, S::global, false, 6},
+      {"favor/softmax+causal+global+mask", K::softmax, true, S::global, true, 6},
+      {"favor/relu", K::relu, false, S::prefix, false, 6},
+      {"favor/relu+cross+mask", K::relu, false, S::prefix, true, 8},
+      {"favor/relu+causal+mask", K::relu, true, S::prefix, true, 6},
+      {"favor/no_projection+mask", K::no_projection, false, S::prefix, true, 6},
+      {"favor/no_projection+cross", K::no_projection, false, S::prefix, false, 8},
+      {"favor/no_projection+causal+mask", K::no_projection, true, S::prefix, true, 6},
+  };
+  std::vector<GradcheckCase> cases;
+  for (const Spec& sp : specs) {
+    const int64_t B = 2, H = 2, N = 6, d = 3, dv = 4, m = 5;
+    GradcheckCase c;
+    c.name = sp.name;
+    c.make_inputs = [sp] {
+      auto leaf = [](const Shape& shape, uint64_t seed) {
+        Generator g(seed);
+        Tensor t = Tensor::rand(shape, DType::f64, &g);
+        double* p = t.data<double>();
+        for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
+        t.set_requires_grad(true);
+        return t;
+      };
+      // q, k, v, then W (projection kernels), then the mask (masked cases).
+      std::vector<Tensor> in = {leaf({B, H, N, d}, 11), leaf({B, H, sp.M, d}, 12),
+                                leaf({B, H, sp.M, dv}, 13)};
+      if (sp.kernel != FavorKernel::no_projection) {
+        Generator g(14);
+        in.push_back(gaussian_orthogonal_random_matrix(m, d, 0, DType::f64, &g));
+      }
+      if (sp.mask) {
+        Tensor mask = Tensor::ones({B, sp.M}, DType::boolean);
+        mask.data<bool>()[sp.M - 1] = false;  // batch 0: last key padded
+        mask.data<bool>()[sp.M + 1] = false;  // batch 1: key 1 padded
+        in.push_back(mask);
+      }
+      return in;
+    };
+    c.fn = [sp](const std::vector<Tensor>& in) {
+      const bool proj = sp.kernel != FavorKernel::no_projection;
+      const Tensor W = proj ? in[3] : Tensor();
+      const Tensor mask = sp.mask ? in[proj ? 4 : 3] : Tensor();
+      return favor(in[0], in[1], in[2], W, mask, FavorOptions{sp.kernel, sp.causal, sp.stabilizer});
+    };
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+}  // namespace forge::ops::attention

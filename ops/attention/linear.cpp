@@ -1,0 +1,416 @@
+// linear: the elu(x) + 1 feature-map attention of Katharopoulos et al. 2020
+// ("Transformers are RNNs"), one autograd op with a fused forward and backward.
+//
+//   phi(x) = elu(x) + 1;   phi(k)[j] = 0 where the key is padding
+//   o_i = phi(q_i) S / (phi(q_i) . z + eps),   S = sum_j phi(k_j) v_j^T [d, dv],
+//                                               z = sum_j phi(k_j)        [d]
+// with the sums over every key (non-causal, M may differ from N) or over
+// j <= i (causal). The causal form is a prefix scan over chunks of kChunk
+// positions: inside a chunk a small masked [c, c] product, across chunks the
+// running state (S, z). The backward recomputes the feature maps; its causal
+// form is a forward scan (for dq, which needs the prefix states) and a reverse
+// scan carrying the gradient states (R, r) = sum over later queries. Nothing
+// of size N x M or N x d x dv is ever held.
+#include <cblas.h>
+
+#include <cmath>
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/threading.h"
+#include "ops/attention/attention.h"
+#include "ops/attention/common.h"
+#include "ops/attention/registry.h"
+
+namespace forge::ops::attention {
+
+namespace {
+
+constexpr int64_t kChunk = 64;
+
+// c = alpha op(a) op(b) + beta c, row-major, with leading dimensions.
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha, const double* a,
+          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// phi(x) = elu(x) + 1 of `rows` rows of x [rows, d], zeroed on rows whose
+// keep byte is 0 (keep may be null: every row is kept).
+template <typename T>
+void feature_map(const T* x, int64_t rows, int64_t d, const uint8_t* keep, T* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T on = (keep == nullptr || keep[r]) ? T(1) : T(0);
+    for (int64_t f = 0; f < d; ++f) {
+      const T v = x[r * d + f];
+      out[r * d + f] = on * (v > 0 ? v + T(1) : std::exp(v));
+    }
+  }
+}
+
+// g *= phi'(x) (1 for x > 0, exp(x) otherwise), zeroed on rows not kept.
+template <typename T>
+void feature_map_backward(const T* x, int64_t rows, int64_t d, const uint8_t* keep, T* g) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T on = (keep == nullptr || keep[r]) ? T(1) : T(0);
+    for (int64_t f = 0; f < d; ++f) {
+      const T v = x[r * d + f];
+      g[r * d + f] *= on * (v > 0 ? T(1) : std::exp(v));
+    }
+  }
+}
+
+// z += the column sums of a [rows, d].
+template <typename T>
+void add_colsum(const T* a, int64_t rows, int64_t d, T* z) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t f = 0; f < d; ++f) z[f] += a[r * d + f];
+}
+
+template <typename T>
+T dot(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Zeroes the strict upper triangle (j > i) of a [c, c] block: causal inside a chunk.
+template <typename T>
+void keep_lower(T* a, int64_t c) {
+  for (int64_t i = 0; i < c; ++i)
+    for (int64_t j = i + 1; j < c; ++j) a[i * c + j] = 0;
+}
+
+struct Sizes {
+  int64_t N, M, d, dv;
+  double eps;
+};
+
+// Per-thread scratch of one chunk: features, products and the states.
+template <typename T>
+struct Scratch {
+  std::vector<T> qp, kp, a, g, num, gn, gd, den, S, z, R, r;
+  explicit Scratch(const Sizes& s)
+      : qp(kChunk * s.d),
+        kp(kChunk * s.d),
+        a(kChunk * kChunk),
+        g(kChunk * kChunk),
+        num(kChunk * s.dv),
+        gn(kChunk * s.dv),
+        gd(kChunk),
+        den(kChunk),
+        S(s.d * s.dv),
+        z(s.d),
+        R(s.d * s.dv),
+        r(s.d) {}
+};
+
+// S = sum_j phi(k_j) v_j^T, z = sum_j phi(k_j) over every key of one batch-head.
+// k [M, d], v [M, dv].
+template <typename T>
+void key_states(const T* k, const T* v, const uint8_t* keep, const Sizes& s, Scratch<T>& w) {
+  std::fill(w.S.begin(), w.S.end(), T(0));
+  std::fill(w.z.begin(), w.z.end(), T(0));
+  for (int64_t j0 = 0; j0 < s.M; j0 += kChunk) {
+    const int64_t c = std::min(kChunk, s.M - j0);
+    feature_map(k + j0 * s.d, c, s.d, keep ? keep + j0 : nullptr, w.kp.data());
+    gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, v + j0 * s.dv, s.dv, T(1), w.S.data(),
+         s.dv);
+    add_colsum(w.kp.data(), c, s.d, w.z.data());
+  }
+}
+
+// One batch-head of the forward. q [N, d], k [M, d], v [M, dv] -> o [N, dv].
+template <typename T>
+void linear_forward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, bool causal,
+                       const Sizes& s, Scratch<T>& w, T* o) {
+  const T eps = static_cast<T>(s.eps);
+  if (!causal) {
+    key_states(k, v, keep, s, w);
+    for (int64_t i0 = 0; i0 < s.N; i0 += kChunk) {
+      const int64_t c = std::min(kChunk, s.N - i0);
+      feature_map(q + i0 * s.d, c, s.d, nullptr, w.qp.data());
+      T* oc = o + i0 * s.dv;
+      gemm(false, false, c, s.dv, s.d, T(1), w.qp.data(), s.d, w.S.data(), s.dv, T(0), oc, s.dv);
+      for (int64_t i = 0; i < c; ++i) {
+        const T inv = T(1) / (dot(w.qp.data() + i * s.d, w.z.data(), s.d) + eps);
+        for (int64_t e = 0; e < s.dv; ++e) oc[i * s.dv + e] *= inv;
+      }
+    }
+    return;
+  }
+  // Causal scan: (S, z) hold the sums over the chunks before this one.
+  std::fill(w.S.begin(), w.S.end(), T(0));
+  std::fill(w.z.begin(), w.z.end(), T(0));
+  for (int64_t i0 = 0; i0 < s.N; i0 += kChunk) {
+    const int64_t c = std::min(kChunk, s.N - i0);
+    const T* vc = v + i0 * s.dv;
+    T* oc = o + i0 * s.dv;
+    feature_map(q + i0 * s.d, c, s.d, nullptr, w.qp.data());
+    feature_map(k + i0 * s.d, c, s.d, keep ? keep + i0 : nullptr, w.kp.data());
+    // A = phi(q) phi(k)^T [c, c], j <= i inside the chunk.
+    gemm(false, true, c, c, s.d, T(1), w.qp.data(), s.d, w.kp.data(), s.d, T(0), w.a.data(), c);
+    keep_lower(w.a.data(), c);
+    gemm(false, false, c, s.dv, s.d, T(1), w.qp.data(), s.d, w.S.data(), s.dv, T(0), oc, s.dv);
+    gemm(false, false, c, s.dv, c, T(1), w.a.data(), c, vc, s.dv, T(1), oc, s.dv);
+    for (int64_t i = 0; i < c; ++i) {
+      T den = dot(w.qp.data() + i * s.d, w.z.data(), s.d) + eps;
+      for (int64_t j = 0; j <= i; ++j) den += w.a[i * c + j];
+      for (int64_t e = 0; e < s.dv; ++e) oc[i * s.dv + e] /= den;
+    }
+    gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, vc, s.dv, T(1), w.S.data(), s.dv);
+    add_colsum(w.kp.data(), c, s.d, w.z.data());
+  }
+}
+
+// For the c queries of a chunk whose numerators (num [c, dv]) and denominators
+// (den [c]) are in the scratch, with g [c, dv] the output gradient: in the
+// forward o = num / den, so gn = g / den is the gradient of num and
+// gd = -(g . o) / den that of den.
+template <typename T>
+void output_backward(const T* g, int64_t c, const Sizes& s, Scratch<T>& w) {
+  for (int64_t i = 0; i < c; ++i) {
+    const T inv = T(1) / w.den[i];
+    T go = 0;
+    for (int64_t e = 0; e < s.dv; ++e) {
+      const T ge = g[i * s.dv + e];
+      go += ge * w.num[i * s.dv + e] * inv;
+      w.gn[i * s.dv + e] = ge * inv;
+    }
+    w.gd[i] = -go * inv;
+  }
+}
+
+// One batch-head of the backward: dq [N, d], dk [M, d], dv [M, dv] from g [N, dv].
+template <typename T>
+void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, const T* g,
+                        bool causal, const Sizes& s, Scratch<T>& w, T* den_all, T* gd_all, T* dq,
+                        T* dk, T* dv) {
+  const T eps = static_cast<T>(s.eps);
+  std::fill(w.R.begin(), w.R.end(), T(0));
+  std::fill(w.r.begin(), w.r.end(), T(0));
+  if (!causal) {
+    key_states(k, v, keep, s, w);
+    // In the forward num = phi(q) S and den = phi(q) . z + eps, so
+    // d phi(q) = gn S^T + gd z^T, and R = sum_i phi(q_i) gn_i^T, r = sum_i gd_i phi(q_i)
+    // are the gradients of S and z.
+    for (int64_t i0 = 0; i0 < s.N; i0 += kChunk) {
+      const int64_t c = std::min(kChunk, s.N - i0);
+      feature_map(q + i0 * s.d, c, s.d, nullptr, w.qp.data());
+      gemm(false, false, c, s.dv, s.d, T(1), w.qp.data(), s.d, w.S.data(), s.dv, T(0), w.num.data(),
+           s.dv);
+      for (int64_t i = 0; i < c; ++i) w.den[i] = dot(w.qp.data() + i * s.d, w.z.data(), s.d) + eps;
+      output_backward(g + i0 * s.dv, c, s, w);
+      T* dqc = dq + i0 * s.d;
+      gemm(false, true, c, s.d, s.dv, T(1), w.gn.data(), s.dv, w.S.data(), s.dv, T(0), dqc, s.d);
+      for (int64_t i = 0; i < c; ++i)
+        for (int64_t f = 0; f < s.d; ++f) dqc[i * s.d + f] += w.gd[i] * w.z[f];
+      feature_map_backward(q + i0 * s.d, c, s.d, nullptr, dqc);
+      gemm(true, false, s.d, s.dv, c, T(1), w.qp.data(), s.d, w.gn.data(), s.dv, T(1), w.R.data(),
+           s.dv);
+      for (int64_t i = 0; i < c; ++i)
+        for (int64_t f = 0; f < s.d; ++f) w.r[f] += w.gd[i] * w.qp[i * s.d + f];
+    }
+    // S and z summed phi(k_j) v_j^T and phi(k_j): d phi(k_j) = R v_j + r, dv_j = R^T phi(k_j).
+    for (int64_t j0 = 0; j0 < s.M; j0 += kChunk) {
+      const int64_t c = std::min(kChunk, s.M - j0);
+      const uint8_t* kc = keep ? keep + j0 : nullptr;
+      feature_map(k + j0 * s.d, c, s.d, kc, w.kp.data());
+      T* dkc = dk + j0 * s.d;
+      gemm(false, true, c, s.d, s.dv, T(1), v + j0 * s.dv, s.dv, w.R.data(), s.dv, T(0), dkc, s.d);
+      for (int64_t j = 0; j < c; ++j)
+        for (int64_t f = 0; f < s.d; ++f) dkc[j * s.d + f] += w.r[f];
+      feature_map_backward(k + j0 * s.d, c, s.d, kc, dkc);
+      gemm(false, false, c, s.dv, s.d, T(1), w.kp.data(), s.d, w.R.data(), s.dv, T(0),
+           dv + j0 * s.dv, s.dv);
+    }
+    return;
+  }
+  // Causal, pass 1 (forward scan, as the forward): rebuild num and den of each
+  // chunk from the prefix state (S, z); the forward had
+  //   num = phi(q) S + A v,  den = phi(q) . z + rowsum(A) + eps,  A = tril(phi(q) phi(k)^T),
+  // so d phi(q) = gn S^T + gd z^T + G phi(k) with G = tril(gn v^T + gd 1^T) [c, c].
+  // den and gd of every row are kept for pass 2.
+  std::fill(w.S.begin(), w.S.end(), T(0));
+  std::fill(w.z.begin(), w.z.end(), T(0));
+  for (int64_t i0 = 0; i0 < s.N; i0 += kChunk) {
+    const int64_t c = std::min(kChunk, s.N - i0);
+    const T* vc = v + i0 * s.dv;
+    feature_map(q + i0 * s.d, c, s.d, nullptr, w.qp.data());
+    feature_map(k + i0 * s.d, c, s.d, keep ? keep + i0 : nullptr, w.kp.data());
+    gemm(false, true, c, c, s.d, T(1), w.qp.data(), s.d, w.kp.data(), s.d, T(0), w.a.data(), c);
+    keep_lower(w.a.data(), c);
+    gemm(false, false, c, s.dv, s.d, T(1), w.qp.data(), s.d, w.S.data(), s.dv, T(0), w.num.data(),
+         s.dv);
+    gemm(false, false, c, s.dv, c, T(1), w.a.data(), c, vc, s.dv, T(1), w.num.data(), s.dv);
+    for (int64_t i = 0; i < c; ++i) {
+      T den = dot(w.qp.data() + i * s.d, w.z.data(), s.d) + eps;
+      for (int64_t j = 0; j <= i; ++j) den += w.a[i * c + j];
+      w.den[i] = den;
+    }
+    output_backward(g + i0 * s.dv, c, s, w);
+    for (int64_t i = 0; i < c; ++i) {
+      den_all[i0 + i] = w.den[i];
+      gd_all[i0 + i] = w.gd[i];
+    }
+    gemm(false, true, c, c, s.dv, T(1), w.gn.data(), s.dv, vc, s.dv, T(0), w.g.data(), c);
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t j = 0; j <= i; ++j) w.g[i * c + j] += w.gd[i];
+    keep_lower(w.g.data(), c);
+    T* dqc = dq + i0 * s.d;
+    gemm(false, true, c, s.d, s.dv, T(1), w.gn.data(), s.dv, w.S.data(), s.dv, T(0), dqc, s.d);
+    gemm(false, false, c, s.d, c, T(1), w.g.data(), c, w.kp.data(), s.d, T(1), dqc, s.d);
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t f = 0; f < s.d; ++f) dqc[i * s.d + f] += w.gd[i] * w.z[f];
+    feature_map_backward(q + i0 * s.d, c, s.d, nullptr, dqc);
+    gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, vc, s.dv, T(1), w.S.data(), s.dv);
+    add_colsum(w.kp.data(), c, s.d, w.z.data());
+  }
+  // Pass 2 (reverse scan): (R, r) = the gradients of the states, summed over the
+  // queries of later chunks: R = sum phi(q_i) gn_i^T, r = sum gd_i phi(q_i).
+  // A key j fed S and z of every query i >= j, so
+  //   d phi(k_j) = R v_j + r + (G^T phi(q))_j,   dv_j = R^T phi(k_j) + (A^T gn)_j.
+  const int64_t last = (s.N - 1) / kChunk * kChunk;
+  for (int64_t i0 = last; i0 >= 0; i0 -= kChunk) {
+    const int64_t c = std::min(kChunk, s.N - i0);
+    const T* vc = v + i0 * s.dv;
+    const T* gc = g + i0 * s.dv;
+    const uint8_t* kc = keep ? keep + i0 : nullptr;
+    feature_map(q + i0 * s.d, c, s.d, nullptr, w.qp.data());
+    feature_map(k + i0 * s.d, c, s.d, kc, w.kp.data());
+    for (int64_t i = 0; i < c; ++i) {
+      const T inv = T(1) / den_all[i0 + i];
+      for (int64_t e = 0; e < s.dv; ++e) w.gn[i * s.dv + e] = gc[i * s.dv + e] * inv;
+      w.gd[i] = gd_all[i0 + i];
+    }
+    gemm(false, true, c, c, s.d, T(1), w.qp.data(), s.d, w.kp.data(), s.d, T(0), w.a.data(), c);
+    keep_lower(w.a.data(), c);
+    gemm(false, true, c, c, s.dv, T(1), w.gn.data(), s.dv, vc, s.dv, T(0), w.g.data(), c);
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t j = 0; j <= i; ++j) w.g[i * c + j] += w.gd[i];
+    keep_lower(w.g.data(), c);
+    T* dkc = dk + i0 * s.d;
+    gemm(false, true, c, s.d, s.dv, T(1), vc, s.dv, w.R.data(), s.dv, T(0), dkc, s.d);
+    gemm(true, false, c, s.d, c, T(1), w.g.data(), c, w.qp.data(), s.d, T(1), dkc, s.d);
+    for (int64_t j = 0; j < c; ++j)
+      for (int64_t f = 0; f < s.d; ++f) dkc[j * s.d + f] += w.r[f];
+    feature_map_backward(k + i0 * s.d, c, s.d, kc, dkc);
+    T* dvc = dv + i0 * s.dv;
+    gemm(false, false, c, s.dv, s.d, T(1), w.kp.data(), s.d, w.R.data(), s.dv, T(0), dvc, s.dv);
+    gemm(true, false, c, s.dv, c, T(1), w.a.data(), c, w.gn.data(), s.dv, T(1), dvc, s.dv);
+    gemm(true, false, s.d, s.dv, c, T(1), w.qp.data(), s.d, w.gn.data(), s.dv, T(1), w.R.data(),
+         s.dv);
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t f = 0; f < s.d; ++f) w.r[f] += w.gd[i] * w.qp[i * s.d + f];
+  }
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+              const LinearOptions& options) {
+  const Dims4 dims = check_qkv("linear", q, k, v, key_padding_mask, options.causal);
+  FORGE_CHECK(std::isfinite(options.eps) && options.eps >= 0,
+              "attention::linear: options.eps must be a finite number >= 0, got {}", options.eps);
+  const Sizes s{dims.N, dims.M, dims.d, dims.dv, options.eps};
+  const int64_t BH = dims.B * dims.H;
+  const bool causal = options.causal;
+  const int64_t cost = (s.N + s.M) * (s.d * s.dv + (causal ? kChunk * (s.d + s.dv) : 0));
+  Tensor o = Tensor::empty({dims.B, dims.H, s.N, s.dv}, q.dtype());
+  FORGE_DISPATCH_FLOAT(q.dtype(), "attention::linear", [&] {
+    const scalar_t *qp = q.data<scalar_t>(), *kp = k.data<scalar_t>(), *vp = v.data<scalar_t>();
+    const uint8_t* mask = mask_bytes(key_padding_mask);
+    scalar_t* op = o.data<scalar_t>();
+    parallel_for(BH, cost, [&](int64_t b0, int64_t b1) {
+      Scratch<scalar_t> w(s);
+      for (int64_t bh = b0; bh < b1; ++bh)
+        linear_forward_bh(qp + bh * s.N * s.d, kp + bh * s.M * s.d, vp + bh * s.M * s.dv,
+                          mask ? mask + bh / dims.H * s.M : nullptr, causal, s, w,
+                          op + bh * s.N * s.dv);
+    });
+  });
+  return autograd::record(
+      "attention::linear", {q, k, v}, o,
+      [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, s, H = dims.H, BH,
+       causal, cost](const std::vector<Tensor>& grads) {
+        const Tensor& g = grads[0];
+        Tensor dq = Tensor::empty(qs.shape(), g.dtype()), dk = Tensor::empty(ks.shape(), g.dtype()),
+               dv = Tensor::empty(vs.shape(), g.dtype());
+        FORGE_DISPATCH_FLOAT(g.dtype(), "attention::linear backward", [&] {
+          const scalar_t *qp = qs.data<scalar_t>(), *kp = ks.data<scalar_t>(),
+                         *vp = vs.data<scalar_t>();
+          const scalar_t* gp = g.data<scalar_t>();
+          const uint8_t* mask = mask_bytes(ms);
+          scalar_t *dqp = dq.data<scalar_t>(), *dkp = dk.data<scalar_t>(),
+                   *dvp = dv.data<scalar_t>();
+          // Causal: the denominator and gd of every row, [BH, 2, N], from pass 1 for pass 2.
+          Tensor rows = causal ? Tensor::empty({BH, 2, s.N}, g.dtype()) : Tensor();
+          scalar_t* rp = causal ? rows.data<scalar_t>() : nullptr;
+          parallel_for(BH, 2 * cost, [&](int64_t b0, int64_t b1) {
+            Scratch<scalar_t> w(s);
+            for (int64_t bh = b0; bh < b1; ++bh)
+              linear_backward_bh(qp + bh * s.N * s.d, kp + bh * s.M * s.d, vp + bh * s.M * s.dv,
+                                 mask ? mask + bh / H * s.M : nullptr, gp + bh * s.N * s.dv, causal,
+                                 s, w, causal ? rp + bh * 2 * s.N : nullptr,
+                                 causal ? rp + (bh * 2 + 1) * s.N : nullptr, dqp + bh * s.N * s.d,
+                                 dkp + bh * s.M * s.d, dvp + bh * s.M * s.dv);
+          });
+        });
+        return std::vector<Tensor>{dq, dk, dv};
+      });
+}
+
+namespace {
+
+// A [B, H, len, dim] f64 leaf uniform in [-1, 1), requiring grad.
+Tensor gradcheck_input(int64_t B, int64_t H, int64_t len, int64_t dim, uint64_t seed) {
+  Generator gen(seed);
+  Tensor t = Tensor::rand({B, H, len, dim}, DType::f64, &gen);
+  double* p = t.data<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
+  t.set_requires_grad(true);
+  return t;
+}
+
+// [B, M] bool, the last pad[b] keys of batch b padded.
+Tensor gradcheck_mask(int64_t M, std::vector<int64_t> pad) {
+  const auto B = static_cast<int64_t>(pad.size());
+  Tensor m = Tensor::ones({B, M}, DType::boolean);
+  bool* p = m.data<bool>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = M - pad[static_cast<size_t>(b)]; j < M; ++j) p[b * M + j] = false;
+  return m;
+}
+
+GradcheckCase linear_case(const std::string& name, int64_t N, int64_t M, bool masked, bool causal) {
+  return {"linear/" + name,
+          [=] {
+            std::vector<Tensor> in{gradcheck_input(2, 2, N, 3, 11), gradcheck_input(2, 2, M, 3, 12),
+                                   gradcheck_input(2, 2, M, 4, 13)};
+            if (masked) in.push_back(gradcheck_mask(M, {1, 3}));
+            return in;
+          },
+          [=](const std::vector<Tensor>& in) {
+            LinearOptions options;
+            options.causal = causal;
+            return linear(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), options);
+          }};
+}
+
+}  // namespace
+
+std::vector<GradcheckCase> linear_gradcheck_cases() {
+  return {linear_case("plain", 6, 6, false, false), linear_case("mask", 6, 6, true, false),
+          linear_case("cross+mask", 5, 8, true, false), linear_case("causal", 7, 7, false, true),
+          linear_case("causal+mask", 7, 7, true, true)};
+}
+
+}  // namespace forge::ops::attention

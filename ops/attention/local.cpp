@@ -1,0 +1,382 @@
+// local: blocked sliding-window attention (the local-attention package's
+// LocalAttention), one autograd op with a fused CPU forward and backward.
+//
+// The sequence is cut into windows of w positions (the last one padded with
+// masked positions when w does not divide N). The queries of window b see the
+// keys of windows b - look_backward .. b + look_forward, a contiguous key range,
+// so each window is two GEMMs on a band tile [w, bw] with
+// bw = w (look_backward + 1 + look_forward): memory O(N bw), never N x N.
+// The forward saves q, k, v and the per-row logsumexp; the backward recomputes
+// the probabilities of each tile from them (and the dropout mask from Philox).
+#include <cblas.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/threading.h"
+#include "ops/attention/attention.h"
+#include "ops/attention/common.h"
+#include "ops/attention/registry.h"
+
+namespace forge::ops::attention {
+
+namespace {
+
+// c [n, m] = alpha op(a) op(b) + beta c, row-major, op(a) [n, k], op(b) [k, m].
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha, const double* a,
+          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// Everything the forward and the backward share: sizes, resolved options and
+// the dropout stream.
+struct LocalPlan {
+  int64_t B = 0, H = 0, N = 0, d = 0, dv = 0;
+  int64_t w = 0, lb = 0, lf = 0, bw = 0, windows = 0;
+  bool causal = false;
+  double p = 0;  // dropout
+  uint64_t seed = 0, offset = 0;
+  double scale = 0;  // d^-1/2
+};
+
+// One window's tile: queries [i0, i0 + nq), keys [j0, j1), and where key j0 sits
+// in the band (band position of key j is j - band0).
+struct Tile {
+  int64_t i0, nq, j0, nk, band0;
+};
+
+Tile tile_of(const LocalPlan& s, int64_t win) {
+  Tile t;
+  t.i0 = win * s.w;
+  t.nq = std::min(s.w, s.N - t.i0);
+  t.band0 = (win - s.lb) * s.w;
+  t.j0 = std::max<int64_t>(0, t.band0);
+  int64_t j1 = std::min(s.N, (win + s.lf + 1) * s.w);
+  // Causal: keys after the window's last query are masked for every row.
+  if (s.causal) j1 = std::min(j1, t.i0 + t.nq);
+  t.nk = j1 - t.j0;
+  return t;
+}
+
+// Whether query i (row of b) may see key j: band (given by the tile), padding
+// of the key, causality.
+inline bool allowed(const LocalPlan& s, const uint8_t* kpm_b, int64_t i, int64_t j) {
+  return (kpm_b == nullptr || kpm_b[j] != 0) && (!s.causal || j <= i);
+}
+
+// dst[c] = src[c] * scale * keep / (1 - p) for the nk band positions pos0 ..
+// of row (bh, i): element (bh, i, pos) keeps iff uniform_f32 draw
+// (bh N + i) bw + pos of the reserved stream is >= p (the formula of
+// Generator::uniform_f32, one Philox block per four draws).
+template <typename T>
+void apply_dropout(const LocalPlan& s, int64_t bh, int64_t i, int64_t pos0, int64_t nk,
+                   const T* src, T scale, T* dst) {
+  const T kept = static_cast<T>(scale / (1.0 - s.p));
+  const std::array<uint32_t, 2> key{static_cast<uint32_t>(s.seed),
+                                    static_cast<uint32_t>(s.seed >> 32)};
+  auto idx = static_cast<uint64_t>((bh * s.N + i) * s.bw + pos0);
+  for (int64_t c = 0; c < nk;) {
+    const uint64_t block = s.offset + idx / 4;
+    const Philox4x32 r = philox4x32_10(
+        {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u}, key);
+    for (uint64_t lane = idx % 4; lane < 4 && c < nk; ++lane, ++c, ++idx) {
+      const float u = static_cast<float>(r[lane] >> 8) * (1.0f / 16777216.0f);
+      dst[c] = u >= s.p ? src[c] * kept : T(0);
+    }
+  }
+}
+
+// Forward of one window of one batch-head.
+// q [N, d], k [N, d], v [N, dv] of this batch-head; o [N, dv]; lse [N];
+// P holds one tile (w x min(bw, N) elements).
+template <typename T>
+void forward_tile(const LocalPlan& s, int64_t bh, int64_t win, const T* q, const T* k, const T* v,
+                  const uint8_t* kpm_b, T* o, T* lse, T* P) {
+  const Tile t = tile_of(s, win);
+  // S [nq, nk] = d^-1/2 q_win k_band^T
+  gemm(false, true, t.nq, t.nk, s.d, static_cast<T>(s.scale), q + t.i0 * s.d, s.d, k + t.j0 * s.d,
+       s.d, T(0), P, t.nk);
+  const T inf = std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < t.nq; ++r) {
+    const int64_t i = t.i0 + r;
+    T* row = P + r * t.nk;
+    T mx = -inf;
+    const bool query_real = kpm_b == nullptr || kpm_b[i] != 0;
+    if (query_real)
+      for (int64_t c = 0; c < t.nk; ++c)
+        if (allowed(s, kpm_b, i, t.j0 + c)) mx = std::max(mx, row[c]);
+    if (mx == -inf) {
+      // A padded query, or every key masked: the row outputs 0 (lse = +inf
+      // tells the backward that its probabilities are all 0).
+      std::fill(row, row + t.nk, T(0));
+      lse[i] = inf;
+      continue;
+    }
+    double sum = 0;
+    for (int64_t c = 0; c < t.nk; ++c) {
+      const T e = allowed(s, kpm_b, i, t.j0 + c) ? std::exp(row[c] - mx) : T(0);
+      row[c] = e;
+      sum += e;
+    }
+    lse[i] = mx + static_cast<T>(std::log(sum));
+    const T inv = static_cast<T>(1.0 / sum);
+    if (s.p > 0) {
+      apply_dropout(s, bh, i, t.j0 - t.band0, t.nk, row, inv, row);
+    } else {
+      for (int64_t c = 0; c < t.nk; ++c) row[c] *= inv;
+    }
+  }
+  // o_win [nq, dv] = dropout(P) v_band
+  gemm(false, false, t.nq, s.dv, t.nk, T(1), P, t.nk, v + t.j0 * s.dv, s.dv, T(0), o + t.i0 * s.dv,
+       s.dv);
+}
+
+// Backward of one window of one batch-head; retraces forward_tile. dq is
+// written for the window's queries; dk, dv accumulate over the band's keys (the
+// caller runs windows whose bands overlap one after another). P, Pd, dP are
+// scratch tiles of w x min(bw, N) elements.
+template <typename T>
+void backward_tile(const LocalPlan& s, int64_t bh, int64_t win, const T* q, const T* k, const T* v,
+                   const uint8_t* kpm_b, const T* lse, const T* dout, T* dq, T* dk, T* dvv, T* P,
+                   T* Pd, T* dP) {
+  const Tile t = tile_of(s, win);
+  // In the forward S = d^-1/2 q k^T and P = exp(S - lse) on the allowed keys.
+  gemm(false, true, t.nq, t.nk, s.d, static_cast<T>(s.scale), q + t.i0 * s.d, s.d, k + t.j0 * s.d,
+       s.d, T(0), P, t.nk);
+  // Without dropout, dropout(P) is P itself.
+  if (s.p == 0) Pd = P;
+  for (int64_t r = 0; r < t.nq; ++r) {
+    const int64_t i = t.i0 + r;
+    T* row = P + r * t.nk;
+    if (std::isinf(lse[i])) {
+      std::fill(row, row + t.nk, T(0));
+      if (s.p > 0) std::fill(Pd + r * t.nk, Pd + (r + 1) * t.nk, T(0));
+      continue;
+    }
+    for (int64_t c = 0; c < t.nk; ++c)
+      row[c] = allowed(s, kpm_b, i, t.j0 + c) ? std::exp(row[c] - lse[i]) : T(0);
+    if (s.p > 0) {
+      // The forward's dropout(P), from the same Philox draws.
+      apply_dropout(s, bh, i, t.j0 - t.band0, t.nk, row, T(1), Pd + r * t.nk);
+    }
+  }
+  // o = dropout(P) v, so dv_band += dropout(P)^T do and dPd = d dropout(P) = do v_band^T.
+  gemm(true, false, t.nk, s.dv, t.nq, T(1), Pd, t.nk, dout + t.i0 * s.dv, s.dv, T(1),
+       dvv + t.j0 * s.dv, s.dv);
+  gemm(false, true, t.nq, t.nk, s.dv, T(1), dout + t.i0 * s.dv, s.dv, v + t.j0 * s.dv, s.dv, T(0),
+       dP, t.nk);
+  // Through dropout, dP = dPd keep / (1 - p); through the softmax,
+  // dS = P (dP - sum_j P dP). With P keep / (1 - p) = Pd this is
+  // dS = Pd dPd - P D, D = sum_j Pd dPd (= do . o), so the draws are not redone.
+  for (int64_t r = 0; r < t.nq; ++r) {
+    T* row = P + r * t.nk;
+    const T* prow = Pd + r * t.nk;
+    const T* drow = dP + r * t.nk;
+    double dot = 0;
+    for (int64_t c = 0; c < t.nk; ++c) dot += static_cast<double>(prow[c]) * drow[c];
+    const T D = static_cast<T>(dot);
+    for (int64_t c = 0; c < t.nk; ++c) row[c] = prow[c] * drow[c] - row[c] * D;
+  }
+  // S = d^-1/2 q k^T: dq_win = d^-1/2 dS k_band, dk_band += d^-1/2 dS^T q_win.
+  gemm(false, false, t.nq, s.d, t.nk, static_cast<T>(s.scale), P, t.nk, k + t.j0 * s.d, s.d, T(0),
+       dq + t.i0 * s.d, s.d);
+  gemm(true, false, t.nk, s.d, t.nq, static_cast<T>(s.scale), P, t.nk, q + t.i0 * s.d, s.d, T(1),
+       dk + t.j0 * s.d, s.d);
+}
+
+// q, k [B, H, N, d], v [B, H, N, dv] -> o [B, H, N, dv], lse [B, H, N].
+template <typename T>
+void local_forward(const LocalPlan& s, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const uint8_t* kpm, Tensor& o, Tensor& lse) {
+  const T* qp = q.data<T>();
+  const T* kp = k.data<T>();
+  const T* vp = v.data<T>();
+  T* op = o.data<T>();
+  T* lp = lse.data<T>();
+  const int64_t items = s.B * s.H * s.windows;
+  parallel_for(items, s.w * s.bw * (s.d + s.dv), [&](int64_t begin, int64_t end) {
+    // The band tile, from the tracked allocator so the peak counter sees it.
+    Tensor P = Tensor::empty({s.w, std::min(s.bw, s.N)}, dtype_of<T>());
+    for (int64_t it = begin; it < end; ++it) {
+      const int64_t bh = it / s.windows, win = it % s.windows;
+      const uint8_t* kpm_b = kpm ? kpm + (bh / s.H) * s.N : nullptr;
+      forward_tile(s, bh, win, qp + bh * s.N * s.d, kp + bh * s.N * s.d, vp + bh * s.N * s.dv,
+                   kpm_b, op + bh * s.N * s.dv, lp + bh * s.N, P.data<T>());
+    }
+  });
+}
+
+// The gradients of q, k, v from do [B, H, N, dv].
+template <typename T>
+std::vector<Tensor> local_backward(const LocalPlan& s, const Tensor& q, const Tensor& k,
+                                   const Tensor& v, const uint8_t* kpm, const Tensor& lse,
+                                   const Tensor& dout) {
+  Tensor dq = Tensor::empty(q.shape(), q.dtype());
+  Tensor dk = Tensor::zeros(k.shape(), k.dtype());
+  Tensor dv = Tensor::zeros(v.shape(), v.dtype());
+  const T* qp = q.data<T>();
+  const T* kp = k.data<T>();
+  const T* vp = v.data<T>();
+  const T* lp = lse.data<T>();
+  const T* gp = dout.data<T>();
+  T* dqp = dq.data<T>();
+  T* dkp = dk.data<T>();
+  T* dvp = dv.data<T>();
+  // Windows win and win + stride never share a key, so each colour class
+  // (win % stride) runs in parallel without races on dk, dv.
+  const int64_t stride = s.lb + s.lf + 1;
+  for (int64_t colour = 0; colour < std::min(stride, s.windows); ++colour) {
+    const int64_t per_bh = (s.windows - colour + stride - 1) / stride;
+    parallel_for(s.B * s.H * per_bh, 2 * s.w * s.bw * (s.d + s.dv),
+                 [&](int64_t begin, int64_t end) {
+                   const int64_t tile = s.w * std::min(s.bw, s.N);
+                   Tensor scratch = Tensor::empty({3, tile}, dtype_of<T>());
+                   T* sp = scratch.data<T>();
+                   for (int64_t it = begin; it < end; ++it) {
+                     const int64_t bh = it / per_bh, win = colour + (it % per_bh) * stride;
+                     const uint8_t* kpm_b = kpm ? kpm + (bh / s.H) * s.N : nullptr;
+                     backward_tile(s, bh, win, qp + bh * s.N * s.d, kp + bh * s.N * s.d,
+                                   vp + bh * s.N * s.dv, kpm_b, lp + bh * s.N, gp + bh * s.N * s.dv,
+                                   dqp + bh * s.N * s.d, dkp + bh * s.N * s.d,
+                                   dvp + bh * s.N * s.dv, sp, sp + tile, sp + 2 * tile);
+                   }
+                 });
+  }
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+Tensor local(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+             const LocalOptions& options) {
+  const Dims4 dims = check_qkv("local", q, k, v, key_padding_mask, true);
+  FORGE_CHECK(options.window >= 1, "attention::local: options.window must be >= 1, got {}",
+              options.window);
+  FORGE_CHECK(options.look_backward >= 0,
+              "attention::local: options.look_backward must be >= 0, got {}",
+              options.look_backward);
+  FORGE_CHECK(
+      options.look_forward >= -1,
+      "attention::local: options.look_forward must be >= 0 (or -1: 0 when causal, else 1), got {}",
+      options.look_forward);
+  FORGE_CHECK(options.dropout >= 0 && options.dropout < 1,
+              "attention::local: options.dropout must be in [0, 1), got {}", options.dropout);
+  LocalPlan s;
+  s.B = dims.B;
+  s.H = dims.H;
+  s.N = dims.N;
+  s.d = dims.d;
+  s.dv = dims.dv;
+  s.w = options.window;
+  s.lb = options.look_backward;
+  s.lf = options.look_forward >= 0 ? options.look_forward : (options.causal ? 0 : 1);
+  s.bw = s.w * (s.lb + 1 + s.lf);
+  s.windows = (s.N + s.w - 1) / s.w;
+  s.causal = options.causal;
+  s.p = options.dropout;
+  s.scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  if (s.p > 0) {
+    // One draw per (b, h, i, band position), reserved once per call.
+    Generator& g = options.gen ? *options.gen : default_generator();
+    s.seed = g.seed();
+    s.offset = g.reserve(static_cast<uint64_t>(s.B * s.H * s.N * s.bw));
+  }
+  Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
+  Tensor lse = Tensor::empty({s.B, s.H, s.N}, q.dtype());
+  if (o.numel() > 0 && s.d > 0) {
+    FORGE_DISPATCH_FLOAT(q.dtype(), "attention::local", [&] {
+      local_forward<scalar_t>(s, q, k, v, mask_bytes(key_padding_mask), o, lse);
+    });
+  } else {
+    o.fill(0.0);
+  }
+  if (!autograd::needs_grad({q, k, v})) return o;
+  return autograd::record(
+      "attention::local", {q, k, v}, o,
+      [s, q = q.detach(), k = k.detach(), v = v.detach(), kpm = key_padding_mask,
+       lse](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+        if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0 || s.d == 0)
+          return {Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(k.shape(), k.dtype()),
+                  Tensor::zeros(v.shape(), v.dtype())};
+        return FORGE_DISPATCH_FLOAT(q.dtype(), "attention::local backward", [&] {
+          return local_backward<scalar_t>(s, q, k, v, mask_bytes(kpm), lse, grads[0]);
+        });
+      });
+}
+
+std::vector<GradcheckCase> local_gradcheck_cases() {
+  // B = 2, H = 2, d = 3, dv = 4; N and the options vary per case.
+  struct Spec {
+    const char* name;
+    int64_t N, window, look_backward, look_forward;
+    bool causal, mask;
+    double dropout;
+  };
+  const Spec specs[] = {
+      {"local/default", 8, 4, 1, -1, false, false, 0},
+      {"local/window-not-dividing-N", 7, 3, 1, -1, false, false, 0},
+      {"local/look_backward=0,look_forward=0", 8, 2, 0, 0, false, false, 0},
+      {"local/look_backward=2,look_forward=2", 9, 2, 2, 2, false, false, 0},
+      {"local/causal", 9, 4, 1, -1, true, false, 0},
+      {"local/causal+look_backward=2,look_forward=1", 7, 2, 2, 1, true, false, 0},
+      {"local/mask", 9, 4, 1, -1, false, true, 0},
+      {"local/causal+mask", 7, 3, 1, -1, true, true, 0},
+      {"local/dropout", 8, 3, 1, 1, false, false, 0.3},
+      {"local/causal+mask+dropout", 9, 4, 2, 0, true, true, 0.25},
+  };
+  std::vector<GradcheckCase> cases;
+  for (const Spec& sp : specs) {
+    GradcheckCase c;
+    c.name = sp.name;
+    c.make_inputs = [sp] {
+      auto leaf = [](const Shape& shape, uint64_t seed) {
+        Generator g(seed);
+        Tensor t = Tensor::rand(shape, DType::f64, &g);
+        double* p = t.data<double>();
+        for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
+        return t.set_requires_grad(true);
+      };
+      std::vector<Tensor> in = {leaf({2, 2, sp.N, 3}, 11), leaf({2, 2, sp.N, 3}, 12),
+                                leaf({2, 2, sp.N, 4}, 13)};
+      if (sp.mask) {
+        // Batch 0: the last two positions padded (a padded query row); batch 1:
+        // a padded key in the middle.
+        Tensor m = Tensor::ones({2, sp.N}, DType::boolean);
+        bool* p = m.data<bool>();
+        p[sp.N - 1] = p[sp.N - 2] = false;
+        p[sp.N + 2] = false;
+        in.push_back(m);
+      }
+      return in;
+    };
+    c.fn = [sp](const std::vector<Tensor>& in) {
+      LocalOptions o;
+      o.window = sp.window;
+      o.look_backward = sp.look_backward;
+      o.look_forward = sp.look_forward;
+      o.causal = sp.causal;
+      o.dropout = sp.dropout;
+      // A fresh generator per call: every evaluation draws the same dropout mask.
+      Generator g(5);
+      o.gen = &g;
+      return local(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), o);
+    };
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+}  // namespace forge::ops::attention

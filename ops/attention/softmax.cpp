@@ -1,0 +1,486 @@
+// softmax attention (scaled dot-product, ATTENTION.md "softmax") on the CPU,
+// computed in tiles with an online softmax (FlashAttention-style) so that no
+// N x M buffer ever exists. The forward saves the output and the per-row
+// logsumexp L [B, H, N]; the backward recomputes every score tile from q, k
+// and L. Dropout is keyed by (seed, offset) and recomputed, never stored.
+#include <cblas.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/threading.h"
+#include "ops/attention/attention.h"
+#include "ops/attention/common.h"
+#include "ops/attention/registry.h"
+
+namespace forge::ops::attention {
+
+namespace {
+
+// Query rows and key columns of one tile: a 64 x 128 score tile (32 KiB in
+// f32) stays in L2 together with its q, k, v rows for d, dv up to 128.
+constexpr int64_t kTileQ = 64;
+constexpr int64_t kTileK = 128;
+
+// Row-major c (n x m) = alpha op(a) op(b) + beta c, with op(a) n x k, op(b) k x m.
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha, const double* a,
+          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// exp of a shifted score (S - row max, or S - L: at most rounding above 0;
+// -inf for a masked entry gives 0). f64 keeps std::exp, which gradcheck and the
+// 1e-10 reference comparisons rely on. f32 uses a form the compiler vectorises:
+// x = n ln2 + r with |r| <= ln2 / 2, exp(r) by the Cephes expf polynomial
+// (relative error below 2e-7), times 2^n built in the exponent bits.
+inline double exp_score(double x) {
+  return std::exp(x);
+}
+inline float exp_score(float x) {
+  const float xc = std::max(x, -87.0f);  // 2^n stays a normal float
+  const float n = std::floor(xc * 1.44269504f + 0.5f);
+  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return x < -87.0f ? 0.0f : p * two_n;
+}
+
+// Everything the kernels share: sizes, options and the dropout stream.
+struct Plan {
+  int64_t B = 0, H = 0, N = 0, M = 0, d = 0, dv = 0;
+  double scale = 0;
+  bool causal = false;
+  const uint8_t* kpm = nullptr;  // [B, M], 1 = real token; null: no mask
+  double p = 0;                  // dropout probability
+  uint64_t seed = 0, offset = 0;
+
+  // Keys [0, key_end) can be seen by some query of rows [i0, i1).
+  int64_t key_end(int64_t i1) const { return causal ? std::min(M, i1) : M; }
+  // Causality lets query i see columns [0, row_end) of the key tile [j0, j0 + nj);
+  // of those, the key padding mask keeps the real keys.
+  int64_t row_end(int64_t i, int64_t j0, int64_t nj) const {
+    return causal ? std::clamp<int64_t>(i - j0 + 1, 0, nj) : nj;
+  }
+};
+
+// The dropout factor of one score tile: z[r, c] = 1/(1-p) where element
+// (b, h, i0 + r, j0 + c) keeps, else 0; z is [ni, nj]. Element e keeps when
+// Generator::uniform_f32(seed, offset, e) >= p; that draw is lane e % 4 of the
+// Philox block offset + e / 4 (core/rng.h), so one block serves four
+// neighbouring elements instead of being recomputed for each.
+template <typename scalar_t>
+void dropout_tile(const Plan& s, int64_t bh, int64_t i0, int64_t ni, int64_t j0, int64_t nj,
+                  scalar_t* z) {
+  const auto keep = static_cast<scalar_t>(1.0 / (1.0 - s.p));
+  const std::array<uint32_t, 2> key = {static_cast<uint32_t>(s.seed),
+                                       static_cast<uint32_t>(s.seed >> 32)};
+  for (int64_t r = 0; r < ni; ++r) {
+    const auto first = static_cast<uint64_t>((bh * s.N + i0 + r) * s.M + j0);
+    const uint64_t last = first + static_cast<uint64_t>(nj);
+    scalar_t* zr = z + r * nj;
+    for (uint64_t e = first; e < last;) {
+      const uint64_t block = s.offset + e / 4;
+      const Philox4x32 words = philox4x32_10(
+          {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u}, key);
+      for (uint64_t lane = e % 4; lane < 4 && e < last; ++lane, ++e) {
+        const float u = static_cast<float>(words[lane] >> 8) * (1.0f / 16777216.0f);
+        zr[e - first] = u >= s.p ? keep : scalar_t(0);
+      }
+    }
+  }
+}
+
+// Forward of one query tile, rows [i0, i0 + ni) of batch-head bh:
+//   S = scale q k^T (masked entries -inf), online over key tiles:
+//   m_i = running row max, l_i = running sum of exp(S - m_i) (undropped),
+//   acc = sum over tiles of dropout(exp(S - m_i)) v, rescaled when m_i grows;
+//   o = acc / l, L = m + log l. A row with every key masked gets o = 0, L = -inf.
+template <typename scalar_t>
+void forward_tile(const Plan& s, const scalar_t* q, const scalar_t* k, const scalar_t* v,
+                  scalar_t* o, scalar_t* lse, int64_t bh, int64_t i0, int64_t ni,
+                  std::vector<scalar_t>& work) {
+  constexpr scalar_t kNegInf = -std::numeric_limits<scalar_t>::infinity();
+  const int64_t b = bh / s.H, d = s.d, dv = s.dv;
+  work.resize(static_cast<size_t>(2 * kTileQ * kTileK + kTileQ * dv + 2 * kTileQ));
+  scalar_t* P = work.data();              // [ni, nj]  scores, then probabilities
+  scalar_t* Z = P + kTileQ * kTileK;      // [ni, nj]  dropout factors
+  scalar_t* acc = Z + kTileQ * kTileK;    // [ni, dv]
+  scalar_t* row_max = acc + kTileQ * dv;  // [ni]
+  scalar_t* row_sum = row_max + kTileQ;   // [ni]
+  std::fill(acc, acc + ni * dv, scalar_t(0));
+  std::fill(row_max, row_max + ni, kNegInf);
+  std::fill(row_sum, row_sum + ni, scalar_t(0));
+  const scalar_t* qt = q + (bh * s.N + i0) * d;
+  const int64_t j_end = s.key_end(i0 + ni);
+  for (int64_t j0 = 0; j0 < j_end; j0 += kTileK) {
+    const int64_t nj = std::min(kTileK, j_end - j0);
+    // S [ni, nj] = scale q_tile k_tile^T
+    gemm(false, true, ni, nj, d, static_cast<scalar_t>(s.scale), qt, d, k + (bh * s.M + j0) * d, d,
+         scalar_t(0), P, nj);
+    if (s.p > 0) dropout_tile(s, bh, i0, ni, j0, nj, Z);
+    const uint8_t* real = s.kpm ? s.kpm + b * s.M + j0 : nullptr;  // [nj]
+    for (int64_t r = 0; r < ni; ++r) {
+      scalar_t* pr = P + r * nj;
+      const int64_t c_end = s.row_end(i0 + r, j0, nj);
+      if (real)
+        for (int64_t c = 0; c < c_end; ++c) pr[c] = real[c] ? pr[c] : kNegInf;
+      std::fill(pr + c_end, pr + nj, kNegInf);
+      scalar_t tile_max = kNegInf;
+      for (int64_t c = 0; c < c_end; ++c) tile_max = std::max(tile_max, pr[c]);
+      const scalar_t m_new = std::max(row_max[r], tile_max);
+      if (m_new == kNegInf) {  // nothing visible to this row yet
+        std::fill(pr, pr + nj, scalar_t(0));
+        continue;
+      }
+      const scalar_t rescale = std::exp(row_max[r] - m_new);  // 0 when row_max was -inf
+      scalar_t sum = 0;
+      for (int64_t c = 0; c < c_end; ++c) {
+        pr[c] = exp_score(pr[c] - m_new);
+        sum += pr[c];
+      }
+      std::fill(pr + c_end, pr + nj, scalar_t(0));
+      row_sum[r] = row_sum[r] * rescale + sum;
+      row_max[r] = m_new;
+      scalar_t* ar = acc + r * dv;
+      for (int64_t c = 0; c < dv; ++c) ar[c] *= rescale;
+      if (s.p > 0) {
+        const scalar_t* zr = Z + r * nj;
+        for (int64_t c = 0; c < nj; ++c) pr[c] *= zr[c];
+      }
+    }
+    // acc [ni, dv] += dropout(P) [ni, nj] v_tile [nj, dv]
+    gemm(false, false, ni, dv, nj, scalar_t(1), P, nj, v + (bh * s.M + j0) * dv, dv, scalar_t(1),
+         acc, dv);
+  }
+  for (int64_t r = 0; r < ni; ++r) {
+    scalar_t* orow = o + (bh * s.N + i0 + r) * dv;
+    const scalar_t* ar = acc + r * dv;
+    if (row_sum[r] > 0) {
+      const scalar_t inv = scalar_t(1) / row_sum[r];
+      for (int64_t c = 0; c < dv; ++c) orow[c] = ar[c] * inv;
+      lse[bh * s.N + i0 + r] = row_max[r] + std::log(row_sum[r]);
+    } else {
+      std::fill(orow, orow + dv, scalar_t(0));
+      lse[bh * s.N + i0 + r] = kNegInf;
+    }
+  }
+}
+
+// The backward retraces forward_tile tile by tile. With Pd = dropout(P) =
+// P * Z the forward was o = Pd v, so
+//   dv = Pd^T do,  dPd = do v^T,  dP = dPd * Z,
+//   dS = P * (dP - D) with D_i = rowsum(P * dP)_i = rowsum(do * o)_i,
+//   dq = scale dS k,  dk = scale dS^T q   (S = scale q k^T).
+// P is recomputed as exp(S - L) from the saved L; masked entries (and rows
+// with every key masked, L = -inf) have P = 0 and so no gradient.
+template <typename scalar_t>
+struct Saved {
+  const scalar_t *q, *k, *v, *o, *lse, *dout;  // as in the forward; dout [B, H, N, dv]
+  scalar_t *dq, *dk, *dv;                      // zeroed, accumulated into
+};
+
+// Scratch of one backward tile pair.
+template <typename scalar_t>
+struct TileWork {
+  TileWork() = default;
+  TileWork(const TileWork&) = delete;  // the pointers below point into buf
+  TileWork& operator=(const TileWork&) = delete;
+  std::vector<scalar_t> buf =
+      std::vector<scalar_t>(static_cast<size_t>(4 * kTileQ * kTileK + kTileQ));
+  scalar_t* P = buf.data();            // [ni, nj]  probabilities
+  scalar_t* Pd = P + kTileQ * kTileK;  // [ni, nj]  dropout(P)
+  scalar_t* Z = Pd + kTileQ * kTileK;  // [ni, nj]  dropout factors
+  scalar_t* dS = Z + kTileQ * kTileK;  // [ni, nj]  dP, then dS
+  scalar_t* D = dS + kTileQ * kTileK;  // [ni]      rowsum(do * o)
+};
+
+// w.D [ni] = rowsum(do * o) over query rows [i0, i0 + ni).
+template <typename scalar_t>
+void row_delta(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t i0, int64_t ni,
+               TileWork<scalar_t>& w) {
+  for (int64_t r = 0; r < ni; ++r) {
+    const scalar_t* orow = g.o + (bh * s.N + i0 + r) * s.dv;
+    const scalar_t* grow = g.dout + (bh * s.N + i0 + r) * s.dv;
+    scalar_t acc = 0;
+    for (int64_t c = 0; c < s.dv; ++c) acc += grow[c] * orow[c];
+    w.D[r] = acc;
+  }
+}
+
+// For query rows [i0, i0 + ni) and keys [j0, j0 + nj): w.P (and w.Pd with
+// dropout) and w.dS; returns the probabilities the forward multiplied v by.
+template <typename scalar_t>
+const scalar_t* grad_tile(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t i0,
+                          int64_t ni, int64_t j0, int64_t nj, TileWork<scalar_t>& w) {
+  constexpr scalar_t kNegInf = -std::numeric_limits<scalar_t>::infinity();
+  const int64_t b = bh / s.H;
+  // S [ni, nj] = scale q_tile k_tile^T, then P = exp(S - L) where visible.
+  gemm(false, true, ni, nj, s.d, static_cast<scalar_t>(s.scale), g.q + (bh * s.N + i0) * s.d, s.d,
+       g.k + (bh * s.M + j0) * s.d, s.d, scalar_t(0), w.P, nj);
+  const uint8_t* real = s.kpm ? s.kpm + b * s.M + j0 : nullptr;  // [nj]
+  const scalar_t* Lt = g.lse + bh * s.N + i0;
+  for (int64_t r = 0; r < ni; ++r) {
+    scalar_t* pr = w.P + r * nj;
+    const scalar_t L = Lt[r];
+    const int64_t c_end = L == kNegInf ? 0 : s.row_end(i0 + r, j0, nj);
+    for (int64_t c = 0; c < c_end; ++c) pr[c] = exp_score(pr[c] - L);
+    if (real)
+      for (int64_t c = 0; c < c_end; ++c) pr[c] = real[c] ? pr[c] : scalar_t(0);
+    std::fill(pr + c_end, pr + nj, scalar_t(0));
+  }
+  // dPd [ni, nj] = do_tile v_tile^T
+  gemm(false, true, ni, nj, s.dv, scalar_t(1), g.dout + (bh * s.N + i0) * s.dv, s.dv,
+       g.v + (bh * s.M + j0) * s.dv, s.dv, scalar_t(0), w.dS, nj);
+  const scalar_t* Pv = w.P;
+  if (s.p > 0) {
+    dropout_tile(s, bh, i0, ni, j0, nj, w.Z);
+    for (int64_t e = 0; e < ni * nj; ++e) {
+      w.Pd[e] = w.P[e] * w.Z[e];
+      w.dS[e] *= w.Z[e];
+    }
+    Pv = w.Pd;
+  }
+  // dS = P * (dP - D)
+  for (int64_t r = 0; r < ni; ++r) {
+    scalar_t* gr = w.dS + r * nj;
+    const scalar_t* pr = w.P + r * nj;
+    for (int64_t c = 0; c < nj; ++c) gr[c] = pr[c] * (gr[c] - w.D[r]);
+  }
+  return Pv;
+}
+
+// dv_tile [nj, dv] += Pd^T do_tile and dk_tile [nj, d] += scale dS^T q_tile.
+template <typename scalar_t>
+void accumulate_dk_dv(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t i0, int64_t ni,
+                      int64_t j0, int64_t nj, const scalar_t* Pv, const TileWork<scalar_t>& w) {
+  gemm(true, false, nj, s.dv, ni, scalar_t(1), Pv, nj, g.dout + (bh * s.N + i0) * s.dv, s.dv,
+       scalar_t(1), g.dv + (bh * s.M + j0) * s.dv, s.dv);
+  gemm(true, false, nj, s.d, ni, static_cast<scalar_t>(s.scale), w.dS, nj,
+       g.q + (bh * s.N + i0) * s.d, s.d, scalar_t(1), g.dk + (bh * s.M + j0) * s.d, s.d);
+}
+
+// dq_tile [ni, d] += scale dS k_tile.
+template <typename scalar_t>
+void accumulate_dq(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t i0, int64_t ni,
+                   int64_t j0, int64_t nj, const TileWork<scalar_t>& w) {
+  gemm(false, false, ni, s.d, nj, static_cast<scalar_t>(s.scale), w.dS, nj,
+       g.k + (bh * s.M + j0) * s.d, s.d, scalar_t(1), g.dq + (bh * s.N + i0) * s.d, s.d);
+}
+
+// One thread owns a whole batch-head: every tile pair once, dq, dk, dv together.
+template <typename scalar_t>
+void backward_head(const Plan& s, const Saved<scalar_t>& g, int64_t bh, TileWork<scalar_t>& w) {
+  for (int64_t i0 = 0; i0 < s.N; i0 += kTileQ) {
+    const int64_t ni = std::min(kTileQ, s.N - i0);
+    row_delta(s, g, bh, i0, ni, w);
+    const int64_t j_end = s.key_end(i0 + ni);
+    for (int64_t j0 = 0; j0 < j_end; j0 += kTileK) {
+      const int64_t nj = std::min(kTileK, j_end - j0);
+      const scalar_t* Pv = grad_tile(s, g, bh, i0, ni, j0, nj, w);
+      accumulate_dk_dv(s, g, bh, i0, ni, j0, nj, Pv, w);
+      accumulate_dq(s, g, bh, i0, ni, j0, nj, w);
+    }
+  }
+}
+
+// dk, dv of keys [j0, j0 + nj) from every query tile that sees them.
+template <typename scalar_t>
+void backward_key_tile(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t j0, int64_t nj,
+                       TileWork<scalar_t>& w) {
+  for (int64_t i0 = s.causal ? j0 / kTileQ * kTileQ : 0; i0 < s.N; i0 += kTileQ) {
+    const int64_t ni = std::min(kTileQ, s.N - i0);
+    row_delta(s, g, bh, i0, ni, w);
+    const scalar_t* Pv = grad_tile(s, g, bh, i0, ni, j0, nj, w);
+    accumulate_dk_dv(s, g, bh, i0, ni, j0, nj, Pv, w);
+  }
+}
+
+// dq of query rows [i0, i0 + ni) from every key tile they see.
+template <typename scalar_t>
+void backward_query_tile(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t i0,
+                         int64_t ni, TileWork<scalar_t>& w) {
+  row_delta(s, g, bh, i0, ni, w);
+  const int64_t j_end = s.key_end(i0 + ni);
+  for (int64_t j0 = 0; j0 < j_end; j0 += kTileK) {
+    const int64_t nj = std::min(kTileK, j_end - j0);
+    grad_tile(s, g, bh, i0, ni, j0, nj, w);
+    accumulate_dq(s, g, bh, i0, ni, j0, nj, w);
+  }
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+               const SoftmaxOptions& options) {
+  const Dims4 dims = check_qkv("softmax", q, k, v, key_padding_mask, options.causal);
+  FORGE_CHECK(dims.d > 0 && dims.dv > 0,
+              "attention::softmax: q, k and v need a non-empty last dim, got d = {}, dv = {}",
+              dims.d, dims.dv);
+  FORGE_CHECK(std::isfinite(options.scale) && options.scale >= 0,
+              "attention::softmax: scale must be >= 0 (0: d^-1/2), got {}", options.scale);
+  FORGE_CHECK(options.dropout >= 0 && options.dropout < 1,
+              "attention::softmax: dropout must be in [0, 1), got {}", options.dropout);
+  Plan s;
+  s.B = dims.B, s.H = dims.H, s.N = dims.N, s.M = dims.M, s.d = dims.d, s.dv = dims.dv;
+  s.scale = options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(dims.d));
+  s.causal = options.causal;
+  s.kpm = mask_bytes(key_padding_mask);
+  s.p = options.dropout;
+  if (s.p > 0) {
+    // One draw per score element (b, h, i, j), reserved once per call.
+    Generator& g = options.gen ? *options.gen : default_generator();
+    s.seed = g.seed();
+    s.offset = g.reserve(static_cast<uint64_t>(s.B * s.H * s.N * s.M));
+  }
+  Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
+  Tensor lse = Tensor::empty({s.B, s.H, s.N}, q.dtype());  // logsumexp of each score row
+  const int64_t q_tiles = (s.N + kTileQ - 1) / kTileQ;
+  FORGE_DISPATCH_FLOAT(q.dtype(), "attention::softmax", [&] {
+    const scalar_t* qp = q.data<scalar_t>();
+    const scalar_t* kp = k.data<scalar_t>();
+    const scalar_t* vp = v.data<scalar_t>();
+    scalar_t* op = out.data<scalar_t>();
+    scalar_t* lp = lse.data<scalar_t>();
+    // Query tiles are independent: one task per (b, h, query tile).
+    parallel_for(s.B * s.H * q_tiles, kTileQ * s.M * (s.d + s.dv), [&](int64_t t0, int64_t t1) {
+      std::vector<scalar_t> work;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t i0 = (t % q_tiles) * kTileQ;
+        forward_tile(s, qp, kp, vp, op, lp, t / q_tiles, i0, std::min(kTileQ, s.N - i0), work);
+      }
+    });
+  });
+  if (!autograd::needs_grad({q, k, v})) return out;
+  return autograd::record(
+      "attention::softmax", {q, k, v}, out,
+      [s, q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse,
+       mask = key_padding_mask, need_q = q.requires_grad(), need_k = k.requires_grad(),
+       need_v = v.requires_grad()](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+        const Tensor& dout = grads[0];
+        Tensor dq = Tensor::zeros(q.shape(), q.dtype()), dk = Tensor::zeros(k.shape(), k.dtype()),
+               dv = Tensor::zeros(v.shape(), v.dtype());
+        FORGE_DISPATCH_FLOAT(q.dtype(), "attention::softmax backward", [&] {
+          const Saved<scalar_t> g{q.data<scalar_t>(),  k.data<scalar_t>(),   v.data<scalar_t>(),
+                                  o.data<scalar_t>(),  lse.data<scalar_t>(), dout.data<scalar_t>(),
+                                  dq.data<scalar_t>(), dk.data<scalar_t>(),  dv.data<scalar_t>()};
+          const int64_t pair_cost = kTileQ * kTileK * (2 * s.d + 2 * s.dv);
+          const int64_t q_tiles = (s.N + kTileQ - 1) / kTileQ,
+                        k_tiles = (s.M + kTileK - 1) / kTileK;
+          if (s.B * s.H >= num_threads()) {
+            parallel_for(s.B * s.H, q_tiles * k_tiles * pair_cost, [&](int64_t h0, int64_t h1) {
+              TileWork<scalar_t> w;
+              for (int64_t bh = h0; bh < h1; ++bh) backward_head(s, g, bh, w);
+            });
+            return;
+          }
+          // Fewer batch-heads than threads: one pass for dk, dv over key tiles
+          // and one for dq over query tiles (each recomputes P and dS), so
+          // every thread writes its own rows.
+          parallel_for(s.B * s.H * k_tiles, q_tiles * pair_cost, [&](int64_t t0, int64_t t1) {
+            TileWork<scalar_t> w;
+            for (int64_t t = t0; t < t1; ++t) {
+              const int64_t j0 = (t % k_tiles) * kTileK;
+              backward_key_tile(s, g, t / k_tiles, j0, std::min(kTileK, s.M - j0), w);
+            }
+          });
+          parallel_for(s.B * s.H * q_tiles, k_tiles * pair_cost, [&](int64_t t0, int64_t t1) {
+            TileWork<scalar_t> w;
+            for (int64_t t = t0; t < t1; ++t) {
+              const int64_t i0 = (t % q_tiles) * kTileQ;
+              backward_query_tile(s, g, t / q_tiles, i0, std::min(kTileQ, s.N - i0), w);
+            }
+          });
+        });
+        return {need_q ? dq : Tensor(), need_k ? dk : Tensor(), need_v ? dv : Tensor()};
+      });
+}
+
+namespace {
+
+// A f64 tensor uniform in [-1, 1) from its own generator, requiring grad.
+Tensor gradcheck_input(const Shape& shape, uint64_t seed) {
+  Generator g(seed);
+  Tensor t = Tensor::rand(shape, DType::f64, &g);
+  double* p = t.data<double>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
+  t.set_requires_grad(true);
+  return t;
+}
+
+// q [B, H, N, d], k [B, H, M, d], v [B, H, M, dv] and, when `pad` is given,
+// a key padding mask [B, M] with the last pad[b] keys of batch b masked.
+GradcheckCase softmax_case(const std::string& name, int64_t N, int64_t M, std::vector<int64_t> pad,
+                           SoftmaxOptions options, uint64_t seed) {
+  constexpr int64_t B = 2, H = 2, d = 3, dv = 4;
+  GradcheckCase c;
+  c.name = "softmax/" + name;
+  c.make_inputs = [=] {
+    std::vector<Tensor> in = {gradcheck_input({B, H, N, d}, seed),
+                              gradcheck_input({B, H, M, d}, seed + 1),
+                              gradcheck_input({B, H, M, dv}, seed + 2)};
+    if (!pad.empty()) {
+      Tensor mask = Tensor::ones({B, M}, DType::boolean);
+      bool* mp = mask.data<bool>();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = M - pad[static_cast<size_t>(b)]; j < M; ++j) mp[b * M + j] = false;
+      in.push_back(mask);
+    }
+    return in;
+  };
+  // Dropout draws from a generator seeded afresh on every call, so each
+  // evaluation of fn sees the same dropout mask.
+  c.fn = [=](const std::vector<Tensor>& in) {
+    Generator gen(seed + 3);
+    SoftmaxOptions o = options;
+    o.gen = &gen;
+    return softmax(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), o);
+  };
+  return c;
+}
+
+}  // namespace
+
+std::vector<GradcheckCase> softmax_gradcheck_cases() {
+  SoftmaxOptions causal;
+  causal.causal = true;
+  SoftmaxOptions scaled;
+  scaled.scale = 0.9;
+  SoftmaxOptions dropout;
+  dropout.dropout = 0.3;
+  SoftmaxOptions causal_dropout = causal;
+  causal_dropout.dropout = 0.25;
+  causal_dropout.scale = 1.3;
+  return {
+      softmax_case("plain", 6, 6, {}, {}, 11),
+      softmax_case("causal", 7, 7, {}, causal, 21),
+      softmax_case("mask", 6, 6, {1, 3}, {}, 31),
+      softmax_case("causal+mask", 7, 7, {2, 0}, causal, 41),
+      // Batch 1 has every key masked: its rows are 0 with zero gradient.
+      softmax_case("cross+mask", 5, 8, {3, 8}, {}, 51),
+      softmax_case("scale", 6, 9, {}, scaled, 61),
+      softmax_case("dropout", 6, 7, {0, 2}, dropout, 71),
+      softmax_case("causal+mask+dropout+scale", 8, 8, {1, 0}, causal_dropout, 81),
+  };
+}
+
+}  // namespace forge::ops::attention
