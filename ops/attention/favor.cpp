@@ -702,6 +702,12 @@ std::vector<GradcheckCase> favor_gradcheck_cases() {
     const int64_t B = 2, H = 2, N = 6, d = 3, dv = 4, m = 5;
     GradcheckCase c;
     c.name = sp.name;
+    // The softmax kernel's maxima are stop-grad (as the reference): central
+    // differences on the element holding a maximum also move it, and the output
+    // feels that through the eps term, an O(1e-4) difference the analytic
+    // gradient rightly leaves out. The naive-composite test checks these
+    // gradients to 1e-10.
+    if (sp.kernel == FavorKernel::softmax) c.options.atol = 3e-4;
     c.make_inputs = [sp] {
       auto leaf = [](const Shape& shape, uint64_t seed) {
         Generator g(seed);

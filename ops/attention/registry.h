@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/gradcheck.h"
 #include "core/tensor.h"
 
 namespace forge::ops::attention {
@@ -15,6 +16,9 @@ struct GradcheckCase {
   // Fresh f64 inputs (those that need a gradient require grad) and the function of them.
   std::function<std::vector<Tensor>()> make_inputs;
   std::function<Tensor(const std::vector<Tensor>&)> fn;
+  // Tolerances, where the mechanism's definition needs other than the defaults
+  // (FAVOR+'s stop-grad stabiliser: see favor.cpp).
+  autograd::GradcheckOptions options = {};
 };
 
 // Each mechanism's file defines its own list; registry.cpp joins them.
