@@ -35,7 +35,7 @@ uint32_t Generator::word(uint64_t seed, uint64_t offset, uint64_t i) {
 }
 
 float Generator::uniform_f32(uint64_t seed, uint64_t offset, uint64_t i) {
-  return static_cast<float>(word(seed, offset, i) >> 8) * (1.0f / 16777216.0f);
+  return word_to_unit_f32(word(seed, offset, i));
 }
 
 double Generator::uniform_f64(uint64_t seed, uint64_t offset, uint64_t i) {

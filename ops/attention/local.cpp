@@ -79,24 +79,14 @@ inline bool allowed(const LocalPlan& s, const uint8_t* kpm_b, int64_t i, int64_t
 
 // dst[c] = src[c] * scale * keep / (1 - p) for the nk band positions pos0 ..
 // of row (bh, i): element (bh, i, pos) keeps iff uniform_f32 draw
-// (bh N + i) bw + pos of the reserved stream is >= p (the formula of
-// Generator::uniform_f32, one Philox block per four draws).
+// (bh N + i) bw + pos of the reserved stream is >= p.
 template <typename T>
 void apply_dropout(const LocalPlan& s, int64_t bh, int64_t i, int64_t pos0, int64_t nk,
                    const T* src, T scale, T* dst) {
   const T kept = static_cast<T>(scale / (1.0 - s.p));
-  const std::array<uint32_t, 2> key{static_cast<uint32_t>(s.seed),
-                                    static_cast<uint32_t>(s.seed >> 32)};
-  auto idx = static_cast<uint64_t>((bh * s.N + i) * s.bw + pos0);
-  for (int64_t c = 0; c < nk;) {
-    const uint64_t block = s.offset + idx / 4;
-    const Philox4x32 r = philox4x32_10(
-        {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u}, key);
-    for (uint64_t lane = idx % 4; lane < 4 && c < nk; ++lane, ++c, ++idx) {
-      const float u = static_cast<float>(r[lane] >> 8) * (1.0f / 16777216.0f);
-      dst[c] = u >= s.p ? src[c] * kept : T(0);
-    }
-  }
+  Generator::for_each_uniform_f32(s.seed, s.offset, static_cast<uint64_t>((bh * s.N + i) * s.bw + pos0),
+                                  static_cast<uint64_t>(nk),
+                                  [&](uint64_t c, float u) { dst[c] = u >= s.p ? src[c] * kept : T(0); });
 }
 
 // Forward of one window of one batch-head.

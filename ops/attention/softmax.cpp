@@ -85,28 +85,16 @@ struct Plan {
 
 // The dropout factor of one score tile: z[r, c] = 1/(1-p) where element
 // (b, h, i0 + r, j0 + c) keeps, else 0; z is [ni, nj]. Element e keeps when
-// Generator::uniform_f32(seed, offset, e) >= p; that draw is lane e % 4 of the
-// Philox block offset + e / 4 (core/rng.h), so one block serves four
-// neighbouring elements instead of being recomputed for each.
+// Generator::uniform_f32(seed, offset, e) >= p.
 template <typename scalar_t>
 void dropout_tile(const Plan& s, int64_t bh, int64_t i0, int64_t ni, int64_t j0, int64_t nj,
                   scalar_t* z) {
   const auto keep = static_cast<scalar_t>(1.0 / (1.0 - s.p));
-  const std::array<uint32_t, 2> key = {static_cast<uint32_t>(s.seed),
-                                       static_cast<uint32_t>(s.seed >> 32)};
   for (int64_t r = 0; r < ni; ++r) {
-    const auto first = static_cast<uint64_t>((bh * s.N + i0 + r) * s.M + j0);
-    const uint64_t last = first + static_cast<uint64_t>(nj);
     scalar_t* zr = z + r * nj;
-    for (uint64_t e = first; e < last;) {
-      const uint64_t block = s.offset + e / 4;
-      const Philox4x32 words = philox4x32_10(
-          {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u}, key);
-      for (uint64_t lane = e % 4; lane < 4 && e < last; ++lane, ++e) {
-        const float u = static_cast<float>(words[lane] >> 8) * (1.0f / 16777216.0f);
-        zr[e - first] = u >= s.p ? keep : scalar_t(0);
-      }
-    }
+    Generator::for_each_uniform_f32(s.seed, s.offset, static_cast<uint64_t>((bh * s.N + i0 + r) * s.M + j0),
+                                    static_cast<uint64_t>(nj),
+                                    [&](uint64_t c, float u) { zr[c] = u >= s.p ? keep : scalar_t(0); });
   }
 }
 
