@@ -6,7 +6,7 @@ SANITIZE ?= build-sanitize
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train test-sanitize bench format clean
+.PHONY: all deps configure build test train test-sanitize bench bench-attention bench-torch format clean
 
 all: build
 
@@ -36,6 +36,15 @@ test-sanitize: deps
 
 bench: build
 	$(BUILD)/bench/bench_core
+
+bench-attention: build
+	$(BUILD)/bench/bench_attention
+
+# Our attention ops against eager PyTorch (Debian's python3-torch), same run.
+bench-torch: build
+	@dpkg-query -W -f='$${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch)
+	/usr/bin/python3 bench/torch_attention.py --ours $(BUILD)/bench/bench_attention --threads $(JOBS)
 
 format:
 	find core autograd ops apps bench tests -name '*.h' -o -name '*.cpp' | xargs clang-format -i

@@ -30,8 +30,10 @@ void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
   FORGE_CHECK(g.shape() == leaf.shape, "gradient of shape {} does not fit leaf of shape {}", shape_str(g.shape()),
               shape_str(leaf.shape));
   if (!leaf.grad) {
-    // Own the gradient: the caller may still hold `g` (a seed, or a tensor an op returned twice).
-    leaf.grad = g.clone().impl_ptr();
+    // Taken as is, not copied: a gradient may share storage with another
+    // leaf's (an op may return one tensor for two inputs), which is safe
+    // because nothing in the library writes into a gradient in place.
+    leaf.grad = g.impl_ptr();
   } else {
     leaf.grad = accumulate(Tensor(leaf.grad), g).impl_ptr();
   }
