@@ -13,7 +13,6 @@
 // backward is a forward scan (dq needs the prefix states) and a reverse scan
 // carrying the gradients of the states. Only the inputs are saved; the feature
 // maps are recomputed. Nothing of size N x M is ever held.
-#include <cblas.h>
 
 #include <cmath>
 #include <limits>
@@ -21,6 +20,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
@@ -33,21 +33,6 @@ namespace {
 constexpr int64_t kChunk = 64;
 // The reference's floor on the causal denominator.
 constexpr double kMinDenominator = 1e-3;
-
-// c = alpha op(a) op(b) + beta c, row-major, with leading dimensions.
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
-
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
 
 // p = softmax over the d features of each of `rows` rows of x [rows, d]
 // (unscaled: the d^-1/2 goes into the GEMMs' alpha).

@@ -18,7 +18,6 @@
 // the whole sequence would let later keys change earlier outputs.
 // Nothing of size N x M is ever allocated: only [N, m] features and [m, dv]
 // states per (b, h).
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,6 +26,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
@@ -41,23 +41,6 @@ constexpr double kCausalEps = 1e-6;   // added to every entry of the causal norm
 // Positions per chunk of the causal scan: the [L, L] intra-chunk blocks and the
 // [F, dv] state updates are GEMMs.
 constexpr int64_t kChunk = 64;
-
-// C [n, p] = a op(A) op(B) + b C, row-major, op(A) [n, kk], op(B) [kk, p].
-void gemm(bool ta, bool tb, int64_t n, int64_t p, int64_t kk, float a, const float* A,
-          const float* Bm, float b, float* C) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(p), static_cast<int>(kk), a, A,
-              static_cast<int>(ta ? n : kk), Bm, static_cast<int>(tb ? kk : p), b, C,
-              static_cast<int>(p));
-}
-
-void gemm(bool ta, bool tb, int64_t n, int64_t p, int64_t kk, double a, const double* A,
-          const double* Bm, double b, double* C) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(p), static_cast<int>(kk), a, A,
-              static_cast<int>(ta ? n : kk), Bm, static_cast<int>(tb ? kk : p), b, C,
-              static_cast<int>(p));
-}
 
 struct FavorDims {
   Dims4 s;

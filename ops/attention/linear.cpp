@@ -11,13 +11,13 @@
 // form is a forward scan (for dq, which needs the prefix states) and a reverse
 // scan carrying the gradient states (R, r) = sum over later queries. Nothing
 // of size N x M or N x d x dv is ever held.
-#include <cblas.h>
 
 #include <cmath>
 #include <vector>
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
@@ -27,21 +27,6 @@ namespace forge::ops::attention {
 namespace {
 
 constexpr int64_t kChunk = 64;
-
-// c = alpha op(a) op(b) + beta c, row-major, with leading dimensions.
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
-
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
 
 // phi(x) = elu(x) + 1 of `rows` rows of x [rows, d], zeroed on rows whose
 // keep byte is 0 (keep may be null: every row is kept).

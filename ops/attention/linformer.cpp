@@ -9,7 +9,6 @@
 // holds at most a rows x kdim tile per thread (never N x M). The backward saves
 // the inputs, the row log-sum-exp [B, H, N] and the dropout's Philox (seed,
 // offset), and recomputes K, V and P.
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -20,6 +19,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
@@ -30,21 +30,6 @@ namespace {
 
 constexpr int64_t kRowBlock = 128;  // query rows per score tile
 constexpr int64_t kColBlock = 256;  // columns of dE / dF per task
-
-// c [n, m] = alpha op(a) op(b) + beta c, row-major with leading dimensions.
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
-
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
 
 struct LinformerDims {
   Dims4 s;

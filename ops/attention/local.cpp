@@ -8,7 +8,6 @@
 // bw = w (look_backward + 1 + look_forward): memory O(N bw), never N x N.
 // The forward saves q, k, v and the per-row logsumexp; the backward recomputes
 // the probabilities of each tile from them (and the dropout mask from Philox).
-#include <cblas.h>
 
 #include <algorithm>
 #include <array>
@@ -18,6 +17,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
@@ -25,21 +25,6 @@
 namespace forge::ops::attention {
 
 namespace {
-
-// c [n, m] = alpha op(a) op(b) + beta c, row-major, op(a) [n, k], op(b) [k, m].
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
-
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
 
 // Everything the forward and the backward share: sizes, resolved options and
 // the dropout stream.

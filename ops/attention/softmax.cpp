@@ -3,7 +3,6 @@
 // N x M buffer ever exists. The forward saves the output and the per-row
 // logsumexp L [B, H, N]; the backward recomputes every score tile from q, k
 // and L. Dropout is keyed by (seed, offset) and recomputed, never stored.
-#include <cblas.h>
 
 #include <algorithm>
 #include <array>
@@ -14,6 +13,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
@@ -26,21 +26,6 @@ namespace {
 // f32) stays in L2 together with its q, k, v rows for d, dv up to 128.
 constexpr int64_t kTileQ = 64;
 constexpr int64_t kTileK = 128;
-
-// Row-major c (n x m) = alpha op(a) op(b) + beta c, with op(a) n x k, op(b) k x m.
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
-
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
 
 // exp of a shifted score (S - row max, or S - L: at most rounding above 0;
 // -inf for a masked entry gives 0). f64 keeps std::exp, which gradcheck and the

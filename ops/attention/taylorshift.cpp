@@ -12,13 +12,13 @@
 // "N" of v~ = [1 | v] / n_b and of output_normalized's sqrt(n_b / d): the key
 // count, as the reference uses, so a padded batch gives the same output as the
 // unpadded one. A row whose keys are all masked outputs 0.
-#include <cblas.h>
 
 #include <cmath>
 #include <vector>
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
@@ -29,20 +29,6 @@ namespace {
 
 constexpr int64_t kTileQ = 64;   // query rows per tile (both forms)
 constexpr int64_t kTileK = 128;  // key rows per tile (direct form)
-
-// Row-major C [n, m] = alpha op(A) op(B) + beta C, op(A) [n, k], op(B) [k, m].
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
 
 // Everything a kernel needs about one call: dims, coefficients, the mask.
 struct Problem {

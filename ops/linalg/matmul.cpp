@@ -4,10 +4,9 @@
 // transpose flags, so no kernel ever needs a strided layout.
 #include "ops/linalg/matmul.h"
 
-#include <cblas.h>
-
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/blas.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/layout/layout.h"
 #include "ops/reduce/reduce.h"
@@ -15,18 +14,6 @@
 namespace forge::ops {
 
 namespace {
-
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, const float* a, const float* b, float* c) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(n),
-              static_cast<int>(m), static_cast<int>(k), 1.0f, a, static_cast<int>(ta ? n : k), b,
-              static_cast<int>(tb ? k : m), 0.0f, c, static_cast<int>(m));
-}
-
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, const double* a, const double* b, double* c) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(n),
-              static_cast<int>(m), static_cast<int>(k), 1.0, a, static_cast<int>(ta ? n : k), b,
-              static_cast<int>(tb ? k : m), 0.0, c, static_cast<int>(m));
-}
 
 // Offset (in matrices) of batch index `i` of `out_batch` inside a tensor whose
 // batch shape `in_batch` broadcasts to it (right-aligned, size-1 dims repeat).
@@ -74,13 +61,13 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     scalar_t* cp = c.data<scalar_t>();
     if (!ta && shape_numel(b_batch) == 1 && a_batch == batch) {
       // b is one matrix shared by every batch: fold a's batch into its rows, one GEMM.
-      gemm(false, tb, batches * n, m, ka, ap, bp, cp);
+      gemm(false, tb, batches * n, m, ka, scalar_t(1), ap, bp, scalar_t(0), cp);
       return;
     }
     const int64_t a_mat = n * ka, b_mat = ka * m, c_mat = n * m;
     auto one = [&](int64_t i) {
-      gemm(ta, tb, n, m, ka, ap + broadcast_batch_offset(i, batch, a_batch) * a_mat,
-           bp + broadcast_batch_offset(i, batch, b_batch) * b_mat, cp + i * c_mat);
+      gemm(ta, tb, n, m, ka, scalar_t(1), ap + broadcast_batch_offset(i, batch, a_batch) * a_mat,
+           bp + broadcast_batch_offset(i, batch, b_batch) * b_mat, scalar_t(0), cp + i * c_mat);
     };
     // Many small products: one per thread (BLAS runs single-threaded inside an
     // OpenMP region); few large ones: one after another, BLAS uses every thread.
