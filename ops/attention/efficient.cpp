@@ -14,16 +14,19 @@
 // carrying the gradients of the states. Only the inputs are saved; the feature
 // maps are recomputed. Nothing of size N x M is ever held.
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "autograd/node.h"
 #include "core/threading.h"
-#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
+#include "ops/blas.h"
 
 namespace forge::ops::attention {
 
@@ -34,6 +37,34 @@ constexpr int64_t kChunk = 64;
 // The reference's floor on the causal denominator.
 constexpr double kMinDenominator = 1e-3;
 
+// exp(x) for x <= 0 (a shifted score: at most rounding above 0), one call per
+// element. f64 keeps std::exp, which gradcheck and the 1e-10 reference
+// comparisons rely on. f32 uses a form the compiler vectorises: x = n ln2 + r
+// with n = round(x / ln2) (by the 1.5 * 2^23 shift, which also leaves n in the
+// low mantissa bits, so no float-to-int conversion stops the vectoriser),
+// exp(r) by the Cephes expf polynomial (relative error below 2e-7), times 2^n
+// built in the exponent bits; below -87 it gives 0.
+inline double exp_nonpos(double x) {
+  return std::exp(x);
+}
+inline float exp_nonpos(float x) {
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  const float xc = std::max(x, -87.0f);  // 2^n stays a normal float
+  const float t = xc * 1.44269504f + kShift;
+  const float n = t - kShift;
+  const int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShift);
+  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float two_n = std::bit_cast<float>((ni + 127) << 23);
+  return x < -87.0f ? 0.0f : p * two_n;
+}
+
 // p = softmax over the d features of each of `rows` rows of x [rows, d]
 // (unscaled: the d^-1/2 goes into the GEMMs' alpha).
 template <typename T>
@@ -43,8 +74,9 @@ void softmax_rows(const T* x, int64_t rows, int64_t d, T* p) {
     T* pr = p + r * d;
     T mx = xr[0];
     for (int64_t f = 1; f < d; ++f) mx = std::max(mx, xr[f]);
+    for (int64_t f = 0; f < d; ++f) pr[f] = exp_nonpos(xr[f] - mx);
     T sum = 0;
-    for (int64_t f = 0; f < d; ++f) sum += (pr[f] = std::exp(xr[f] - mx));
+    for (int64_t f = 0; f < d; ++f) sum += pr[f];
     const T inv = T(1) / sum;
     for (int64_t f = 0; f < d; ++f) pr[f] *= inv;
   }
@@ -94,37 +126,41 @@ struct Scratch {
 
 // ---- non-causal ----
 
-// k' [c, d] of a block of keys from the column statistics; padding keys are 0
-// (so their v never counts, as v = 0 there in the reference).
+// The per-column statistics of the key softmax, colmax [d] (max over the real
+// keys) and colinv [d] (1 / sum_j exp(k[j, f] - colmax[f]); 0 for a column
+// with no real key), and C = k'^T v [d, dv], k' = exp(k - colmax) * colinv
+// (padding keys 0, so their v never counts, as v = 0 there in the reference).
+// k [M, d], v [M, dv]. One exp per entry of k: a block of e = exp(k - colmax)
+// [c, d] goes into C = diag(colinv) (e^T v) by a GEMM, and into `stash`
+// [M, d] when given (the backward keeps it in dk to rebuild k' without exp).
 template <typename T>
-void key_features(const T* k, int64_t c, const uint8_t* keep, const Sizes& s, Scratch<T>& w) {
-  for (int64_t j = 0; j < c; ++j)
-    for (int64_t f = 0; f < s.d; ++f)
-      w.kp[j * s.d + f] = (keep == nullptr || keep[j])
-                              ? std::exp(k[j * s.d + f] - w.colmax[f]) * w.colinv[f]
-                              : T(0);
-}
-
-// The per-column statistics of the key softmax (max and 1 / sum over the real
-// keys; 1 / sum = 0 for a column with no real key) and C = k'^T v [d, dv].
-// k [M, d], v [M, dv].
-template <typename T>
-void key_context(const T* k, const T* v, const uint8_t* keep, const Sizes& s, Scratch<T>& w) {
+void key_context(const T* k, const T* v, const uint8_t* keep, const Sizes& s, Scratch<T>& w,
+                 T* stash) {
   std::fill(w.colmax.begin(), w.colmax.end(), -std::numeric_limits<T>::infinity());
   std::fill(w.colinv.begin(), w.colinv.end(), T(0));
   for (int64_t j = 0; j < s.M; ++j)
     if (keep == nullptr || keep[j])
       for (int64_t f = 0; f < s.d; ++f) w.colmax[f] = std::max(w.colmax[f], k[j * s.d + f]);
-  for (int64_t j = 0; j < s.M; ++j)
-    if (keep == nullptr || keep[j])
-      for (int64_t f = 0; f < s.d; ++f) w.colinv[f] += std::exp(k[j * s.d + f] - w.colmax[f]);
-  for (int64_t f = 0; f < s.d; ++f) w.colinv[f] = w.colinv[f] > 0 ? T(1) / w.colinv[f] : T(0);
   std::fill(w.C.begin(), w.C.end(), T(0));
   for (int64_t j0 = 0; j0 < s.M; j0 += s.s) {
     const int64_t c = std::min(s.s, s.M - j0);
-    key_features(k + j0 * s.d, c, keep ? keep + j0 : nullptr, s, w);
+    for (int64_t j = 0; j < c; ++j) {
+      const T* kj = k + (j0 + j) * s.d;
+      T* ej = w.kp.data() + j * s.d;
+      if (keep != nullptr && !keep[j0 + j]) {
+        std::fill(ej, ej + s.d, T(0));
+        continue;
+      }
+      for (int64_t f = 0; f < s.d; ++f) ej[f] = exp_nonpos(kj[f] - w.colmax[f]);
+      for (int64_t f = 0; f < s.d; ++f) w.colinv[f] += ej[f];
+    }
+    if (stash) std::copy(w.kp.data(), w.kp.data() + c * s.d, stash + j0 * s.d);
     gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, v + j0 * s.dv, s.dv, T(1), w.C.data(),
          s.dv);
+  }
+  for (int64_t f = 0; f < s.d; ++f) {
+    w.colinv[f] = w.colinv[f] > 0 ? T(1) / w.colinv[f] : T(0);
+    for (int64_t e = 0; e < s.dv; ++e) w.C[f * s.dv + e] *= w.colinv[f];
   }
 }
 
@@ -132,7 +168,7 @@ template <typename T>
 void noncausal_forward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, const Sizes& s,
                           Scratch<T>& w, T* o) {
   const T c = T(1) / std::sqrt(static_cast<T>(s.d));
-  key_context(k, v, keep, s, w);
+  key_context(k, v, keep, s, w, static_cast<T*>(nullptr));
   for (int64_t i0 = 0; i0 < s.N; i0 += s.s) {
     const int64_t rows = std::min(s.s, s.N - i0);
     softmax_rows(q + i0 * s.d, rows, s.d, w.p.data());
@@ -145,7 +181,7 @@ template <typename T>
 void noncausal_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, const T* g,
                            const Sizes& s, Scratch<T>& w, T* dq, T* dk, T* dv) {
   const T c = T(1) / std::sqrt(static_cast<T>(s.d));
-  key_context(k, v, keep, s, w);
+  key_context(k, v, keep, s, w, dk);  // dk holds exp(k - colmax) until the key loop
   // In the forward o = q' C, so dq' = g C^T and R = dC = q'^T g (summed over queries).
   std::fill(w.R.begin(), w.R.end(), T(0));
   for (int64_t i0 = 0; i0 < s.N; i0 += s.s) {
@@ -167,8 +203,10 @@ void noncausal_backward_bh(const T* q, const T* k, const T* v, const uint8_t* ke
   }
   for (int64_t j0 = 0; j0 < s.M; j0 += s.s) {
     const int64_t rows = std::min(s.s, s.M - j0);
-    key_features(k + j0 * s.d, rows, keep ? keep + j0 : nullptr, s, w);
+    // k' [rows, d] = the stashed exp(k - colmax) times colinv (0 on padding keys).
     T* dkc = dk + j0 * s.d;
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t f = 0; f < s.d; ++f) w.kp[j * s.d + f] = dkc[j * s.d + f] * w.colinv[f];
     gemm(false, true, rows, s.d, s.dv, T(1), v + j0 * s.dv, s.dv, w.R.data(), s.dv, T(0), dkc, s.d);
     for (int64_t j = 0; j < rows; ++j)
       for (int64_t f = 0; f < s.d; ++f)

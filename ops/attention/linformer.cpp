@@ -19,10 +19,10 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
-#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
+#include "ops/blas.h"
 
 namespace forge::ops::attention {
 
@@ -57,17 +57,23 @@ Params<T> params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
           mask_bytes(mask)};
 }
 
+// Scratch of n elements of T, counted by the allocator (unlike a std::vector).
+template <typename T>
+Tensor scratch(int64_t n) {
+  return Tensor::empty({n}, dtype_of<T>());
+}
+
 // K_all [BH, kdim, d] and V_all [BH, kdim, dv]: the projected keys and values.
 template <typename T>
 void project(const Params<T>& a, const LinformerDims& L, T* K_all, T* V_all) {
   const Dims4& s = L.s;
   const int64_t M = s.M, d = s.d, dv = s.dv, kd = L.kdim;
   parallel_for(s.B * s.H, M * kd * (d + dv), [&](int64_t begin, int64_t end) {
-    std::vector<T> km, vm;  // masked copies [M, d], [M, dv]
-    if (a.mask) {
-      km.resize(static_cast<size_t>(M * d));
-      vm.resize(static_cast<size_t>(M * dv));
-    }
+    // Masked copies of k [M, d] and v [M, dv], one pair per thread.
+    Tensor kmt = a.mask ? scratch<T>(M * d) : Tensor(),
+           vmt = a.mask ? scratch<T>(M * dv) : Tensor();
+    T* km = a.mask ? kmt.data<T>() : nullptr;
+    T* vm = a.mask ? vmt.data<T>() : nullptr;
     for (int64_t bh = begin; bh < end; ++bh) {
       const T* kb = a.k + bh * M * d;
       const T* vb = a.v + bh * M * dv;
@@ -75,12 +81,11 @@ void project(const Params<T>& a, const LinformerDims& L, T* K_all, T* V_all) {
         const uint8_t* mb = a.mask + (bh / s.H) * M;
         for (int64_t j = 0; j < M; ++j) {
           const T keep = mb[j] ? T(1) : T(0);
-          for (int64_t c = 0; c < d; ++c) km[static_cast<size_t>(j * d + c)] = kb[j * d + c] * keep;
-          for (int64_t c = 0; c < dv; ++c)
-            vm[static_cast<size_t>(j * dv + c)] = vb[j * dv + c] * keep;
+          for (int64_t c = 0; c < d; ++c) km[j * d + c] = kb[j * d + c] * keep;
+          for (int64_t c = 0; c < dv; ++c) vm[j * dv + c] = vb[j * dv + c] * keep;
         }
-        kb = km.data();
-        vb = vm.data();
+        kb = km;
+        vb = vm;
       }
       T* K = K_all + bh * kd * d;
       T* V = V_all + bh * kd * dv;
@@ -113,14 +118,15 @@ void forward_kernel(const T* q, const T* K_all, const T* V_all, const LinformerD
   const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   parallel_for(s.B * s.H * blocks, kRowBlock * kd * (d + dv), [&](int64_t begin, int64_t end) {
-    std::vector<T> P(static_cast<size_t>(kRowBlock * kd));  // [rows, kdim]
+    Tensor Pt = scratch<T>(kRowBlock * kd);  // [rows, kdim], one per thread
+    T* P = Pt.data<T>();
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / blocks, i0 = (task % blocks) * kRowBlock,
                     rows = std::min(kRowBlock, N - i0);
       const T* K = K_all + bh * kd * d;
-      gemm(false, true, rows, kd, d, scale, q + (bh * N + i0) * d, d, K, d, T(0), P.data(), kd);
+      gemm(false, true, rows, kd, d, scale, q + (bh * N + i0) * d, d, K, d, T(0), P, kd);
       for (int64_t r = 0; r < rows; ++r) {
-        T* Pr = P.data() + r * kd;
+        T* Pr = P + r * kd;
         T mx = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j < kd; ++j) mx = std::max(mx, Pr[j]);
         T sum = 0;
@@ -134,7 +140,7 @@ void forward_kernel(const T* q, const T* K_all, const T* V_all, const LinformerD
           for (int64_t j = 0; j < kd; ++j) Pr[j] *= keep_factor<T>(L, bh, i0 + r, j);
         lse[bh * N + i0 + r] = mx + std::log(sum);
       }
-      gemm(false, false, rows, dv, kd, T(1), P.data(), kd, V_all + bh * kd * dv, dv, T(0),
+      gemm(false, false, rows, dv, kd, T(1), P, kd, V_all + bh * kd * dv, dv, T(0),
            o + (bh * N + i0) * dv, dv);
     }
   });
@@ -148,62 +154,76 @@ void backward_kernel(const Params<T>& a, const T* K_all, const T* V_all, const T
   const int64_t BH = s.B * s.H, N = s.N, M = s.M, d = s.d, dv = s.dv, kd = L.kdim;
   const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  // Per row tile, partial dK [kdim, d] and dV [kdim, dv]; summed per batch-head below.
-  std::vector<T> dK_part(static_cast<size_t>(BH * blocks * kd * d)),
-      dV_part(static_cast<size_t>(BH * blocks * kd * dv));
-  parallel_for(BH * blocks, kRowBlock * kd * (2 * d + 2 * dv), [&](int64_t begin, int64_t end) {
-    std::vector<T> P(static_cast<size_t>(kRowBlock * kd)), Pd(static_cast<size_t>(kRowBlock * kd)),
-        dP(static_cast<size_t>(kRowBlock * kd));
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t bh = task / blocks, i0 = (task % blocks) * kRowBlock,
-                    rows = std::min(kRowBlock, N - i0);
-      const T* K = K_all + bh * kd * d;
-      const T* V = V_all + bh * kd * dv;
-      const T* qb = a.q + (bh * N + i0) * d;
-      const T* gb = g + (bh * N + i0) * dv;
-      // In the forward P = exp(S - lse) with S = scale q K^T, then Pd = dropout(P), o = Pd V.
-      gemm(false, true, rows, kd, d, scale, qb, d, K, d, T(0), P.data(), kd);
-      for (int64_t r = 0; r < rows; ++r) {
-        const T l = lse[bh * N + i0 + r];
-        T* Pr = P.data() + r * kd;
-        T* Pdr = Pd.data() + r * kd;
-        for (int64_t j = 0; j < kd; ++j) Pr[j] = std::exp(Pr[j] - l);
-        for (int64_t j = 0; j < kd; ++j)
-          Pdr[j] = L.p > 0 ? Pr[j] * keep_factor<T>(L, bh, i0 + r, j) : Pr[j];
-      }
-      // o = Pd V: dPd = do V^T [rows, kdim], dV = Pd^T do [kdim, dv].
-      gemm(false, true, rows, kd, dv, T(1), gb, dv, V, dv, T(0), dP.data(), kd);
-      gemm(true, false, kd, dv, rows, T(1), Pd.data(), kd, gb, dv, T(0),
-           dV_part.data() + task * kd * dv, dv);
-      // Back through dropout (dP = dPd * keep) and the softmax: dS = P (dP - sum_j P dP).
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* Pr = P.data() + r * kd;
-        T* dPr = dP.data() + r * kd;
-        if (L.p > 0)
-          for (int64_t j = 0; j < kd; ++j) dPr[j] *= keep_factor<T>(L, bh, i0 + r, j);
-        T dot = 0;
-        for (int64_t j = 0; j < kd; ++j) dot += Pr[j] * dPr[j];
-        for (int64_t j = 0; j < kd; ++j) dPr[j] = Pr[j] * (dPr[j] - dot);
-      }
-      // S = scale q K^T: dq = scale dS K, dK = scale dS^T q.
-      gemm(false, false, rows, d, kd, scale, dP.data(), kd, K, d, T(0), dq + (bh * N + i0) * d, d);
-      gemm(true, false, kd, d, rows, scale, dP.data(), kd, qb, d, T(0),
-           dK_part.data() + task * kd * d, d);
-    }
-  });
-  // Sum the tiles: dK_all [BH, kdim, d], dV_all [BH, kdim, dv] (reusing the first tile's slot).
-  parallel_for(BH, blocks * kd * (d + dv), [&](int64_t begin, int64_t end) {
-    for (int64_t bh = begin; bh < end; ++bh) {
-      T* dK = dK_part.data() + bh * blocks * kd * d;
-      T* dV = dV_part.data() + bh * blocks * kd * dv;
-      for (int64_t t = 1; t < blocks; ++t) {
+  // dK [kdim, d] and dV [kdim, dv] sum over the row tiles of a batch-head. The tiles of
+  // each batch-head are split into `groups` runs (one run when there are at least as
+  // many batch-heads as threads); a task walks its run serially, accumulating into its
+  // own partial, so the scratch is [BH * groups, kdim, d], groups <= ceil(threads / BH),
+  // not one partial per tile.
+  const int64_t groups = std::min(blocks, (num_threads() + BH - 1) / BH);
+  Tensor dK_t = scratch<T>(BH * groups * kd * d), dV_t = scratch<T>(BH * groups * kd * dv);
+  T* dK_part = dK_t.data<T>();
+  T* dV_part = dV_t.data<T>();
+  parallel_for(
+      BH * groups, (blocks / groups) * kRowBlock * kd * (2 * d + 2 * dv),
+      [&](int64_t begin, int64_t end) {
+        // Per-thread tiles [rows, kdim]: P, Pd = dropout(P), dP (then dS).
+        Tensor tiles = scratch<T>(3 * kRowBlock * kd);
+        T* P = tiles.data<T>();
+        T* Pd = L.p > 0 ? P + kRowBlock * kd : P;
+        T* dP = P + 2 * kRowBlock * kd;
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t bh = task / groups, grp = task % groups;
+          const T* K = K_all + bh * kd * d;
+          const T* V = V_all + bh * kd * dv;
+          T* dK = dK_part + task * kd * d;
+          T* dV = dV_part + task * kd * dv;
+          for (int64_t blk = blocks * grp / groups; blk < blocks * (grp + 1) / groups; ++blk) {
+            const int64_t i0 = blk * kRowBlock, rows = std::min(kRowBlock, N - i0);
+            const T beta = blk == blocks * grp / groups ? T(0) : T(1);  // first tile of the run
+            const T* qb = a.q + (bh * N + i0) * d;
+            const T* gb = g + (bh * N + i0) * dv;
+            // In the forward P = exp(S - lse) with S = scale q K^T, then Pd = dropout(P), o = Pd V.
+            gemm(false, true, rows, kd, d, scale, qb, d, K, d, T(0), P, kd);
+            for (int64_t r = 0; r < rows; ++r) {
+              const T l = lse[bh * N + i0 + r];
+              T* Pr = P + r * kd;
+              for (int64_t j = 0; j < kd; ++j) Pr[j] = std::exp(Pr[j] - l);
+              if (L.p > 0) {
+                T* Pdr = Pd + r * kd;
+                for (int64_t j = 0; j < kd; ++j) Pdr[j] = Pr[j] * keep_factor<T>(L, bh, i0 + r, j);
+              }
+            }
+            // o = Pd V: dPd = do V^T [rows, kdim], dV += Pd^T do [kdim, dv].
+            gemm(false, true, rows, kd, dv, T(1), gb, dv, V, dv, T(0), dP, kd);
+            gemm(true, false, kd, dv, rows, T(1), Pd, kd, gb, dv, beta, dV, dv);
+            // Back through dropout (dP = dPd * keep) and the softmax: dS = P (dP - sum_j P dP).
+            for (int64_t r = 0; r < rows; ++r) {
+              const T* Pr = P + r * kd;
+              T* dPr = dP + r * kd;
+              if (L.p > 0)
+                for (int64_t j = 0; j < kd; ++j) dPr[j] *= keep_factor<T>(L, bh, i0 + r, j);
+              T dot = 0;
+              for (int64_t j = 0; j < kd; ++j) dot += Pr[j] * dPr[j];
+              for (int64_t j = 0; j < kd; ++j) dPr[j] = Pr[j] * (dPr[j] - dot);
+            }
+            // S = scale q K^T: dq = scale dS K, dK += scale dS^T q.
+            gemm(false, false, rows, d, kd, scale, dP, kd, K, d, T(0), dq + (bh * N + i0) * d, d);
+            gemm(true, false, kd, d, rows, scale, dP, kd, qb, d, beta, dK, d);
+          }
+        }
+      });
+  // Sum the runs into the first: dK_all [BH, kdim, d], dV_all [BH, kdim, dv].
+  if (groups > 1)
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      T* dK = dK_part + bh * groups * kd * d;
+      T* dV = dV_part + bh * groups * kd * dv;
+      for (int64_t t = 1; t < groups; ++t) {
         for (int64_t x = 0; x < kd * d; ++x) dK[x] += dK[t * kd * d + x];
         for (int64_t x = 0; x < kd * dv; ++x) dV[x] += dV[t * kd * dv + x];
       }
     }
-  });
-  auto dK_of = [&](int64_t bh) { return dK_part.data() + bh * blocks * kd * d; };
-  auto dV_of = [&](int64_t bh) { return dV_part.data() + bh * blocks * kd * dv; };
+  auto dK_of = [&](int64_t bh) { return dK_part + bh * groups * kd * d; };
+  auto dV_of = [&](int64_t bh) { return dV_part + bh * groups * kd * dv; };
   // K = E km + bE (bE broadcast over d): dbE = row sums of dK over every batch-head.
   for (int64_t r = 0; r < kd; ++r) {
     T se = 0, sf = 0;
@@ -235,24 +255,26 @@ void backward_kernel(const Params<T>& a, const T* K_all, const T* V_all, const T
   // per batch the heads are summed in a tile before the mask drops padded columns.
   const int64_t cblocks = (M + kColBlock - 1) / kColBlock;
   parallel_for(cblocks, s.B * s.H * kColBlock * kd * (d + dv), [&](int64_t begin, int64_t end) {
-    std::vector<T> tE(static_cast<size_t>(kd * kColBlock)), tF(static_cast<size_t>(kd * kColBlock));
+    Tensor tiles = scratch<T>(2 * kd * kColBlock);  // tE, tF [kdim, cols], one pair per thread
+    T* tE = tiles.data<T>();
+    T* tF = tE + kd * kColBlock;
     for (int64_t cb = begin; cb < end; ++cb) {
       const int64_t j0 = cb * kColBlock, cols = std::min(kColBlock, M - j0);
       for (int64_t b = 0; b < s.B; ++b) {
         for (int64_t h = 0; h < s.H; ++h) {
           const int64_t bh = b * s.H + h;
           const T beta = h == 0 ? T(0) : T(1);
-          gemm(false, true, kd, cols, d, T(1), dK_of(bh), d, a.k + (bh * M + j0) * d, d, beta,
-               tE.data(), cols);
+          gemm(false, true, kd, cols, d, T(1), dK_of(bh), d, a.k + (bh * M + j0) * d, d, beta, tE,
+               cols);
           gemm(false, true, kd, cols, dv, T(1), dV_of(bh), dv, a.v + (bh * M + j0) * dv, dv, beta,
-               tF.data(), cols);
+               tF, cols);
         }
         const uint8_t* mb = a.mask ? a.mask + b * M + j0 : nullptr;
         for (int64_t r = 0; r < kd; ++r) {
           T* er = dE + r * L.Mmax + j0;
           T* fr = dF + r * L.Mmax + j0;
-          const T* te = tE.data() + r * cols;
-          const T* tf = tF.data() + r * cols;
+          const T* te = tE + r * cols;
+          const T* tf = tF + r * cols;
           for (int64_t j = 0; j < cols; ++j) {
             const T keep = (!mb || mb[j]) ? T(1) : T(0);
             er[j] += keep * te[j];
@@ -311,10 +333,12 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
          lse = Tensor::empty({s.B, s.H, s.N}, q.dtype());
   FORGE_DISPATCH_FLOAT(q.dtype(), "attention::linformer", [&] {
     const Params<scalar_t> a = params<scalar_t>(q, k, v, E, F, bias_E, bias_F, mask);
-    std::vector<scalar_t> K(static_cast<size_t>(s.B * s.H * L.kdim * s.d)),
-        V(static_cast<size_t>(s.B * s.H * L.kdim * s.dv));
-    project(a, L, K.data(), V.data());
-    forward_kernel(a.q, K.data(), V.data(), L, o.data<scalar_t>(), lse.data<scalar_t>());
+    // K [BH, kdim, d], V [BH, kdim, dv]
+    Tensor K = scratch<scalar_t>(s.B * s.H * L.kdim * s.d),
+           V = scratch<scalar_t>(s.B * s.H * L.kdim * s.dv);
+    project(a, L, K.data<scalar_t>(), V.data<scalar_t>());
+    forward_kernel(a.q, K.data<scalar_t>(), V.data<scalar_t>(), L, o.data<scalar_t>(),
+                   lse.data<scalar_t>());
   });
   return autograd::record(
       "attention::linformer", {q, k, v, E, F, bias_E, bias_F}, o,
@@ -331,12 +355,12 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                dbF = bF.defined() ? Tensor::empty(bF.shape(), bF.dtype()) : Tensor();
         FORGE_DISPATCH_FLOAT(q.dtype(), "attention::linformer backward", [&] {
           const Params<scalar_t> a = params<scalar_t>(q, k, v, E, F, bE, bF, mask);
-          std::vector<scalar_t> K(static_cast<size_t>(s.B * s.H * L.kdim * s.d)),
-              V(static_cast<size_t>(s.B * s.H * L.kdim * s.dv));
-          project(a, L, K.data(), V.data());
-          backward_kernel(a, K.data(), V.data(), lse.data<scalar_t>(), g.data<scalar_t>(), L,
-                          dq.data<scalar_t>(), dk.data<scalar_t>(), dv.data<scalar_t>(),
-                          dE.data<scalar_t>(), dF.data<scalar_t>(),
+          Tensor K = scratch<scalar_t>(s.B * s.H * L.kdim * s.d),
+                 V = scratch<scalar_t>(s.B * s.H * L.kdim * s.dv);
+          project(a, L, K.data<scalar_t>(), V.data<scalar_t>());
+          backward_kernel(a, K.data<scalar_t>(), V.data<scalar_t>(), lse.data<scalar_t>(),
+                          g.data<scalar_t>(), L, dq.data<scalar_t>(), dk.data<scalar_t>(),
+                          dv.data<scalar_t>(), dE.data<scalar_t>(), dF.data<scalar_t>(),
                           dbE.defined() ? dbE.data<scalar_t>() : nullptr,
                           dbF.defined() ? dbF.data<scalar_t>() : nullptr);
         });

@@ -6,8 +6,9 @@
 //          z = sum_j k'_j + eps (eps on every entry, as the reference does)
 //
 // Each batch-head keeps only the key states (s [dv], C [d, dv], z [d]) and walks
-// the queries row by row, so nothing of size N x M exists; the backward saves
-// the inputs alone and recomputes the states.
+// the queries and keys in blocks of kChunk rows, with GEMMs for every
+// [rows, d] x [d, dv] product, so nothing of size N x M (nor N x d) exists; the
+// backward saves the inputs alone and recomputes the states.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -18,69 +19,97 @@
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
+#include "ops/blas.h"
 
 namespace forge::ops::attention {
 
 namespace {
 
 constexpr double kEps = 1e-6;
+// Rows per block of queries or keys.
+constexpr int64_t kChunk = 64;
 
+// xn [rows, d] = the rows of x [rows, d] over their norms, inv [rows] = 1 / norms;
+// rows with keep[r] == 0 (keep may be null) become 0 with inv = 0.
 template <typename T>
-T row_norm(const T* x, int64_t d) {
-  T ss = 0;
-  for (int64_t c = 0; c < d; ++c) ss += x[c] * x[c];
-  return std::sqrt(ss);
+void normalize_rows(const T* x, int64_t rows, int64_t d, const uint8_t* keep, T* xn, T* inv) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * d;
+    T* yr = xn + r * d;
+    if (keep && !keep[r]) {
+      std::fill(yr, yr + d, T(0));
+      inv[r] = 0;
+      continue;
+    }
+    T ss = 0;
+    for (int64_t c = 0; c < d; ++c) ss += xr[c] * xr[c];
+    const T a = T(1) / std::sqrt(ss);
+    inv[r] = a;
+    for (int64_t c = 0; c < d; ++c) yr[c] = xr[c] * a;
+  }
 }
 
-// The key states of one batch-head: s = sum_j v_j [dv], C = sum_j k'_j v_j^T
-// [d, dv], z = sum_j k'_j + eps [d], n = the number of real keys.
+// Per-thread scratch: the key states of one batch-head, s = sum_j v_j [dv],
+// C = sum_j k'_j v_j^T [d, dv], z = sum_j k'_j + eps [d], n = the number of
+// real keys; their gradients ds, dC, dz; one block of rows: xn [kChunk, d],
+// inv [kChunk], num [kChunk, dv].
 template <typename T>
-struct KeyStates {
-  std::vector<T> s, C, z;
+struct Scratch {
+  std::vector<T> s, C, z, ds, dC, dz, xn, inv, num;
   T n = 0;
+  Scratch(int64_t d, int64_t dv)
+      : s(dv),
+        C(d * dv),
+        z(d),
+        ds(dv),
+        dC(d * dv),
+        dz(d),
+        xn(kChunk * d),
+        inv(kChunk),
+        num(kChunk * dv) {}
 };
 
-// k [M, d], v [M, dv] of one batch-head; mask [M] or null.
+// The key states from k [M, d], v [M, dv] of one batch-head; keep [M] or null.
 template <typename T>
-void key_states(const T* k, const T* v, const uint8_t* mask, const Dims4& s, KeyStates<T>& st) {
+void key_states(const T* k, const T* v, const uint8_t* keep, const Dims4& s, Scratch<T>& w) {
   const int64_t M = s.M, d = s.d, dv = s.dv;
-  st.s.assign(static_cast<size_t>(dv), T(0));
-  st.C.assign(static_cast<size_t>(d * dv), T(0));
-  st.z.assign(static_cast<size_t>(d), T(0));
-  st.n = 0;
-  std::vector<T> kn(static_cast<size_t>(d));
-  for (int64_t j = 0; j < M; ++j) {
-    if (mask && !mask[j]) continue;
-    const T* kj = k + j * d;
-    const T* vj = v + j * dv;
-    const T inv = T(1) / row_norm(kj, d);
-    for (int64_t c = 0; c < d; ++c) kn[static_cast<size_t>(c)] = kj[c] * inv;
-    for (int64_t e = 0; e < dv; ++e) st.s[static_cast<size_t>(e)] += vj[e];
-    for (int64_t c = 0; c < d; ++c) {
-      const T a = kn[static_cast<size_t>(c)];
-      T* Cc = st.C.data() + c * dv;
-      for (int64_t e = 0; e < dv; ++e) Cc[e] += a * vj[e];
-      st.z[static_cast<size_t>(c)] += a;
+  std::fill(w.s.begin(), w.s.end(), T(0));
+  std::fill(w.C.begin(), w.C.end(), T(0));
+  std::fill(w.z.begin(), w.z.end(), T(0));
+  w.n = 0;
+  for (int64_t j0 = 0; j0 < M; j0 += kChunk) {
+    const int64_t rows = std::min(kChunk, M - j0);
+    const uint8_t* kb = keep ? keep + j0 : nullptr;
+    normalize_rows(k + j0 * d, rows, d, kb, w.xn.data(), w.inv.data());
+    // C += k'^T v over the block (padded rows of k' are 0).
+    gemm(true, false, d, dv, rows, T(1), w.xn.data(), d, v + j0 * dv, dv, T(1), w.C.data(), dv);
+    for (int64_t j = 0; j < rows; ++j) {
+      if (kb && !kb[j]) continue;
+      const T* vj = v + (j0 + j) * dv;
+      const T* kn = w.xn.data() + j * d;
+      for (int64_t e = 0; e < dv; ++e) w.s[e] += vj[e];
+      for (int64_t c = 0; c < d; ++c) w.z[c] += kn[c];
+      w.n += 1;
     }
-    st.n += 1;
   }
-  for (int64_t c = 0; c < d; ++c) st.z[static_cast<size_t>(c)] += T(kEps);
+  for (int64_t c = 0; c < d; ++c) w.z[c] += T(kEps);
 }
 
-// One query row: qn = q_i / ||q_i|| [d], num = s + qn C [dv], returns den = n + qn . z.
+// One block of queries q [rows, d]: xn = q' [rows, d], inv = 1 / ||q_i||,
+// num = s + q' C [rows, dv]. den_i = n + q'_i . z comes from query_den.
 template <typename T>
-T query_row(const T* qi, const KeyStates<T>& st, int64_t d, int64_t dv, T* qn, T* num,
-            T& inv_norm) {
-  inv_norm = T(1) / row_norm(qi, d);
-  T den = st.n;
-  for (int64_t e = 0; e < dv; ++e) num[e] = st.s[static_cast<size_t>(e)];
-  for (int64_t c = 0; c < d; ++c) {
-    const T a = qi[c] * inv_norm;
-    qn[c] = a;
-    den += a * st.z[static_cast<size_t>(c)];
-    const T* Cc = st.C.data() + c * dv;
-    for (int64_t e = 0; e < dv; ++e) num[e] += a * Cc[e];
-  }
+void query_block(const T* q, int64_t rows, const Dims4& s, Scratch<T>& w) {
+  const int64_t d = s.d, dv = s.dv;
+  normalize_rows(q, rows, d, static_cast<const uint8_t*>(nullptr), w.xn.data(), w.inv.data());
+  for (int64_t i = 0; i < rows; ++i) std::copy(w.s.begin(), w.s.end(), w.num.begin() + i * dv);
+  gemm(false, false, rows, dv, d, T(1), w.xn.data(), d, w.C.data(), dv, T(1), w.num.data(), dv);
+}
+
+template <typename T>
+T query_den(const Scratch<T>& w, int64_t i, int64_t d) {
+  const T* qn = w.xn.data() + i * d;
+  T den = w.n;
+  for (int64_t c = 0; c < d; ++c) den += qn[c] * w.z[c];
   return den;
 }
 
@@ -88,17 +117,19 @@ template <typename T>
 void forward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, T* o, const Dims4& s) {
   const int64_t N = s.N, M = s.M, d = s.d, dv = s.dv;
   parallel_for(s.B * s.H, (N + M) * d * dv, [&](int64_t begin, int64_t end) {
-    KeyStates<T> st;
-    std::vector<T> qn(static_cast<size_t>(d)), num(static_cast<size_t>(dv));
+    Scratch<T> w(d, dv);
     for (int64_t bh = begin; bh < end; ++bh) {
       const uint8_t* mb = mask ? mask + (bh / s.H) * M : nullptr;
-      key_states(k + bh * M * d, v + bh * M * dv, mb, s, st);
-      for (int64_t i = 0; i < N; ++i) {
-        T inv_norm;
-        const T den = query_row(q + (bh * N + i) * d, st, d, dv, qn.data(), num.data(), inv_norm);
-        const T inv_den = T(1) / den;
-        T* oi = o + (bh * N + i) * dv;
-        for (int64_t e = 0; e < dv; ++e) oi[e] = num[static_cast<size_t>(e)] * inv_den;
+      key_states(k + bh * M * d, v + bh * M * dv, mb, s, w);
+      for (int64_t i0 = 0; i0 < N; i0 += kChunk) {
+        const int64_t rows = std::min(kChunk, N - i0);
+        query_block(q + (bh * N + i0) * d, rows, s, w);
+        for (int64_t i = 0; i < rows; ++i) {
+          const T inv_den = T(1) / query_den(w, i, d);
+          const T* num = w.num.data() + i * dv;
+          T* oi = o + (bh * N + i0 + i) * dv;
+          for (int64_t e = 0; e < dv; ++e) oi[e] = num[e] * inv_den;
+        }
       }
     }
   });
@@ -109,85 +140,84 @@ template <typename T>
 void backward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, const T* g, T* dq,
                      T* dk, T* dvv, const Dims4& s) {
   const int64_t N = s.N, M = s.M, d = s.d, dv = s.dv;
-  parallel_for(s.B * s.H, (N + M) * d * dv, [&](int64_t begin, int64_t end) {
-    KeyStates<T> st;
-    std::vector<T> qn(static_cast<size_t>(d)), num(static_cast<size_t>(dv)),
-        dnum(static_cast<size_t>(dv)), dqn(static_cast<size_t>(d)), kn(static_cast<size_t>(d)),
-        dkn(static_cast<size_t>(d));
-    std::vector<T> ds(static_cast<size_t>(dv)), dC(static_cast<size_t>(d * dv)),
-        dz(static_cast<size_t>(d));
+  parallel_for(s.B * s.H, 2 * (N + M) * d * dv, [&](int64_t begin, int64_t end) {
+    Scratch<T> w(d, dv);
+    std::vector<T> dden(static_cast<size_t>(kChunk));
     for (int64_t bh = begin; bh < end; ++bh) {
       const uint8_t* mb = mask ? mask + (bh / s.H) * M : nullptr;
       const T* kb = k + bh * M * d;
       const T* vb = v + bh * M * dv;
-      key_states(kb, vb, mb, s, st);
-      std::fill(ds.begin(), ds.end(), T(0));
-      std::fill(dC.begin(), dC.end(), T(0));
-      std::fill(dz.begin(), dz.end(), T(0));
-      // Query side. In the forward o_i = num_i / den_i, so dnum_i = g_i / den_i and
-      // dden_i = -(g_i . o_i) / den_i; num_i = s + qn_i C and den_i = n + qn_i . z
-      // send them on to s, C, z and qn_i; qn_i = q_i / ||q_i|| projects dqn_i.
-      for (int64_t i = 0; i < N; ++i) {
-        const T* qi = q + (bh * N + i) * d;
-        const T* gi = g + (bh * N + i) * dv;
-        T inv_norm;
-        const T den = query_row(qi, st, d, dv, qn.data(), num.data(), inv_norm);
-        const T inv_den = T(1) / den;
-        T go = 0;
-        for (int64_t e = 0; e < dv; ++e) {
-          dnum[static_cast<size_t>(e)] = gi[e] * inv_den;
-          go += gi[e] * num[static_cast<size_t>(e)];
-        }
-        const T dden = -go * inv_den * inv_den;
-        T proj = 0;
-        for (int64_t e = 0; e < dv; ++e) ds[static_cast<size_t>(e)] += dnum[static_cast<size_t>(e)];
-        for (int64_t c = 0; c < d; ++c) {
-          const T a = qn[static_cast<size_t>(c)];
-          const T* Cc = st.C.data() + c * dv;
-          T* dCc = dC.data() + c * dv;
-          T acc = dden * st.z[static_cast<size_t>(c)];
+      key_states(kb, vb, mb, s, w);
+      std::fill(w.ds.begin(), w.ds.end(), T(0));
+      std::fill(w.dC.begin(), w.dC.end(), T(0));
+      std::fill(w.dz.begin(), w.dz.end(), T(0));
+      // Query side, a block of rows at a time. In the forward o_i = num_i / den_i,
+      // so dnum_i = g_i / den_i and dden_i = -(g_i . num_i) / den_i^2;
+      // num = s + q' C and den_i = n + q'_i . z send them on:
+      //   ds += colsum(dnum), dC += q'^T dnum, dz += sum_i dden_i q'_i,
+      //   dq' = dnum C^T + dden z^T [rows, d],
+      // and q'_i = q_i / ||q_i|| projects: dq_i = (dq'_i - q'_i (q'_i . dq'_i)) / ||q_i||.
+      for (int64_t i0 = 0; i0 < N; i0 += kChunk) {
+        const int64_t rows = std::min(kChunk, N - i0);
+        query_block(q + (bh * N + i0) * d, rows, s, w);
+        const T* gb = g + (bh * N + i0) * dv;
+        for (int64_t i = 0; i < rows; ++i) {  // num_i becomes dnum_i in place
+          const T inv_den = T(1) / query_den(w, i, d);
+          const T* gi = gb + i * dv;
+          T* num = w.num.data() + i * dv;
+          T go = 0;
           for (int64_t e = 0; e < dv; ++e) {
-            acc += Cc[e] * dnum[static_cast<size_t>(e)];
-            dCc[e] += a * dnum[static_cast<size_t>(e)];
+            go += gi[e] * num[e];
+            num[e] = gi[e] * inv_den;
+            w.ds[e] += num[e];
           }
-          dqn[static_cast<size_t>(c)] = acc;
-          dz[static_cast<size_t>(c)] += dden * a;
-          proj += a * acc;
+          dden[i] = -go * inv_den * inv_den;
+          const T* qn = w.xn.data() + i * d;
+          for (int64_t c = 0; c < d; ++c) w.dz[c] += dden[i] * qn[c];
         }
-        T* dqi = dq + (bh * N + i) * d;
-        for (int64_t c = 0; c < d; ++c)
-          dqi[c] = (dqn[static_cast<size_t>(c)] - qn[static_cast<size_t>(c)] * proj) * inv_norm;
+        gemm(true, false, d, dv, rows, T(1), w.xn.data(), d, w.num.data(), dv, T(1), w.dC.data(),
+             dv);
+        T* dqb = dq + (bh * N + i0) * d;
+        gemm(false, true, rows, d, dv, T(1), w.num.data(), dv, w.C.data(), dv, T(0), dqb, d);
+        for (int64_t i = 0; i < rows; ++i) {
+          const T* qn = w.xn.data() + i * d;
+          T* dqi = dqb + i * d;
+          T proj = 0;
+          for (int64_t c = 0; c < d; ++c) {
+            dqi[c] += dden[i] * w.z[c];
+            proj += qn[c] * dqi[c];
+          }
+          for (int64_t c = 0; c < d; ++c) dqi[c] = (dqi[c] - qn[c] * proj) * w.inv[i];
+        }
       }
       // Key side. s = sum_j v_j, C = sum_j k'_j v_j^T and z = sum_j k'_j + eps give
-      // dv_j = ds + dC^T k'_j and dk'_j = dC v_j + dz; k'_j = k_j / ||k_j|| projects
-      // dk'_j. Masked keys were in no sum: their gradients are 0.
-      for (int64_t j = 0; j < M; ++j) {
-        T* dkj = dk + (bh * M + j) * d;
-        T* dvj = dvv + (bh * M + j) * dv;
-        if (mb && !mb[j]) {
-          std::fill(dkj, dkj + d, T(0));
-          std::fill(dvj, dvj + dv, T(0));
-          continue;
-        }
-        const T* kj = kb + j * d;
-        const T* vj = vb + j * dv;
-        const T inv = T(1) / row_norm(kj, d);
-        for (int64_t e = 0; e < dv; ++e) dvj[e] = ds[static_cast<size_t>(e)];
-        T proj = 0;
-        for (int64_t c = 0; c < d; ++c) {
-          const T a = kj[c] * inv;
-          kn[static_cast<size_t>(c)] = a;
-          const T* dCc = dC.data() + c * dv;
-          T acc = dz[static_cast<size_t>(c)];
-          for (int64_t e = 0; e < dv; ++e) {
-            acc += dCc[e] * vj[e];
-            dvj[e] += a * dCc[e];
+      //   dv_j = ds + dC^T k'_j,  dk'_j = dC v_j + dz  (GEMMs over a block),
+      // and k'_j = k_j / ||k_j|| projects dk'_j. Masked keys were in no sum: their
+      // gradients are 0.
+      for (int64_t j0 = 0; j0 < M; j0 += kChunk) {
+        const int64_t rows = std::min(kChunk, M - j0);
+        const uint8_t* keep = mb ? mb + j0 : nullptr;
+        normalize_rows(kb + j0 * d, rows, d, keep, w.xn.data(), w.inv.data());
+        T* dkb = dk + (bh * M + j0) * d;
+        T* dvb = dvv + (bh * M + j0) * dv;
+        for (int64_t j = 0; j < rows; ++j) std::copy(w.ds.begin(), w.ds.end(), dvb + j * dv);
+        gemm(false, false, rows, dv, d, T(1), w.xn.data(), d, w.dC.data(), dv, T(1), dvb, dv);
+        gemm(false, true, rows, d, dv, T(1), vb + j0 * dv, dv, w.dC.data(), dv, T(0), dkb, d);
+        for (int64_t j = 0; j < rows; ++j) {
+          T* dkj = dkb + j * d;
+          if (keep && !keep[j]) {
+            std::fill(dkj, dkj + d, T(0));
+            std::fill(dvb + j * dv, dvb + (j + 1) * dv, T(0));
+            continue;
           }
-          dkn[static_cast<size_t>(c)] = acc;
-          proj += a * acc;
+          const T* kn = w.xn.data() + j * d;
+          T proj = 0;
+          for (int64_t c = 0; c < d; ++c) {
+            dkj[c] += w.dz[c];
+            proj += kn[c] * dkj[c];
+          }
+          for (int64_t c = 0; c < d; ++c) dkj[c] = (dkj[c] - kn[c] * proj) * w.inv[j];
         }
-        for (int64_t c = 0; c < d; ++c)
-          dkj[c] = (dkn[static_cast<size_t>(c)] - kn[static_cast<size_t>(c)] * proj) * inv;
       }
     }
   });

@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 
+#include "core/threading.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/registry.h"
 #include "tests/ops/attention/attention_test_util.h"
@@ -134,6 +135,27 @@ TEST(AttentionLinformer, MatchesNaiveReference) {
       SCOPED_TRACE("output/gradient " + std::to_string(i));
       testing::expect_close(got[i], want[i], 1e-10);
     }
+  }
+}
+
+// With fewer batch-heads than threads, the backward splits each batch-head's
+// row tiles into runs with their own dK/dV partials and sums them: the result
+// must not change.
+TEST(AttentionLinformer, TileRunsAcrossThreadsMatchNaiveReference) {
+  const GeneratorState rng{99, 3};
+  const int saved = num_threads();
+  set_num_threads(8);  // 4 batch-heads, 8 threads: 2 runs of tiles per batch-head
+  const Tensor mask = testing::padding_mask(2, 290, {2, 9});
+  const auto got = outputs_and_grads([&](const Inputs& in) { return run_op(in, mask, 0.3, rng); },
+                                     DType::f64, 300, 290, 320, 24, true);
+  set_num_threads(saved);
+  const auto want =
+      outputs_and_grads([&](const Inputs& in) { return naive_linformer(in, mask, 0.3, rng); },
+                        DType::f64, 300, 290, 320, 24, true);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE("output/gradient " + std::to_string(i));
+    testing::expect_close(got[i], want[i], 1e-10);
   }
 }
 
