@@ -22,10 +22,13 @@ using forge::Tensor;
 
 // Reads a gzip-compressed IDX file (big-endian header: magic 0x0000080D with
 // D dims, then D sizes, then unsigned bytes).
-std::vector<uint8_t> read_idx(const std::string& path, int expected_dims, std::vector<int64_t>& dims) {
+std::vector<uint8_t> read_idx(const std::string& path, int expected_dims,
+                              std::vector<int64_t>& dims) {
   gzFile f = gzopen(path.c_str(), "rb");
-  FORGE_CHECK(f != nullptr, "cannot open {}: {}. Install the Debian package dataset-fashion-mnist "
-                            "(scripts/install-deps.sh) or pass --data DIR", path, std::strerror(errno));
+  FORGE_CHECK(f != nullptr,
+              "cannot open {}: {}. Install the Debian package dataset-fashion-mnist "
+              "(scripts/install-deps.sh) or pass --data DIR",
+              path, std::strerror(errno));
   auto read_exact = [&](void* dst, size_t n) {
     const int got = gzread(f, dst, static_cast<unsigned>(n));
     if (got != static_cast<int>(n)) {
@@ -37,15 +40,17 @@ std::vector<uint8_t> read_idx(const std::string& path, int expected_dims, std::v
   read_exact(magic, 4);
   if (magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 || magic[3] != expected_dims) {
     gzclose(f);
-    FORGE_FAIL("{}: not an IDX file of unsigned bytes with {} dims (magic {:02x}{:02x}{:02x}{:02x})", path,
-               expected_dims, magic[0], magic[1], magic[2], magic[3]);
+    FORGE_FAIL(
+        "{}: not an IDX file of unsigned bytes with {} dims (magic {:02x}{:02x}{:02x}{:02x})", path,
+        expected_dims, magic[0], magic[1], magic[2], magic[3]);
   }
   int64_t total = 1;
   dims.clear();
   for (int d = 0; d < expected_dims; ++d) {
     uint8_t b[4];
     read_exact(b, 4);
-    dims.push_back((int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | int64_t{b[3]});
+    dims.push_back((int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) |
+                   int64_t{b[3]});
     total *= dims.back();
   }
   FORGE_CHECK(total > 0 && total < (int64_t{1} << 31), "{}: implausible IDX size {}", path, total);
@@ -69,7 +74,8 @@ Split load_split(const std::string& dir, const std::string& prefix) {
   Split s{Tensor::empty({n, d}), std::vector<int64_t>(labels.begin(), labels.end())};
   float* p = s.images.data<float>();
   // Fashion-MNIST pixel mean and standard deviation.
-  for (int64_t i = 0; i < n * d; ++i) p[i] = (static_cast<float>(pixels[static_cast<size_t>(i)]) / 255.f - 0.2860f) / 0.3530f;
+  for (int64_t i = 0; i < n * d; ++i)
+    p[i] = (static_cast<float>(pixels[static_cast<size_t>(i)]) / 255.f - 0.2860f) / 0.3530f;
   for (int64_t y : s.labels) FORGE_CHECK(y >= 0 && y < 10, "{}: label {} outside 0..9", dir, y);
   return s;
 }
@@ -84,7 +90,8 @@ Tensor he_normal(int64_t out, int64_t in, forge::Generator& g) {
 }
 
 Tensor forward(const Tensor& x, const std::vector<Tensor>& params) {
-  return forge::ops::linear(forge::ops::relu(forge::ops::linear(x, params[0], params[1])), params[2], params[3]);
+  return forge::ops::linear(forge::ops::relu(forge::ops::linear(x, params[0], params[1])),
+                            params[2], params[3]);
 }
 
 double accuracy(const Split& s, const std::vector<Tensor>& params) {
@@ -113,13 +120,23 @@ int run(int argc, char** argv) {
       FORGE_CHECK(i + 1 < argc, "{} needs a value", a);
       return argv[++i];
     };
-    if (a == "--data") data = value();
-    else if (a == "--epochs") epochs = std::stoi(value());
-    else if (a == "--batch") batch = std::stoll(value());
-    else if (a == "--lr") lr = std::stod(value());
-    else if (a == "--seed") seed = std::stoull(value());
-    else if (a == "--threads") threads = std::stoi(value());
-    else FORGE_FAIL("unknown option {} (options: --data DIR --epochs N --batch N --lr X --seed N --threads N)", a);
+    if (a == "--data")
+      data = value();
+    else if (a == "--epochs")
+      epochs = std::stoi(value());
+    else if (a == "--batch")
+      batch = std::stoll(value());
+    else if (a == "--lr")
+      lr = std::stod(value());
+    else if (a == "--seed")
+      seed = std::stoull(value());
+    else if (a == "--threads")
+      threads = std::stoi(value());
+    else
+      FORGE_FAIL(
+          "unknown option {} (options: --data DIR --epochs N --batch N --lr X --seed N --threads "
+          "N)",
+          a);
   }
   FORGE_CHECK(epochs >= 1 && batch >= 1 && lr > 0, "epochs, batch and lr must be positive");
   if (threads > 0) forge::set_num_threads(threads);
@@ -127,12 +144,13 @@ int run(int argc, char** argv) {
   const Split train = load_split(data, "train"), test = load_split(data, "t10k");
   const int64_t n = train.images.size(0), d = train.images.size(1);
   std::printf("Fashion-MNIST: %lld train, %lld test images; MLP %lld-256-10; %d threads\n",
-              static_cast<long long>(n), static_cast<long long>(test.images.size(0)), static_cast<long long>(d),
-              forge::num_threads());
+              static_cast<long long>(n), static_cast<long long>(test.images.size(0)),
+              static_cast<long long>(d), forge::num_threads());
 
   forge::Generator gen(seed);
-  std::vector<Tensor> params = {he_normal(256, d, gen), Tensor::zeros({256}).set_requires_grad(true),
-                                he_normal(10, 256, gen), Tensor::zeros({10}).set_requires_grad(true)};
+  std::vector<Tensor> params = {
+      he_normal(256, d, gen), Tensor::zeros({256}).set_requires_grad(true), he_normal(10, 256, gen),
+      Tensor::zeros({10}).set_requires_grad(true)};
   std::vector<Tensor> velocity;
   for (const Tensor& p : params) velocity.push_back(Tensor::zeros(p.shape()));
 
@@ -143,8 +161,9 @@ int run(int argc, char** argv) {
     // Fisher-Yates shuffle driven by the Philox stream.
     const uint64_t off = gen.reserve(static_cast<uint64_t>(n));
     for (int64_t i = n - 1; i > 0; --i) {
-      const auto j = static_cast<int64_t>(forge::Generator::word(gen.seed(), off, static_cast<uint64_t>(i)) %
-                                          static_cast<uint64_t>(i + 1));
+      const auto j =
+          static_cast<int64_t>(forge::Generator::word(gen.seed(), off, static_cast<uint64_t>(i)) %
+                               static_cast<uint64_t>(i + 1));
       std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
     }
     double loss_sum = 0;
@@ -154,7 +173,8 @@ int run(int argc, char** argv) {
       Tensor yb = Tensor::empty({batch}, DType::i64);
       for (int64_t r = 0; r < batch; ++r) {
         const int64_t src = order[static_cast<size_t>(start + r)];
-        std::memcpy(xb.data<float>() + r * d, train.images.data<float>() + src * d, sizeof(float) * static_cast<size_t>(d));
+        std::memcpy(xb.data<float>() + r * d, train.images.data<float>() + src * d,
+                    sizeof(float) * static_cast<size_t>(d));
         yb.data<int64_t>()[r] = train.labels[static_cast<size_t>(src)];
       }
       Tensor loss = forge::ops::cross_entropy(forward(xb, params), yb);
@@ -175,7 +195,8 @@ int run(int argc, char** argv) {
       loss_sum += l;
       ++steps;
     }
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("epoch %d  train loss %.4f  test accuracy %.2f%%  (%.1f s, %.0f images/s)\n", epoch,
                 loss_sum / static_cast<double>(steps), 100.0 * accuracy(test, params), secs,
                 static_cast<double>(steps * batch) / secs);

@@ -6,7 +6,8 @@
 
 namespace forge::autograd {
 
-std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& inputs, Generator* gen) {
+std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& inputs,
+                               Generator* gen) {
   Generator& g = gen ? *gen : default_generator();
   const GeneratorState start = g.state();
   std::vector<Tensor> outputs;
@@ -29,39 +30,41 @@ std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& in
   std::vector<Tensor> results;
   for (const Tensor& o : outputs) results.push_back(o.detach());
 
-  record("checkpoint", inputs, results, [fn, saved, wants, start, &g](const std::vector<Tensor>& grads) {
-    // Replay fn from the same generator position, then put the generator back
-    // where the rest of the backward pass expects it.
-    const GeneratorState now = g.state();
-    g.set_state(start);
-    std::vector<Tensor> xs;
-    for (size_t i = 0; i < saved.size(); ++i) {
-      Tensor x = saved[i].defined() ? saved[i].detach() : Tensor();
-      if (wants[i]) x.set_requires_grad(true);
-      xs.push_back(x);
-    }
-    std::vector<Tensor> recomputed;
-    {
-      GradModeGuard enable(true);
-      recomputed = fn(xs);
-    }
-    g.set_state(now);
-    FORGE_CHECK(recomputed.size() == grads.size(), "checkpoint: fn returned {} outputs on recompute, {} before",
-                recomputed.size(), grads.size());
-    std::vector<Tensor> roots, seeds;
-    for (size_t k = 0; k < recomputed.size(); ++k) {
-      if (recomputed[k].requires_grad()) {
-        roots.push_back(recomputed[k]);
-        seeds.push_back(grads[k]);
-      }
-    }
-    if (!roots.empty()) backward(roots, seeds);
-    std::vector<Tensor> input_grads;
-    for (size_t i = 0; i < xs.size(); ++i) {
-      input_grads.push_back(wants[i] ? xs[i].grad() : Tensor());
-    }
-    return input_grads;
-  });
+  record("checkpoint", inputs, results,
+         [fn, saved, wants, start, &g](const std::vector<Tensor>& grads) {
+           // Replay fn from the same generator position, then put the generator back
+           // where the rest of the backward pass expects it.
+           const GeneratorState now = g.state();
+           g.set_state(start);
+           std::vector<Tensor> xs;
+           for (size_t i = 0; i < saved.size(); ++i) {
+             Tensor x = saved[i].defined() ? saved[i].detach() : Tensor();
+             if (wants[i]) x.set_requires_grad(true);
+             xs.push_back(x);
+           }
+           std::vector<Tensor> recomputed;
+           {
+             GradModeGuard enable(true);
+             recomputed = fn(xs);
+           }
+           g.set_state(now);
+           FORGE_CHECK(recomputed.size() == grads.size(),
+                       "checkpoint: fn returned {} outputs on recompute, {} before",
+                       recomputed.size(), grads.size());
+           std::vector<Tensor> roots, seeds;
+           for (size_t k = 0; k < recomputed.size(); ++k) {
+             if (recomputed[k].requires_grad()) {
+               roots.push_back(recomputed[k]);
+               seeds.push_back(grads[k]);
+             }
+           }
+           if (!roots.empty()) backward(roots, seeds);
+           std::vector<Tensor> input_grads;
+           for (size_t i = 0; i < xs.size(); ++i) {
+             input_grads.push_back(wants[i] ? xs[i].grad() : Tensor());
+           }
+           return input_grads;
+         });
   return results;
 }
 

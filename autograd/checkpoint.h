@@ -14,6 +14,7 @@ namespace forge::autograd {
 using TensorFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 // `gen` is the generator fn draws from (the default one when null).
-std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& inputs, Generator* gen = nullptr);
+std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& inputs,
+                               Generator* gen = nullptr);
 
 }  // namespace forge::autograd

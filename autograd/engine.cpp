@@ -27,8 +27,8 @@ Tensor accumulate(const Tensor& a, const Tensor& b) {
 namespace {
 
 void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
-  FORGE_CHECK(g.shape() == leaf.shape, "gradient of shape {} does not fit leaf of shape {}", shape_str(g.shape()),
-              shape_str(leaf.shape));
+  FORGE_CHECK(g.shape() == leaf.shape, "gradient of shape {} does not fit leaf of shape {}",
+              shape_str(g.shape()), shape_str(leaf.shape));
   if (!leaf.grad) {
     // Taken as is, not copied: a gradient may share storage with another
     // leaf's (an op may return one tensor for two inputs), which is safe
@@ -41,7 +41,8 @@ void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
 
 }  // namespace
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, BackwardOptions options) {
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
+              BackwardOptions options) {
   FORGE_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(),
               "backward: {} roots but {} root gradients", roots.size(), grad_roots.size());
   NoGradGuard no_grad;
@@ -51,16 +52,20 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
   std::vector<std::shared_ptr<Node>> root_nodes;
   for (size_t r = 0; r < roots.size(); ++r) {
     const Tensor& root = roots[r];
-    FORGE_CHECK(root.requires_grad(), "backward: root {} (shape {}) does not require grad and has no graph", r,
+    FORGE_CHECK(root.requires_grad(),
+                "backward: root {} (shape {}) does not require grad and has no graph", r,
                 shape_str(root.shape()));
     Tensor seed;
     if (!grad_roots.empty() && grad_roots[r].defined()) {
       seed = grad_roots[r];
-      FORGE_CHECK(seed.shape() == root.shape(), "backward: gradient for root {} has shape {}, expected {}", r,
+      FORGE_CHECK(seed.shape() == root.shape(),
+                  "backward: gradient for root {} has shape {}, expected {}", r,
                   shape_str(seed.shape()), shape_str(root.shape()));
     } else {
-      FORGE_CHECK(root.numel() == 1, "backward: root {} has shape {}; give its gradient (only one-element roots "
-                                     "default to 1)", r, shape_str(root.shape()));
+      FORGE_CHECK(root.numel() == 1,
+                  "backward: root {} has shape {}; give its gradient (only one-element roots "
+                  "default to 1)",
+                  r, shape_str(root.shape()));
       seed = Tensor::ones(root.shape(), root.dtype(), root.device());
     }
     if (root.is_leaf()) {
@@ -103,8 +108,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
   while (!ready.empty()) {
     Node* n = ready.back();
     ready.pop_back();
-    FORGE_CHECK(!n->released, "backward through the graph a second time: '{}' already freed its saved tensors; "
-                              "pass retain_graph = true to the first backward", n->name);
+    FORGE_CHECK(!n->released,
+                "backward through the graph a second time: '{}' already freed its saved tensors; "
+                "pass retain_graph = true to the first backward",
+                n->name);
     std::vector<Tensor> grads = std::move(buffers[n]);
     buffers.erase(n);
     grads.resize(n->outputs.size());
@@ -119,15 +126,17 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       n->backward = nullptr;
       n->released = true;
     }
-    FORGE_CHECK(input_grads.size() == n->next.size(), "op '{}': backward returned {} gradients for {} inputs",
-                n->name, input_grads.size(), n->next.size());
+    FORGE_CHECK(input_grads.size() == n->next.size(),
+                "op '{}': backward returned {} gradients for {} inputs", n->name,
+                input_grads.size(), n->next.size());
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
       if (!e.active()) continue;
       const Tensor& g = input_grads[i];
       if (g.defined()) {
-        FORGE_CHECK(g.shape() == n->input_shapes[i], "op '{}': gradient for input {} has shape {}, expected {}",
-                    n->name, i, shape_str(g.shape()), shape_str(n->input_shapes[i]));
+        FORGE_CHECK(g.shape() == n->input_shapes[i],
+                    "op '{}': gradient for input {} has shape {}, expected {}", n->name, i,
+                    shape_str(g.shape()), shape_str(n->input_shapes[i]));
         if (e.leaf) {
           accumulate_into_leaf(*e.leaf, g);
         } else {

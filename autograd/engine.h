@@ -18,7 +18,9 @@ struct BackwardOptions {
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots = {},
               BackwardOptions options = {});
 
-inline void backward(const Tensor& root, BackwardOptions options = {}) { backward({root}, {}, options); }
+inline void backward(const Tensor& root, BackwardOptions options = {}) {
+  backward({root}, {}, options);
+}
 
 // Elementwise a + b of two same-shaped tensors (the accumulation the engine
 // uses; exposed for optimizers and tests).

@@ -6,10 +6,18 @@ namespace {
 thread_local bool g_grad_enabled = true;
 }
 
-bool grad_enabled() { return g_grad_enabled; }
-void set_grad_enabled(bool enabled) { g_grad_enabled = enabled; }
+bool grad_enabled() {
+  return g_grad_enabled;
+}
+void set_grad_enabled(bool enabled) {
+  g_grad_enabled = enabled;
+}
 
-GradModeGuard::GradModeGuard(bool enabled) : previous_(g_grad_enabled) { g_grad_enabled = enabled; }
-GradModeGuard::~GradModeGuard() { g_grad_enabled = previous_; }
+GradModeGuard::GradModeGuard(bool enabled) : previous_(g_grad_enabled) {
+  g_grad_enabled = enabled;
+}
+GradModeGuard::~GradModeGuard() {
+  g_grad_enabled = previous_;
+}
 
 }  // namespace forge::autograd

@@ -14,7 +14,8 @@ std::vector<double> evaluate(const std::function<Tensor(const std::vector<Tensor
                              const std::vector<Tensor>& inputs) {
   NoGradGuard no_grad;
   Tensor y = fn(inputs);
-  FORGE_CHECK(y.dtype() == DType::f64, "gradcheck: fn must return a f64 tensor, got {}", dtype_name(y.dtype()));
+  FORGE_CHECK(y.dtype() == DType::f64, "gradcheck: fn must return a f64 tensor, got {}",
+              dtype_name(y.dtype()));
   return y.to_vector<double>();
 }
 
@@ -33,8 +34,8 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
     }
     Tensor c = t.clone();
     if (t.requires_grad()) {
-      FORGE_CHECK(t.dtype() == DType::f64, "gradcheck: input {} requires grad but is {}; use f64", i,
-                  dtype_name(t.dtype()));
+      FORGE_CHECK(t.dtype() == DType::f64, "gradcheck: input {} requires grad but is {}; use f64",
+                  i, dtype_name(t.dtype()));
       c.set_requires_grad(true);
       checked.push_back(i);
     }
@@ -48,9 +49,11 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
     GradModeGuard enable(true);
     y = fn(xs);
   }
-  FORGE_CHECK(y.dtype() == DType::f64, "gradcheck: fn must return a f64 tensor, got {}", dtype_name(y.dtype()));
+  FORGE_CHECK(y.dtype() == DType::f64, "gradcheck: fn must return a f64 tensor, got {}",
+              dtype_name(y.dtype()));
   const int64_t n_out = y.numel();
-  FORGE_CHECK(y.requires_grad(), "gradcheck: fn's output does not depend on any input that requires grad");
+  FORGE_CHECK(y.requires_grad(),
+              "gradcheck: fn's output does not depend on any input that requires grad");
   std::vector<std::vector<double>> analytic(checked.size());  // [input][out * n_in + in]
   for (size_t c = 0; c < checked.size(); ++c) {
     analytic[c].assign(static_cast<size_t>(n_out * xs[checked[c]].numel()), 0.0);
@@ -84,7 +87,8 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
       const std::vector<double> minus = evaluate(fn, xs);
       xp[k] = orig;
       for (int64_t o = 0; o < n_out; ++o) {
-        const double numeric = (plus[static_cast<size_t>(o)] - minus[static_cast<size_t>(o)]) / (2 * options.eps);
+        const double numeric =
+            (plus[static_cast<size_t>(o)] - minus[static_cast<size_t>(o)]) / (2 * options.eps);
         const double a = analytic[c][static_cast<size_t>(o * n_in + k)];
         const double err = std::abs(a - numeric);
         result.max_abs_error = std::max(result.max_abs_error, std::isnan(err) ? INFINITY : err);
@@ -94,7 +98,8 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
           worst_excess = excess;
           result.ok = false;
           result.message = fmt::format(
-              "gradcheck failed: input {} (shape {}) element {}, output element {}: analytic {:.10g}, numeric "
+              "gradcheck failed: input {} (shape {}) element {}, output element {}: analytic "
+              "{:.10g}, numeric "
               "{:.10g}, |diff| {:.3g} > atol {} + rtol {} * |numeric|",
               checked[c], shape_str(x.shape()), k, o, a, numeric, err, options.atol, options.rtol);
         }

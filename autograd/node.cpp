@@ -29,7 +29,8 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
-void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn) {
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            BackwardFn fn) {
   if (!needs_grad(inputs)) return;
   auto node = std::make_shared<Node>();
   node->name = name;
@@ -52,7 +53,8 @@ void record(const char* name, const std::vector<Tensor>& inputs, const std::vect
     TensorImpl& out = outputs[i].impl();
     FORGE_CHECK(out.grad_fn == nullptr, "op '{}': output {} already belongs to a graph", name, i);
     for (const Tensor& t : inputs) {
-      FORGE_CHECK(!t.same(outputs[i]), "op '{}': output {} is one of its inputs; return a view instead", name, i);
+      FORGE_CHECK(!t.same(outputs[i]),
+                  "op '{}': output {} is one of its inputs; return a view instead", name, i);
     }
     node->outputs.push_back({out.shape, out.dtype, outputs[i].device()});
     out.requires_grad = true;
@@ -62,7 +64,8 @@ void record(const char* name, const std::vector<Tensor>& inputs, const std::vect
   for (const Tensor& t : outputs) t.impl().grad_fn = node;
 }
 
-Tensor record(const char* name, const std::vector<Tensor>& inputs, const Tensor& output, BackwardFn fn) {
+Tensor record(const char* name, const std::vector<Tensor>& inputs, const Tensor& output,
+              BackwardFn fn) {
   record(name, inputs, std::vector<Tensor>{output}, std::move(fn));
   return output;
 }

@@ -53,9 +53,11 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 
 // Records `outputs` as made by one node named `name` from `inputs`, when
 // needs_grad(inputs); otherwise does nothing. Marks the outputs as requiring grad.
-void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, BackwardFn fn);
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            BackwardFn fn);
 
 // Single-output form; returns the output for chaining.
-Tensor record(const char* name, const std::vector<Tensor>& inputs, const Tensor& output, BackwardFn fn);
+Tensor record(const char* name, const std::vector<Tensor>& inputs, const Tensor& output,
+              BackwardFn fn);
 
 }  // namespace forge::autograd

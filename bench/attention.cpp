@@ -11,6 +11,8 @@
 // forward+backward; with --one also the process's peak-RSS growth (VmHWM
 // after a reset through /proc/self/clear_refs), measured the same way as
 // the PyTorch side.
+#include "ops/attention/attention.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,7 +27,6 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "core/threading.h"
-#include "ops/attention/attention.h"
 #include "ops/ops.h"
 
 namespace {
@@ -36,7 +37,8 @@ namespace att = forge::ops::attention;
 
 constexpr int64_t kB = 1, kH = 8, kD = 64;
 constexpr int64_t kLinformerK = 256;  // linformer-pytorch's default projected length
-const int64_t kFavorM = static_cast<int64_t>(kD * std::log(static_cast<double>(kD)));  // int(d ln d)
+const int64_t kFavorM =
+    static_cast<int64_t>(kD * std::log(static_cast<double>(kD)));  // int(d ln d)
 
 struct Inputs {
   Tensor q, k, v, E, F, bE, bF, W, tau;
@@ -50,25 +52,40 @@ struct Mechanism {
 const std::vector<Mechanism>& mechanisms() {
   static const std::vector<Mechanism> all = {
       {"softmax", [](const Inputs& x) { return att::softmax(x.q, x.k, x.v); }},
-      {"softmax_causal", [](const Inputs& x) { return att::softmax(x.q, x.k, x.v, Tensor(), {.causal = true}); }},
-      {"local_w64", [](const Inputs& x) { return att::local(x.q, x.k, x.v, Tensor(), {.window = 64}); }},
+      {"softmax_causal",
+       [](const Inputs& x) { return att::softmax(x.q, x.k, x.v, Tensor(), {.causal = true}); }},
+      {"local_w64",
+       [](const Inputs& x) { return att::local(x.q, x.k, x.v, Tensor(), {.window = 64}); }},
       {"local_w64_causal",
-       [](const Inputs& x) { return att::local(x.q, x.k, x.v, Tensor(), {.window = 64, .causal = true}); }},
+       [](const Inputs& x) {
+         return att::local(x.q, x.k, x.v, Tensor(), {.window = 64, .causal = true});
+       }},
       {"efficient", [](const Inputs& x) { return att::efficient(x.q, x.k, x.v); }},
       {"efficient_causal",
-       [](const Inputs& x) { return att::efficient(x.q, x.k, x.v, Tensor(), {.causal = true, .bucket_size = 64}); }},
+       [](const Inputs& x) {
+         return att::efficient(x.q, x.k, x.v, Tensor(), {.causal = true, .bucket_size = 64});
+       }},
       {"linear", [](const Inputs& x) { return att::linear(x.q, x.k, x.v); }},
-      {"linear_causal", [](const Inputs& x) { return att::linear(x.q, x.k, x.v, Tensor(), {.causal = true}); }},
+      {"linear_causal",
+       [](const Inputs& x) { return att::linear(x.q, x.k, x.v, Tensor(), {.causal = true}); }},
       {"taylor_linear", [](const Inputs& x) { return att::taylor_linear(x.q, x.k, x.v); }},
-      {"linformer_k256", [](const Inputs& x) { return att::linformer(x.q, x.k, x.v, x.E, x.F, x.bE, x.bF); }},
+      {"linformer_k256",
+       [](const Inputs& x) { return att::linformer(x.q, x.k, x.v, x.E, x.F, x.bE, x.bF); }},
       {"favor", [](const Inputs& x) { return att::favor(x.q, x.k, x.v, x.W); }},
-      {"favor_causal", [](const Inputs& x) { return att::favor(x.q, x.k, x.v, x.W, Tensor(), {.causal = true}); }},
+      {"favor_causal",
+       [](const Inputs& x) { return att::favor(x.q, x.k, x.v, x.W, Tensor(), {.causal = true}); }},
       {"favor_relu",
-       [](const Inputs& x) { return att::favor(x.q, x.k, x.v, x.W, Tensor(), {.kernel = att::FavorKernel::relu}); }},
+       [](const Inputs& x) {
+         return att::favor(x.q, x.k, x.v, x.W, Tensor(), {.kernel = att::FavorKernel::relu});
+       }},
       {"taylorshift_efficient",
-       [](const Inputs& x) { return att::taylorshift(x.q, x.k, x.v, x.tau, Tensor(), {.n0 = -1}); }},
+       [](const Inputs& x) {
+         return att::taylorshift(x.q, x.k, x.v, x.tau, Tensor(), {.n0 = -1});
+       }},
       {"taylorshift_direct",
-       [](const Inputs& x) { return att::taylorshift(x.q, x.k, x.v, x.tau, Tensor(), {.n0 = int64_t{1} << 40}); }},
+       [](const Inputs& x) {
+         return att::taylorshift(x.q, x.k, x.v, x.tau, Tensor(), {.n0 = int64_t{1} << 40});
+       }},
   };
   return all;
 }
@@ -187,8 +204,8 @@ int run(int argc, char** argv) {
       FORGE_CHECK(m != nullptr, "unknown mechanism {}", argv[i + 1]);
       const int64_t N = std::stoll(argv[i + 2]);
       const Result r = measure(*m, N, 1.0);
-      std::printf("%s,%lld,%.3f,%.3f,%lld,%ld\n", m->name.c_str(), static_cast<long long>(N), r.fwd_ms, r.fwdbwd_ms,
-                  static_cast<long long>(r.peak_bytes), r.rss_growth_kib);
+      std::printf("%s,%lld,%.3f,%.3f,%lld,%ld\n", m->name.c_str(), static_cast<long long>(N),
+                  r.fwd_ms, r.fwdbwd_ms, static_cast<long long>(r.peak_bytes), r.rss_growth_kib);
       return 0;
     } else if (a == "--list") {
       for (const Mechanism& m : mechanisms()) std::printf("%s\n", m.name.c_str());
@@ -202,15 +219,17 @@ int run(int argc, char** argv) {
     }
   }
   std::printf(csv ? "mechanism,N,fwd_ms,fwdbwd_ms,peak_MiB\n"
-                  : "B = %lld, H = %lld, d = %lld, f32, %d threads\n\n| mechanism | N | fwd ms | fwd+bwd ms | peak MiB "
+                  : "B = %lld, H = %lld, d = %lld, f32, %d threads\n\n| mechanism | N | fwd ms | "
+                    "fwd+bwd ms | peak MiB "
                     "|\n|---|---|---|---|---|\n",
               static_cast<long long>(kB), static_cast<long long>(kH), static_cast<long long>(kD),
               forge::num_threads());
   for (const Mechanism& m : mechanisms()) {
     for (int64_t N = 256; N <= max_n; N *= 2) {
       const Result r = measure(m, N, 0.5);
-      std::printf(csv ? "%s,%lld,%.3f,%.3f,%.1f\n" : "| %s | %lld | %.2f | %.2f | %.1f |\n", m.name.c_str(),
-                  static_cast<long long>(N), r.fwd_ms, r.fwdbwd_ms, static_cast<double>(r.peak_bytes) / (1 << 20));
+      std::printf(csv ? "%s,%lld,%.3f,%.3f,%.1f\n" : "| %s | %lld | %.2f | %.2f | %.1f |\n",
+                  m.name.c_str(), static_cast<long long>(N), r.fwd_ms, r.fwdbwd_ms,
+                  static_cast<double>(r.peak_bytes) / (1 << 20));
       std::fflush(stdout);
       if (r.fwdbwd_ms > 30000) break;  // the next N would take minutes
     }

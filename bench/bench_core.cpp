@@ -24,9 +24,10 @@ double time_median(const std::function<void()>& fn, double budget = 0.6) {
   fn();  // warm-up: page faults, BLAS buffers
   std::vector<double> samples;
   const auto start = std::chrono::steady_clock::now();
-  while (samples.size() < 5 ||
-         (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < budget &&
-          samples.size() < 200)) {
+  while (
+      samples.size() < 5 ||
+      (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < budget &&
+       samples.size() < 200)) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -41,7 +42,8 @@ int main(int argc, char** argv) {
   const bool csv = argc > 1 && std::string(argv[1]) == "--csv";
   forge::NoGradGuard no_grad;
   std::printf(csv ? "kind,size,forge,reference,ratio\n"
-                  : "threads: %d\n\n| GEMM f32 (n x n x n) | attnforge GFLOP/s | cblas_sgemm GFLOP/s | ratio |\n"
+                  : "threads: %d\n\n| GEMM f32 (n x n x n) | attnforge GFLOP/s | cblas_sgemm "
+                    "GFLOP/s | ratio |\n"
                     "|---|---|---|---|\n",
               forge::num_threads());
   for (int64_t n : {256, 512, 1024, 2048}) {
@@ -54,23 +56,26 @@ int main(int argc, char** argv) {
     for (int round = 0; round < 3; ++round) {
       ours += time_median([&] { Tensor r = forge::ops::matmul(a, b); });
       ref += time_median([&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, in, in, in, 1.0f, a.data<float>(), in, b.data<float>(),
-                    in, 0.0f, c.data<float>(), in);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, in, in, in, 1.0f, a.data<float>(),
+                    in, b.data<float>(), in, 0.0f, c.data<float>(), in);
       });
     }
     const double g_ours = 3 * flops / ours / 1e9, g_ref = 3 * flops / ref / 1e9;
-    std::printf(csv ? "gemm,%lld,%.1f,%.1f,%.3f\n" : "| %lld | %.1f | %.1f | %.3f |\n", static_cast<long long>(n),
-                g_ours, g_ref, g_ours / g_ref);
+    std::printf(csv ? "gemm,%lld,%.1f,%.1f,%.3f\n" : "| %lld | %.1f | %.1f | %.3f |\n",
+                static_cast<long long>(n), g_ours, g_ref, g_ours / g_ref);
   }
 
   if (!csv) {
-    std::printf("\n| elementwise f32, 16M elements | attnforge GB/s | memcpy GB/s | ratio |\n|---|---|---|---|\n");
+    std::printf(
+        "\n| elementwise f32, 16M elements | attnforge GB/s | memcpy GB/s | ratio "
+        "|\n|---|---|---|---|\n");
   }
   const int64_t n = 1 << 24;
   Tensor x = Tensor::randn({n}), y = Tensor::randn({n});
   std::vector<float> dst(static_cast<size_t>(n));
   const double bytes2 = 2.0 * 4 * static_cast<double>(n), bytes3 = 3.0 * 4 * static_cast<double>(n);
-  const double copy = time_median([&] { std::memcpy(dst.data(), x.data<float>(), 4 * static_cast<size_t>(n)); });
+  const double copy =
+      time_median([&] { std::memcpy(dst.data(), x.data<float>(), 4 * static_cast<size_t>(n)); });
   const double copy_gbs = bytes2 / copy / 1e9;
   struct Case {
     const char* name;
@@ -85,8 +90,8 @@ int main(int argc, char** argv) {
   };
   for (const Case& c : cases) {
     const double gbs = c.bytes / time_median(c.fn) / 1e9;
-    std::printf(csv ? "elementwise,%s,%.1f,%.1f,%.3f\n" : "| %s | %.1f | %.1f | %.3f |\n", c.name, gbs, copy_gbs,
-                gbs / copy_gbs);
+    std::printf(csv ? "elementwise,%s,%.1f,%.1f,%.3f\n" : "| %s | %.1f | %.1f | %.3f |\n", c.name,
+                gbs, copy_gbs, gbs / copy_gbs);
   }
   return 0;
 }

@@ -15,17 +15,22 @@ MemoryStats Allocator::stats() const {
   return {current_.load(), peak_.load(), allocations_.load()};
 }
 
-void Allocator::reset_peak() { peak_.store(current_.load()); }
+void Allocator::reset_peak() {
+  peak_.store(current_.load());
+}
 
 void Allocator::count_alloc(size_t nbytes) {
-  const int64_t now = current_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
+  const int64_t now =
+      current_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
   int64_t seen = peak_.load();
   while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
   }
   allocations_.fetch_add(1);
 }
 
-void Allocator::count_free(size_t nbytes) { current_.fetch_sub(static_cast<int64_t>(nbytes)); }
+void Allocator::count_free(size_t nbytes) {
+  current_.fetch_sub(static_cast<int64_t>(nbytes));
+}
 
 namespace {
 
@@ -137,8 +142,9 @@ Allocator& allocator_for(Device device) {
 #ifdef FORGE_WITH_CUDA
   return cuda_allocator(device.index);
 #else
-  FORGE_FAIL("{}: this build has no CUDA backend (configure with -DFORGE_CUDA=ON where nvcc is found)",
-             device.str());
+  FORGE_FAIL(
+      "{}: this build has no CUDA backend (configure with -DFORGE_CUDA=ON where nvcc is found)",
+      device.str());
 #endif
 }
 
@@ -147,8 +153,12 @@ std::string Device::str() const {
 }
 
 #ifndef FORGE_WITH_CUDA
-bool cuda_built() { return false; }
-int cuda_device_count() { return 0; }
+bool cuda_built() {
+  return false;
+}
+int cuda_device_count() {
+  return 0;
+}
 #endif
 
 }  // namespace forge

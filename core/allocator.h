@@ -50,8 +50,12 @@ Allocator& allocator_for(Device device);
 inline MemoryStats memory_stats(Device device = Device::cpu()) {
   return allocator_for(device).stats();
 }
-inline void reset_peak_memory(Device device = Device::cpu()) { allocator_for(device).reset_peak(); }
-inline void empty_cache(Device device = Device::cpu()) { allocator_for(device).empty_cache(); }
+inline void reset_peak_memory(Device device = Device::cpu()) {
+  allocator_for(device).reset_peak();
+}
+inline void empty_cache(Device device = Device::cpu()) {
+  allocator_for(device).empty_cache();
+}
 
 // CPU memory is 64-byte aligned (a cache line, a full AVX-512 register).
 constexpr size_t kCpuAlignment = 64;

@@ -10,16 +10,18 @@
 #include "core/allocator.h"
 #include "core/error.h"
 
-#define FORGE_CUDA_CHECK(call)                                                      \
-  do {                                                                              \
-    cudaError_t err_ = (call);                                                      \
-    FORGE_CHECK(err_ == cudaSuccess, "{} failed: {} ({})", #call,                   \
-                cudaGetErrorName(err_), cudaGetErrorString(err_));                  \
+#define FORGE_CUDA_CHECK(call)                                                            \
+  do {                                                                                    \
+    cudaError_t err_ = (call);                                                            \
+    FORGE_CHECK(err_ == cudaSuccess, "{} failed: {} ({})", #call, cudaGetErrorName(err_), \
+                cudaGetErrorString(err_));                                                \
   } while (0)
 
 namespace forge {
 
-bool cuda_built() { return true; }
+bool cuda_built() {
+  return true;
+}
 
 int cuda_device_count() {
   int n = 0;

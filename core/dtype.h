@@ -19,63 +19,99 @@ bool is_floating(DType t);
 
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
-template <> constexpr DType dtype_of<bool>() { return DType::boolean; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::u8;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::boolean;
+}
 
 }  // namespace forge
 
 // Runs the body with `scalar_t` bound to the C++ type of a floating dtype the
 // CPU computes in (f32, f64); any other dtype is an error naming the op.
-#define FORGE_DISPATCH_FLOAT(dtype, op_name, ...)                                          \
-  [&] {                                                                                    \
-    switch (dtype) {                                                                       \
-      case ::forge::DType::f32: {                                                          \
-        using scalar_t = float;                                                            \
-        return __VA_ARGS__();                                                              \
-      }                                                                                    \
-      case ::forge::DType::f64: {                                                          \
-        using scalar_t = double;                                                           \
-        return __VA_ARGS__();                                                              \
-      }                                                                                    \
-      default:                                                                             \
-        FORGE_FAIL("{}: expected a f32 or f64 tensor, got {}", op_name,                    \
-                   ::forge::dtype_name(dtype));                                            \
-    }                                                                                      \
+#define FORGE_DISPATCH_FLOAT(dtype, op_name, ...)                       \
+  [&] {                                                                 \
+    switch (dtype) {                                                    \
+      case ::forge::DType::f32: {                                       \
+        using scalar_t = float;                                         \
+        return __VA_ARGS__();                                           \
+      }                                                                 \
+      case ::forge::DType::f64: {                                       \
+        using scalar_t = double;                                        \
+        return __VA_ARGS__();                                           \
+      }                                                                 \
+      default:                                                          \
+        FORGE_FAIL("{}: expected a f32 or f64 tensor, got {}", op_name, \
+                   ::forge::dtype_name(dtype));                         \
+    }                                                                   \
   }()
 
 // Same for the index dtypes (i32, i64).
-#define FORGE_DISPATCH_INDEX(dtype, op_name, ...)                                          \
-  [&] {                                                                                    \
-    switch (dtype) {                                                                       \
-      case ::forge::DType::i32: {                                                          \
-        using index_t = int32_t;                                                           \
-        return __VA_ARGS__();                                                              \
-      }                                                                                    \
-      case ::forge::DType::i64: {                                                          \
-        using index_t = int64_t;                                                           \
-        return __VA_ARGS__();                                                              \
-      }                                                                                    \
-      default:                                                                             \
-        FORGE_FAIL("{}: expected an i32 or i64 index tensor, got {}", op_name,             \
-                   ::forge::dtype_name(dtype));                                            \
-    }                                                                                      \
+#define FORGE_DISPATCH_INDEX(dtype, op_name, ...)                              \
+  [&] {                                                                        \
+    switch (dtype) {                                                           \
+      case ::forge::DType::i32: {                                              \
+        using index_t = int32_t;                                               \
+        return __VA_ARGS__();                                                  \
+      }                                                                        \
+      case ::forge::DType::i64: {                                              \
+        using index_t = int64_t;                                               \
+        return __VA_ARGS__();                                                  \
+      }                                                                        \
+      default:                                                                 \
+        FORGE_FAIL("{}: expected an i32 or i64 index tensor, got {}", op_name, \
+                   ::forge::dtype_name(dtype));                                \
+    }                                                                          \
   }()
 
 // Every CPU storage type: floats, indices, u8 and bool.
-#define FORGE_DISPATCH_ALL(dtype, op_name, ...)                                            \
-  [&] {                                                                                    \
-    switch (dtype) {                                                                       \
-      case ::forge::DType::f32: { using scalar_t = float; return __VA_ARGS__(); }          \
-      case ::forge::DType::f64: { using scalar_t = double; return __VA_ARGS__(); }         \
-      case ::forge::DType::i32: { using scalar_t = int32_t; return __VA_ARGS__(); }        \
-      case ::forge::DType::i64: { using scalar_t = int64_t; return __VA_ARGS__(); }        \
-      case ::forge::DType::u8: { using scalar_t = uint8_t; return __VA_ARGS__(); }         \
-      case ::forge::DType::boolean: { using scalar_t = bool; return __VA_ARGS__(); }       \
-      default:                                                                             \
+#define FORGE_DISPATCH_ALL(dtype, op_name, ...)                                             \
+  [&] {                                                                                     \
+    switch (dtype) {                                                                        \
+      case ::forge::DType::f32: {                                                           \
+        using scalar_t = float;                                                             \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      case ::forge::DType::f64: {                                                           \
+        using scalar_t = double;                                                            \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      case ::forge::DType::i32: {                                                           \
+        using scalar_t = int32_t;                                                           \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      case ::forge::DType::i64: {                                                           \
+        using scalar_t = int64_t;                                                           \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      case ::forge::DType::u8: {                                                            \
+        using scalar_t = uint8_t;                                                           \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      case ::forge::DType::boolean: {                                                       \
+        using scalar_t = bool;                                                              \
+        return __VA_ARGS__();                                                               \
+      }                                                                                     \
+      default:                                                                              \
         FORGE_FAIL("{}: dtype {} has no CPU kernels", op_name, ::forge::dtype_name(dtype)); \
-    }                                                                                      \
+    }                                                                                       \
   }()

@@ -19,11 +19,11 @@ class Error : public std::runtime_error {
 
 }  // namespace forge
 
-#define FORGE_CHECK(cond, ...)                                          \
-  do {                                                                  \
-    if (!(cond)) [[unlikely]] {                                         \
+#define FORGE_CHECK(cond, ...)                                              \
+  do {                                                                      \
+    if (!(cond)) [[unlikely]] {                                             \
       ::forge::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
-    }                                                                   \
+    }                                                                       \
   } while (0)
 
 #define FORGE_FAIL(...) ::forge::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__))

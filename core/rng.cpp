@@ -28,9 +28,9 @@ uint64_t Generator::reserve(uint64_t n) {
 
 uint32_t Generator::word(uint64_t seed, uint64_t offset, uint64_t i) {
   const uint64_t block = offset + i / 4;
-  const Philox4x32 out = philox4x32_10(
-      {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u},
-      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  const Philox4x32 out =
+      philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u},
+                    {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
   return out[i % 4];
 }
 
@@ -50,6 +50,8 @@ Generator& default_generator() {
   return g;
 }
 
-void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+void manual_seed(uint64_t seed) {
+  default_generator().manual_seed(seed);
+}
 
 }  // namespace forge

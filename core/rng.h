@@ -44,23 +44,29 @@ class Generator {
   // computing each Philox block once for its four draws (the fast path of
   // dropout masks and rand).
   template <typename F>
-  static void for_each_uniform_f32(uint64_t seed, uint64_t offset, uint64_t first, uint64_t n, F&& fn);
-  static float word_to_unit_f32(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
+  static void for_each_uniform_f32(uint64_t seed, uint64_t offset, uint64_t first, uint64_t n,
+                                   F&& fn);
+  static float word_to_unit_f32(uint32_t w) {
+    return static_cast<float>(w >> 8) * (1.0f / 16777216.0f);
+  }
 
  private:
   GeneratorState state_;
 };
 
 template <typename F>
-void Generator::for_each_uniform_f32(uint64_t seed, uint64_t offset, uint64_t first, uint64_t n, F&& fn) {
-  const std::array<uint32_t, 2> key = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+void Generator::for_each_uniform_f32(uint64_t seed, uint64_t offset, uint64_t first, uint64_t n,
+                                     F&& fn) {
+  const std::array<uint32_t, 2> key = {static_cast<uint32_t>(seed),
+                                       static_cast<uint32_t>(seed >> 32)};
   uint64_t i = first;
   const uint64_t end = first + n;
   while (i < end) {
     const uint64_t block = offset + i / 4;
-    const Philox4x32 w =
-        philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u}, key);
-    for (uint64_t lane = i % 4; lane < 4 && i < end; ++lane, ++i) fn(i - first, word_to_unit_f32(w[lane]));
+    const Philox4x32 w = philox4x32_10(
+        {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u}, key);
+    for (uint64_t lane = i % 4; lane < 4 && i < end; ++lane, ++i)
+      fn(i - first, word_to_unit_f32(w[lane]));
   }
 }
 

@@ -16,12 +16,15 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
-std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string shape_str(const Shape& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* what) {
   const int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
-  FORGE_CHECK(dim >= lo && dim <= hi, "{}: dim {} is out of range for a {}-d tensor (expected {}..{})",
-              what, dim, ndim, lo, hi);
+  FORGE_CHECK(dim >= lo && dim <= hi,
+              "{}: dim {} is out of range for a {}-d tensor (expected {}..{})", what, dim, ndim, lo,
+              hi);
   return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
 }
 
@@ -29,10 +32,13 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
   data_ = allocator_for(device).allocate(nbytes);
 }
 
-Storage::~Storage() { allocator_for(device_).deallocate(data_, nbytes_); }
+Storage::~Storage() {
+  allocator_for(device_).deallocate(data_, nbytes_);
+}
 
 TensorImpl& Tensor::impl() const {
-  FORGE_CHECK(impl_ != nullptr, "use of an undefined tensor (default-constructed or a missing gradient)");
+  FORGE_CHECK(impl_ != nullptr,
+              "use of an undefined tensor (default-constructed or a missing gradient)");
   return *impl_;
 }
 
@@ -42,10 +48,12 @@ int64_t Tensor::size(int64_t d) const {
 }
 
 void* Tensor::raw_data() const {
-  FORGE_CHECK(device().is_cpu(), "CPU data of a tensor on {} requested; copy it with .to(Device::cpu())",
+  FORGE_CHECK(device().is_cpu(),
+              "CPU data of a tensor on {} requested; copy it with .to(Device::cpu())",
               device().str());
   if (!impl().storage) return nullptr;
-  return static_cast<char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(dtype_size(dtype()));
+  return static_cast<char*>(impl().storage->data()) +
+         impl().offset * static_cast<int64_t>(dtype_size(dtype()));
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -55,13 +63,18 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->dtype = dtype;
-  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->storage = std::make_shared<Storage>(
+      static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0.0, dtype, device);
+}
 
-Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, Device::cpu());
@@ -70,7 +83,8 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
 }
 
 void Tensor::fill(double value) {
-  FORGE_CHECK(device().is_cpu(), "fill: only CPU tensors can be filled here, got one on {}", device().str());
+  FORGE_CHECK(device().is_cpu(), "fill: only CPU tensors can be filled here, got one on {}",
+              device().str());
   FORGE_DISPATCH_ALL(dtype(), "fill", [&] {
     scalar_t* p = data<scalar_t>();
     const auto v = static_cast<scalar_t>(value);
@@ -88,7 +102,8 @@ Tensor Tensor::arange(double start, double end, double step, DType dtype) {
   Tensor t = empty({n}, dtype);
   FORGE_DISPATCH_ALL(dtype, "arange", [&] {
     scalar_t* p = t.data<scalar_t>();
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(start + static_cast<double>(i) * step);
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = static_cast<scalar_t>(start + static_cast<double>(i) * step);
   });
   return t;
 }
@@ -103,8 +118,11 @@ Tensor Tensor::rand(const Shape& shape, DType dtype, Generator* gen) {
     scalar_t* p = t.data<scalar_t>();
     parallel_for(n, 20, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
-        p[i] = wide ? static_cast<scalar_t>(Generator::uniform_f64(seed, off, static_cast<uint64_t>(i)))
-                    : static_cast<scalar_t>(Generator::uniform_f32(seed, off, static_cast<uint64_t>(i)));
+        p[i] =
+            wide
+                ? static_cast<scalar_t>(Generator::uniform_f64(seed, off, static_cast<uint64_t>(i)))
+                : static_cast<scalar_t>(
+                      Generator::uniform_f32(seed, off, static_cast<uint64_t>(i)));
       }
     });
   });
@@ -135,14 +153,17 @@ Tensor Tensor::randn(const Shape& shape, DType dtype, Generator* gen) {
 }
 
 double Tensor::item() const {
-  FORGE_CHECK(numel() == 1, "item: expected a tensor with one element, got shape {}", shape_str(shape()));
+  FORGE_CHECK(numel() == 1, "item: expected a tensor with one element, got shape {}",
+              shape_str(shape()));
   Tensor c = device().is_cpu() ? *this : to(Device::cpu());
-  return FORGE_DISPATCH_ALL(c.dtype(), "item", [&] { return static_cast<double>(c.data<scalar_t>()[0]); });
+  return FORGE_DISPATCH_ALL(c.dtype(), "item",
+                            [&] { return static_cast<double>(c.data<scalar_t>()[0]); });
 }
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
-  FORGE_CHECK(device().is_cpu(), "to({}): dtype conversion of a tensor on {} is not available on the CPU path",
+  FORGE_CHECK(device().is_cpu(),
+              "to({}): dtype conversion of a tensor on {} is not available on the CPU path",
               dtype_name(target), device().str());
   Tensor out = empty(shape(), target);
   const int64_t n = numel();
@@ -165,7 +186,8 @@ Tensor Tensor::to(Device target) const {
   const size_t bytes = nbytes();
   if (bytes == 0) return out;
   const size_t esize = dtype_size(dtype());
-  const void* src = static_cast<const char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(esize);
+  const void* src = static_cast<const char*>(impl().storage->data()) +
+                    impl().offset * static_cast<int64_t>(esize);
   void* dst = out.impl().storage->data();
   if (device().is_cpu()) {
     allocator_for(target).copy_from_host(dst, src, bytes);
@@ -187,9 +209,10 @@ Tensor Tensor::clone() const {
 
 void Tensor::copy_from(const Tensor& src) {
   FORGE_CHECK(src.numel() == numel() && src.dtype() == dtype(),
-              "copy_from: expected {} {} elements, got {} of {}", numel(), dtype_name(dtype()), src.numel(),
-              dtype_name(src.dtype()));
-  FORGE_CHECK(device().is_cpu() && src.device().is_cpu(), "copy_from: both tensors must be on the CPU");
+              "copy_from: expected {} {} elements, got {} of {}", numel(), dtype_name(dtype()),
+              src.numel(), dtype_name(src.dtype()));
+  FORGE_CHECK(device().is_cpu() && src.device().is_cpu(),
+              "copy_from: both tensors must be on the CPU");
   if (nbytes()) std::memcpy(raw_data(), src.raw_data(), nbytes());
 }
 
@@ -210,8 +233,8 @@ Tensor Tensor::view(const Shape& new_shape) const {
                 shape_str(new_shape), numel());
     s[static_cast<size_t>(infer)] = numel() / known;
   }
-  FORGE_CHECK(shape_numel(s) == numel(), "view: shape {} has {} elements but the tensor {} has {}", shape_str(s),
-              shape_numel(s), shape_str(shape()), numel());
+  FORGE_CHECK(shape_numel(s) == numel(), "view: shape {} has {} elements but the tensor {} has {}",
+              shape_str(s), shape_numel(s), shape_str(shape()), numel());
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = std::move(s);
   impl->dtype = dtype();
@@ -223,8 +246,8 @@ Tensor Tensor::view(const Shape& new_shape) const {
 Tensor Tensor::slice0(int64_t start, int64_t end) const {
   FORGE_CHECK(dim() >= 1, "slice0: needs at least one dimension, got a scalar");
   const int64_t n = shape()[0];
-  FORGE_CHECK(0 <= start && start <= end && end <= n, "slice0: rows [{}, {}) out of range for size {}", start, end,
-              n);
+  FORGE_CHECK(0 <= start && start <= end && end <= n,
+              "slice0: rows [{}, {}) out of range for size {}", start, end, n);
   Shape s = shape();
   s[0] = end - start;
   const int64_t row = n == 0 ? 0 : numel() / n;
@@ -237,9 +260,12 @@ Tensor Tensor::slice0(int64_t start, int64_t end) const {
 }
 
 Tensor& Tensor::set_requires_grad(bool value) {
-  FORGE_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can change requires_grad (this one was made by an op; "
-                         "use detach() first)");
-  FORGE_CHECK(!value || is_floating(dtype()), "set_requires_grad: only floating tensors can require grad, got {}",
+  FORGE_CHECK(
+      is_leaf(),
+      "set_requires_grad: only leaf tensors can change requires_grad (this one was made by an op; "
+      "use detach() first)");
+  FORGE_CHECK(!value || is_floating(dtype()),
+              "set_requires_grad: only floating tensors can require grad, got {}",
               dtype_name(dtype()));
   impl().requires_grad = value;
   return *this;
@@ -257,8 +283,8 @@ Tensor Tensor::detach() const {
 namespace {
 
 template <typename T>
-void print_rec(std::ostringstream& os, const T* p, const Shape& shape, size_t d, int64_t stride_base, int64_t max_per_dim,
-               int indent) {
+void print_rec(std::ostringstream& os, const T* p, const Shape& shape, size_t d,
+               int64_t stride_base, int64_t max_per_dim, int indent) {
   const int64_t n = shape[d];
   int64_t inner = 1;
   for (size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
@@ -267,7 +293,8 @@ void print_rec(std::ostringstream& os, const T* p, const Shape& shape, size_t d,
     if (n > max_per_dim && i == max_per_dim / 2) {
       os << "...";
       i = n - max_per_dim / 2 - 1;
-      os << (d + 1 == shape.size() ? ", " : ",\n" + std::string(static_cast<size_t>(indent + 1), ' '));
+      os << (d + 1 == shape.size() ? ", "
+                                   : ",\n" + std::string(static_cast<size_t>(indent + 1), ' '));
       continue;
     }
     if (d + 1 == shape.size()) {
@@ -279,7 +306,9 @@ void print_rec(std::ostringstream& os, const T* p, const Shape& shape, size_t d,
     } else {
       print_rec(os, p, shape, d + 1, stride_base + i * inner, max_per_dim, indent + 1);
     }
-    if (i + 1 < n) os << (d + 1 == shape.size() ? ", " : ",\n" + std::string(static_cast<size_t>(indent + 1), ' '));
+    if (i + 1 < n)
+      os << (d + 1 == shape.size() ? ", "
+                                   : ",\n" + std::string(static_cast<size_t>(indent + 1), ' '));
   }
   os << ']';
 }
@@ -304,6 +333,8 @@ std::string Tensor::str(int64_t max_per_dim) const {
   return os.str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  return os << t.str();
+}
 
 }  // namespace forge

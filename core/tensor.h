@@ -108,7 +108,9 @@ class Tensor {
   // The single element of a one-element tensor, converted to double.
   double item() const;
   template <typename T>
-  T item() const { return static_cast<T>(item()); }
+  T item() const {
+    return static_cast<T>(item());
+  }
 
   // ---- copies and conversions (not recorded by autograd) ----
   Tensor to(DType dtype) const;
@@ -121,7 +123,7 @@ class Tensor {
 
   // ---- free views (share storage; not recorded by autograd: use ops::reshape
   //      and ops::narrow in differentiable code) ----
-  Tensor view(const Shape& shape) const;  // one -1 entry is inferred
+  Tensor view(const Shape& shape) const;            // one -1 entry is inferred
   Tensor slice0(int64_t start, int64_t end) const;  // rows [start, end) of dim 0
 
   // ---- autograd ----
@@ -151,8 +153,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 template <typename T>
 T* Tensor::data() const {
-  FORGE_CHECK(dtype_of<T>() == dtype(), "data<{}>() called on a {} tensor", dtype_name(dtype_of<T>()),
-              dtype_name(dtype()));
+  FORGE_CHECK(dtype_of<T>() == dtype(), "data<{}>() called on a {} tensor",
+              dtype_name(dtype_of<T>()), dtype_name(dtype()));
   return static_cast<T*>(raw_data());
 }
 

@@ -9,8 +9,12 @@ void set_num_threads(int n) {
   omp_set_num_threads(n);
 }
 
-int num_threads() { return omp_get_max_threads(); }
+int num_threads() {
+  return omp_get_max_threads();
+}
 
-bool in_parallel_region() { return omp_in_parallel() != 0; }
+bool in_parallel_region() {
+  return omp_in_parallel() != 0;
+}
 
 }  // namespace forge

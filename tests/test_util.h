@@ -41,14 +41,15 @@ inline void expect_close(const Tensor& a, const Tensor& b, double tol) {
 inline void expect_values(const Tensor& a, const std::vector<double>& expected, double tol = 1e-6) {
   const auto x = a.to_vector<double>();
   ASSERT_EQ(x.size(), expected.size());
-  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], expected[i], tol) << "at flat index " << i;
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_NEAR(x[i], expected[i], tol) << "at flat index " << i;
 }
 
 }  // namespace forge::testing
 
 // Runs gradcheck and fails the test with its report when it does not pass.
-#define EXPECT_GRADCHECK(fn, ...)                                                        \
-  do {                                                                                   \
-    auto gc_result_ = ::forge::autograd::gradcheck((fn), __VA_ARGS__);                   \
-    EXPECT_TRUE(gc_result_.ok) << gc_result_.message;                                    \
+#define EXPECT_GRADCHECK(fn, ...)                                      \
+  do {                                                                 \
+    auto gc_result_ = ::forge::autograd::gradcheck((fn), __VA_ARGS__); \
+    EXPECT_TRUE(gc_result_.ok) << gc_result_.message;                  \
   } while (0)

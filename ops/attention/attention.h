@@ -16,13 +16,13 @@ namespace forge::ops::attention {
 
 // ---- softmax: scaled dot-product attention, tiled (online softmax) ----
 struct SoftmaxOptions {
-  double scale = 0;        // 0: d^-1/2
+  double scale = 0;  // 0: d^-1/2
   bool causal = false;
-  double dropout = 0;      // on the attention probabilities; 0 when not training
+  double dropout = 0;        // on the attention probabilities; 0 when not training
   Generator* gen = nullptr;  // dropout's generator (the default one when null)
 };
-Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask = Tensor(),
-               const SoftmaxOptions& options = {});
+Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v,
+               const Tensor& key_padding_mask = Tensor(), const SoftmaxOptions& options = {});
 
 // ---- local: blocked sliding-window attention (self-attention, N == M) ----
 struct LocalOptions {
@@ -33,27 +33,28 @@ struct LocalOptions {
   double dropout = 0;
   Generator* gen = nullptr;
 };
-Tensor local(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask = Tensor(),
-             const LocalOptions& options = {});
+Tensor local(const Tensor& q, const Tensor& k, const Tensor& v,
+             const Tensor& key_padding_mask = Tensor(), const LocalOptions& options = {});
 
 // ---- efficient: Efficient Attention (Shen et al.) ----
 struct EfficientOptions {
   bool causal = false;
   int64_t bucket_size = 64;  // causal blind-spot buckets; 1 = full causal prefix
 };
-Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask = Tensor(),
-                 const EfficientOptions& options = {});
+Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& key_padding_mask = Tensor(), const EfficientOptions& options = {});
 
 // ---- linear: elu(x) + 1 feature map (Katharopoulos et al.) ----
 struct LinearOptions {
   bool causal = false;
   double eps = 1e-6;
 };
-Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask = Tensor(),
-              const LinearOptions& options = {});
+Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v,
+              const Tensor& key_padding_mask = Tensor(), const LinearOptions& options = {});
 
 // ---- taylor_linear: first-order Taylor attention (Li et al.), non-causal ----
-Tensor taylor_linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask = Tensor());
+Tensor taylor_linear(const Tensor& q, const Tensor& k, const Tensor& v,
+                     const Tensor& key_padding_mask = Tensor());
 
 // ---- linformer: sequence projections E, F [kdim, Mmax] with biases [kdim] ----
 // Inputs shorter than Mmax use the first M columns of E and F.
@@ -61,9 +62,9 @@ struct LinformerOptions {
   double dropout = 0;
   Generator* gen = nullptr;
 };
-Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& E, const Tensor& F,
-                 const Tensor& bias_E, const Tensor& bias_F, const Tensor& key_padding_mask = Tensor(),
-                 const LinformerOptions& options = {});
+Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& E,
+                 const Tensor& F, const Tensor& bias_E, const Tensor& bias_F,
+                 const Tensor& key_padding_mask = Tensor(), const LinformerOptions& options = {});
 
 // ---- favor: Performer FAVOR+ ----
 enum class FavorKernel { softmax, relu, no_projection };
@@ -78,8 +79,8 @@ Tensor favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
              const Tensor& key_padding_mask = Tensor(), const FavorOptions& options = {});
 // The Gaussian orthogonal random matrix [m, d]; scaling 0: rows scaled by the
 // norms of Gaussian vectors, 1: by sqrt(d). Drawn from `gen` (default when null).
-Tensor gaussian_orthogonal_random_matrix(int64_t m, int64_t d, int scaling = 0, DType dtype = DType::f32,
-                                         Generator* gen = nullptr);
+Tensor gaussian_orthogonal_random_matrix(int64_t m, int64_t d, int scaling = 0,
+                                         DType dtype = DType::f32, Generator* gen = nullptr);
 
 // ---- taylorshift: TaylorShift (Nauen et al.), direct and efficient ----
 struct TaylorShiftOptions {
@@ -89,6 +90,7 @@ struct TaylorShiftOptions {
 };
 // tau [H]: the per-head temperature (learnable).
 Tensor taylorshift(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& tau,
-                   const Tensor& key_padding_mask = Tensor(), const TaylorShiftOptions& options = {});
+                   const Tensor& key_padding_mask = Tensor(),
+                   const TaylorShiftOptions& options = {});
 
 }  // namespace forge::ops::attention

@@ -2,8 +2,8 @@
 
 namespace forge::ops::attention {
 
-Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
-                bool self_only) {
+Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                const Tensor& key_padding_mask, bool self_only) {
   const char* names[] = {"q", "k", "v"};
   const Tensor* ts[] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i) {
@@ -11,23 +11,26 @@ Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
     FORGE_CHECK(t.defined(), "attention::{}: {} is undefined", op, names[i]);
     FORGE_CHECK(t.dim() == 4, "attention::{}: {} must be [B, H, len, dim], got {}", op, names[i],
                 shape_str(t.shape()));
-    FORGE_CHECK(t.device().is_cpu(), "attention::{}: {} is on {}; this op runs on the CPU", op, names[i],
-                t.device().str());
+    FORGE_CHECK(t.device().is_cpu(), "attention::{}: {} is on {}; this op runs on the CPU", op,
+                names[i], t.device().str());
     FORGE_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
-                "attention::{}: {} must be f32 or f64, got {}", op, names[i], dtype_name(t.dtype()));
-    FORGE_CHECK(t.dtype() == q.dtype(), "attention::{}: {} is {} but q is {}", op, names[i], dtype_name(t.dtype()),
-                dtype_name(q.dtype()));
+                "attention::{}: {} must be f32 or f64, got {}", op, names[i],
+                dtype_name(t.dtype()));
+    FORGE_CHECK(t.dtype() == q.dtype(), "attention::{}: {} is {} but q is {}", op, names[i],
+                dtype_name(t.dtype()), dtype_name(q.dtype()));
   }
   Dims4 s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
   FORGE_CHECK(k.size(0) == s.B && k.size(1) == s.H && k.size(3) == s.d,
-              "attention::{}: k {} does not match q {} (expected [{}, {}, M, {}])", op, shape_str(k.shape()),
-              shape_str(q.shape()), s.B, s.H, s.d);
+              "attention::{}: k {} does not match q {} (expected [{}, {}, M, {}])", op,
+              shape_str(k.shape()), shape_str(q.shape()), s.B, s.H, s.d);
   FORGE_CHECK(v.size(0) == s.B && v.size(1) == s.H && v.size(2) == s.M,
-              "attention::{}: v {} does not match k {} (expected [{}, {}, {}, dv])", op, shape_str(v.shape()),
-              shape_str(k.shape()), s.B, s.H, s.M);
+              "attention::{}: v {} does not match k {} (expected [{}, {}, {}, dv])", op,
+              shape_str(v.shape()), shape_str(k.shape()), s.B, s.H, s.M);
   FORGE_CHECK(!self_only || s.N == s.M,
-              "attention::{}: needs keys as long as queries here (causal or self-attention only), got N = {}, "
-              "M = {}", op, s.N, s.M);
+              "attention::{}: needs keys as long as queries here (causal or self-attention only), "
+              "got N = {}, "
+              "M = {}",
+              op, s.N, s.M);
   if (key_padding_mask.defined()) {
     FORGE_CHECK(key_padding_mask.dtype() == DType::boolean || key_padding_mask.dtype() == DType::u8,
                 "attention::{}: key_padding_mask must be bool or u8, got {}", op,
@@ -42,7 +45,8 @@ Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
 }
 
 const uint8_t* mask_bytes(const Tensor& key_padding_mask) {
-  return key_padding_mask.defined() ? static_cast<const uint8_t*>(key_padding_mask.raw_data()) : nullptr;
+  return key_padding_mask.defined() ? static_cast<const uint8_t*>(key_padding_mask.raw_data())
+                                    : nullptr;
 }
 
 }  // namespace forge::ops::attention

@@ -14,8 +14,8 @@ struct Dims4 {
 // Checks q [B,H,N,d], k [B,H,M,d], v [B,H,M,dv], the optional mask [B,M]
 // (bool/u8), one floating dtype (f32/f64) on the CPU, and N == M when
 // `self_only`; every error names the op, the argument, expected and found.
-Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
-                bool self_only);
+Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                const Tensor& key_padding_mask, bool self_only);
 
 // The mask's bytes (1 = real token), or null when there is no mask.
 const uint8_t* mask_bytes(const Tensor& key_padding_mask);

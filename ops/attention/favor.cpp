@@ -26,10 +26,10 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
-#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
+#include "ops/blas.h"
 
 namespace forge::ops::attention {
 

@@ -17,10 +17,10 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
-#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
+#include "ops/blas.h"
 
 namespace forge::ops::attention {
 
@@ -69,9 +69,10 @@ template <typename T>
 void apply_dropout(const LocalPlan& s, int64_t bh, int64_t i, int64_t pos0, int64_t nk,
                    const T* src, T scale, T* dst) {
   const T kept = static_cast<T>(scale / (1.0 - s.p));
-  Generator::for_each_uniform_f32(s.seed, s.offset, static_cast<uint64_t>((bh * s.N + i) * s.bw + pos0),
-                                  static_cast<uint64_t>(nk),
-                                  [&](uint64_t c, float u) { dst[c] = u >= s.p ? src[c] * kept : T(0); });
+  Generator::for_each_uniform_f32(
+      s.seed, s.offset, static_cast<uint64_t>((bh * s.N + i) * s.bw + pos0),
+      static_cast<uint64_t>(nk),
+      [&](uint64_t c, float u) { dst[c] = u >= s.p ? src[c] * kept : T(0); });
 }
 
 // Forward of one window of one batch-head.

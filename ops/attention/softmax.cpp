@@ -13,10 +13,10 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
-#include "ops/blas.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
+#include "ops/blas.h"
 
 namespace forge::ops::attention {
 
@@ -77,9 +77,10 @@ void dropout_tile(const Plan& s, int64_t bh, int64_t i0, int64_t ni, int64_t j0,
   const auto keep = static_cast<scalar_t>(1.0 / (1.0 - s.p));
   for (int64_t r = 0; r < ni; ++r) {
     scalar_t* zr = z + r * nj;
-    Generator::for_each_uniform_f32(s.seed, s.offset, static_cast<uint64_t>((bh * s.N + i0 + r) * s.M + j0),
-                                    static_cast<uint64_t>(nj),
-                                    [&](uint64_t c, float u) { zr[c] = u >= s.p ? keep : scalar_t(0); });
+    Generator::for_each_uniform_f32(
+        s.seed, s.offset, static_cast<uint64_t>((bh * s.N + i0 + r) * s.M + j0),
+        static_cast<uint64_t>(nj),
+        [&](uint64_t c, float u) { zr[c] = u >= s.p ? keep : scalar_t(0); });
   }
 }
 

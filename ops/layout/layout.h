@@ -20,7 +20,8 @@ Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
-std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);  // last piece may be smaller
+std::vector<Tensor> split(const Tensor& x, int64_t split_size,
+                          int64_t dim);  // last piece may be smaller
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
 // Constant padding; `pads` holds (before, after) pairs starting from the LAST
 // dim, as torch.nn.functional.pad. Negative pads crop.
@@ -29,7 +30,8 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value = 0.0
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 // out[i][j][k] = x[i][index[i][j][k]][k] for dim = 1 (index has x's rank).
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
-// weight (V, D), ids (any shape, i32/i64) -> (ids..., D). padding_idx rows get no gradient (-1: none).
+// weight (V, D), ids (any shape, i32/i64) -> (ids..., D). padding_idx rows get no gradient (-1:
+// none).
 Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx = -1);
 
 }  // namespace forge::ops

@@ -33,17 +33,20 @@ int64_t broadcast_batch_offset(int64_t i, const Shape& out_batch, const Shape& i
 }
 
 Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  FORGE_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: both operands need at least 2 dims, got {} and {}",
-              shape_str(a.shape()), shape_str(b.shape()));
+  FORGE_CHECK(a.dim() >= 2 && b.dim() >= 2,
+              "matmul: both operands need at least 2 dims, got {} and {}", shape_str(a.shape()),
+              shape_str(b.shape()));
   FORGE_CHECK(a.dtype() == b.dtype(), "matmul: dtypes differ ({} and {})", dtype_name(a.dtype()),
               dtype_name(b.dtype()));
-  FORGE_CHECK(a.device().is_cpu() && b.device().is_cpu(), "matmul: CPU tensors expected, got {} and {}",
-              a.device().str(), b.device().str());
+  FORGE_CHECK(a.device().is_cpu() && b.device().is_cpu(),
+              "matmul: CPU tensors expected, got {} and {}", a.device().str(), b.device().str());
   const int64_t n = a.size(ta ? -1 : -2), ka = a.size(ta ? -2 : -1);
   const int64_t kb = b.size(tb ? -1 : -2), m = b.size(tb ? -2 : -1);
-  FORGE_CHECK(ka == kb, "matmul: inner dims differ: a {}{} has k = {}, b {}{} has k = {}", shape_str(a.shape()),
-              ta ? " (transposed)" : "", ka, shape_str(b.shape()), tb ? " (transposed)" : "", kb);
-  const Shape a_batch(a.shape().begin(), a.shape().end() - 2), b_batch(b.shape().begin(), b.shape().end() - 2);
+  FORGE_CHECK(ka == kb, "matmul: inner dims differ: a {}{} has k = {}, b {}{} has k = {}",
+              shape_str(a.shape()), ta ? " (transposed)" : "", ka, shape_str(b.shape()),
+              tb ? " (transposed)" : "", kb);
+  const Shape a_batch(a.shape().begin(), a.shape().end() - 2),
+      b_batch(b.shape().begin(), b.shape().end() - 2);
   const Shape batch = broadcast_shapes(a_batch, b_batch);
   Shape out_shape = batch;
   out_shape.push_back(n);
@@ -114,14 +117,16 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  FORGE_CHECK(weight.dim() == 2, "linear: weight must be (out, in), got {}", shape_str(weight.shape()));
-  FORGE_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input {} has last dim {}, weight {} expects {}",
-              shape_str(x.shape()), x.dim() >= 1 ? x.size(-1) : 0, shape_str(weight.shape()), weight.size(1));
+  FORGE_CHECK(weight.dim() == 2, "linear: weight must be (out, in), got {}",
+              shape_str(weight.shape()));
+  FORGE_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1),
+              "linear: input {} has last dim {}, weight {} expects {}", shape_str(x.shape()),
+              x.dim() >= 1 ? x.size(-1) : 0, shape_str(weight.shape()), weight.size(1));
   Tensor x2 = x.dim() == 1 ? unsqueeze(x, 0) : x;
   Tensor y = matmul(x2, weight, false, true);
   if (bias.defined()) {
-    FORGE_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias must be ({}), got {}",
-                weight.size(0), shape_str(bias.shape()));
+    FORGE_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
+                "linear: bias must be ({}), got {}", weight.size(0), shape_str(bias.shape()));
     y = add(y, bias);
   }
   return x.dim() == 1 ? squeeze(y, 0) : y;

@@ -405,8 +405,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
     // Element i keeps iff draw i of the reserved stream is >= p: the same mask
     // on any device and for either dtype.
     parallel_for(n, 20, [&](int64_t b, int64_t e) {
-      Generator::for_each_uniform_f32(seed, off, static_cast<uint64_t>(b), static_cast<uint64_t>(e - b),
-                                      [&](uint64_t c, float u) {
+      Generator::for_each_uniform_f32(seed, off, static_cast<uint64_t>(b),
+                                      static_cast<uint64_t>(e - b), [&](uint64_t c, float u) {
                                         const int64_t i = b + static_cast<int64_t>(c);
                                         mp[i] = u >= p ? 1 : 0;
                                         yp[i] = mp[i] ? xp[i] * s : scalar_t(0);

@@ -12,8 +12,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 
 // Normalises over the last `normalized_ndim` dims; weight and bias have that
 // trailing shape and may be undefined.
-Tensor layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& weight, const Tensor& bias,
-                  double eps = 1e-5);
+Tensor layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& weight,
+                  const Tensor& bias, double eps = 1e-5);
 
 // Zeroes each element with probability p and scales the rest by 1/(1-p). The
 // mask comes from the Philox generator (the default one when null); identity
@@ -29,7 +29,8 @@ struct CrossEntropyOptions {
 };
 
 // logits (N, C) or (..., C); target i64/i32 class ids of logits' leading shape.
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options = {});
+Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+                     const CrossEntropyOptions& options = {});
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
 

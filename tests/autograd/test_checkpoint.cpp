@@ -22,8 +22,8 @@ std::vector<Tensor> block(const std::vector<Tensor>& in, Generator* gen) {
 }
 
 TEST(Checkpoint, SameGradientsAndDropoutMasksAsAPlainRun) {
-  std::vector<Tensor> params = {testing::leaf64({4, 6}, 1), testing::leaf64({8, 6}, 2), testing::leaf64({8}, 3),
-                                testing::leaf64({5, 8}, 4)};
+  std::vector<Tensor> params = {testing::leaf64({4, 6}, 1), testing::leaf64({8, 6}, 2),
+                                testing::leaf64({8}, 3), testing::leaf64({5, 8}, 4)};
   Generator plain_gen(42), ckpt_gen(42);
 
   std::vector<Tensor> plain_in, ckpt_in;
@@ -32,8 +32,8 @@ TEST(Checkpoint, SameGradientsAndDropoutMasksAsAPlainRun) {
     ckpt_in.push_back(p.detach().clone().set_requires_grad(true));
   }
   Tensor y_plain = block(plain_in, &plain_gen)[0];
-  Tensor y_ckpt = autograd::checkpoint([&](const std::vector<Tensor>& in) { return block(in, &ckpt_gen); },
-                                       ckpt_in, &ckpt_gen)[0];
+  Tensor y_ckpt = autograd::checkpoint(
+      [&](const std::vector<Tensor>& in) { return block(in, &ckpt_gen); }, ckpt_in, &ckpt_gen)[0];
   // Same dropout mask in the forward: identical outputs, bit for bit.
   EXPECT_EQ(y_plain.to_vector<double>(), y_ckpt.to_vector<double>());
   EXPECT_EQ(plain_gen.state(), ckpt_gen.state());
@@ -45,7 +45,8 @@ TEST(Checkpoint, SameGradientsAndDropoutMasksAsAPlainRun) {
   // The recompute replayed the same mask: identical gradients, bit for bit.
   for (size_t i = 0; i < params.size(); ++i) {
     ASSERT_TRUE(ckpt_in[i].grad().defined()) << "input " << i;
-    EXPECT_EQ(plain_in[i].grad().to_vector<double>(), ckpt_in[i].grad().to_vector<double>()) << "input " << i;
+    EXPECT_EQ(plain_in[i].grad().to_vector<double>(), ckpt_in[i].grad().to_vector<double>())
+        << "input " << i;
   }
   // The recompute put the generator back.
   EXPECT_EQ(plain_gen.state(), ckpt_gen.state());
@@ -54,7 +55,9 @@ TEST(Checkpoint, SameGradientsAndDropoutMasksAsAPlainRun) {
 TEST(Checkpoint, CapturedParametersReceiveGradients) {
   Tensor w = testing::leaf64({3, 3}, 6);
   Tensor x = testing::leaf64({2, 3}, 7);
-  auto fn = [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{ops::tanh(ops::matmul(in[0], w))}; };
+  auto fn = [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{ops::tanh(ops::matmul(in[0], w))};
+  };
   Tensor y = autograd::checkpoint(fn, {x})[0];
   autograd::backward(ops::sum(y));
   Tensor gx = x.grad(), gw = w.grad();

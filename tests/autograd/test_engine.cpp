@@ -139,7 +139,8 @@ Tensor wrong_square(const Tensor& x) {
 
 TEST(Gradcheck, CatchesAWrongBackwardAndNamesTheElement) {
   Tensor x = leaf64({3}, 13, 0.5, 1.0);
-  auto result = autograd::gradcheck([](const std::vector<Tensor>& in) { return wrong_square(in[0]); }, {x});
+  auto result =
+      autograd::gradcheck([](const std::vector<Tensor>& in) { return wrong_square(in[0]); }, {x});
   EXPECT_FALSE(result.ok);
   EXPECT_NE(result.message.find("input 0"), std::string::npos) << result.message;
   EXPECT_NE(result.message.find("analytic"), std::string::npos) << result.message;
@@ -157,7 +158,8 @@ TEST(Gradcheck, PassesACorrectBackwardAndLeavesInputsAlone) {
 TEST(Gradcheck, RejectsF32Inputs) {
   Tensor x = Tensor::ones({2});
   x.set_requires_grad(true);
-  EXPECT_THROW(autograd::gradcheck([](const std::vector<Tensor>& in) { return in[0]; }, {x}), Error);
+  EXPECT_THROW(autograd::gradcheck([](const std::vector<Tensor>& in) { return in[0]; }, {x}),
+               Error);
 }
 
 }  // namespace

@@ -14,7 +14,8 @@ TEST(Device, Names) {
 }
 
 TEST(Device, CudaWithoutAGpuIsAClearError) {
-  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible; this test covers machines without one";
+  if (cuda_device_count() > 0)
+    GTEST_SKIP() << "a GPU is visible; this test covers machines without one";
   try {
     Tensor::zeros({4}, DType::f32, Device::cuda(0));
     FAIL() << "allocating on cuda:0 without a GPU must throw";
@@ -26,7 +27,8 @@ TEST(Device, CudaWithoutAGpuIsAClearError) {
 
 TEST(Device, CudaRoundTripAndCounters) {
   if (cuda_device_count() == 0) {
-    GTEST_SKIP() << "no CUDA device visible (build has CUDA: " << (cuda_built() ? "yes" : "no") << ")";
+    GTEST_SKIP() << "no CUDA device visible (build has CUDA: " << (cuda_built() ? "yes" : "no")
+                 << ")";
   }
   const Device gpu = Device::cuda(0);
   reset_peak_memory(gpu);

@@ -41,7 +41,8 @@ Tensor naive_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < m; ++j) {
         double s = 0;
-        for (int64_t p = 0; p < k; ++p) s += (ta ? A[p * n + i] : A[i * k + p]) * (tb ? B[j * k + p] : B[p * m + j]);
+        for (int64_t p = 0; p < k; ++p)
+          s += (ta ? A[p * n + i] : A[i * k + p]) * (tb ? B[j * k + p] : B[p * m + j]);
         cp[bi * n * m + i * m + j] = s;
       }
   }
@@ -59,17 +60,20 @@ TEST_P(MatmulShapes, MatchesNaiveAndPassesGradcheck) {
   const MatmulCase& c = GetParam();
   Tensor a = leaf64(c.a, 1), b = leaf64(c.b, 2);
   testing::expect_close(ops::matmul(a, b, c.ta, c.tb), naive_matmul(a, b, c.ta, c.tb), 1e-12);
-  EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1], c.ta, c.tb); }, {a, b});
+  EXPECT_GRADCHECK(
+      [&](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1], c.ta, c.tb); }, {a, b});
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Matmul, MatmulShapes,
-    ::testing::Values(MatmulCase{{3, 4}, {4, 5}, false, false}, MatmulCase{{4, 3}, {4, 5}, true, false},
-                      MatmulCase{{3, 4}, {5, 4}, false, true}, MatmulCase{{4, 3}, {5, 4}, true, true},
-                      MatmulCase{{2, 3, 4}, {4, 5}, false, false},     // shared weight, folded
-                      MatmulCase{{2, 3, 4}, {5, 4}, false, true},      // shared weight, transposed
-                      MatmulCase{{2, 4, 3}, {4, 5}, true, false},      // batch with transposed a
-                      MatmulCase{{3, 4}, {2, 4, 5}, false, false},     // broadcast a
+    ::testing::Values(MatmulCase{{3, 4}, {4, 5}, false, false},
+                      MatmulCase{{4, 3}, {4, 5}, true, false},
+                      MatmulCase{{3, 4}, {5, 4}, false, true},
+                      MatmulCase{{4, 3}, {5, 4}, true, true},
+                      MatmulCase{{2, 3, 4}, {4, 5}, false, false},  // shared weight, folded
+                      MatmulCase{{2, 3, 4}, {5, 4}, false, true},   // shared weight, transposed
+                      MatmulCase{{2, 4, 3}, {4, 5}, true, false},   // batch with transposed a
+                      MatmulCase{{3, 4}, {2, 4, 5}, false, false},  // broadcast a
                       MatmulCase{{2, 1, 3, 4}, {3, 4, 2}, false, false},  // broadcast both
                       MatmulCase{{2, 3, 3, 4}, {2, 3, 2, 4}, false, true}));
 
@@ -101,21 +105,24 @@ TEST(Matmul, ShapeErrorsNameBothShapes) {
   }
   EXPECT_THROW(ops::matmul(Tensor::ones({3}), Tensor::ones({3, 2})), Error);
   EXPECT_THROW(ops::matmul(Tensor::ones({2, 3}), Tensor::ones({3, 2}, DType::f64)), Error);
-  EXPECT_THROW(ops::matmul(Tensor::ones({2, 2, 3}), Tensor::ones({3, 3, 2})), Error);  // batch 2 vs 3
+  EXPECT_THROW(ops::matmul(Tensor::ones({2, 2, 3}), Tensor::ones({3, 3, 2})),
+               Error);  // batch 2 vs 3
 }
 
 TEST(Linear, MatchesDefinitionAndPassesGradcheck) {
   Tensor x = leaf64({2, 3, 4}, 7), w = leaf64({5, 4}, 8), b = leaf64({5}, 9);
   Tensor expected = ops::add(naive_matmul(x.detach(), w.detach(), false, true), b.detach());
   testing::expect_close(ops::linear(x, w, b), expected, 1e-12);
-  EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); }, {x, w, b});
+  EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); },
+                   {x, w, b});
   EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1]); }, {x, w});
 }
 
 TEST(Linear, OneDimensionalInput) {
   Tensor x = leaf64({4}, 10), w = leaf64({3, 4}, 11), b = leaf64({3}, 12);
   EXPECT_EQ(ops::linear(x, w, b).shape(), Shape({3}));
-  EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); }, {x, w, b});
+  EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); },
+                   {x, w, b});
 }
 
 TEST(Linear, WrongShapesAreErrors) {

@@ -17,8 +17,8 @@ namespace forge::testing {
 
 // Uniform [lo, hi) tensor of `shape` and dtype from its own seeded generator,
 // optionally requiring grad.
-inline Tensor uniform(const Shape& shape, uint64_t seed, DType dtype = DType::f64, double lo = -1, double hi = 1,
-                      bool requires_grad = true) {
+inline Tensor uniform(const Shape& shape, uint64_t seed, DType dtype = DType::f64, double lo = -1,
+                      double hi = 1, bool requires_grad = true) {
   Tensor t = leaf64(shape, seed, lo, hi).detach();
   if (dtype != DType::f64) t = t.to(dtype);
   if (requires_grad) t.set_requires_grad(true);
@@ -36,8 +36,9 @@ inline Tensor padding_mask(int64_t B, int64_t M, const std::vector<int64_t>& pad
 
 // A causal op must not look ahead: changing k and v at positions > i leaves
 // outputs 0..i bit-identical. fn(q, k, v) -> [B, H, N, dv].
-inline void expect_no_causal_leak(const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn,
-                                  const Tensor& q, const Tensor& k, const Tensor& v) {
+inline void expect_no_causal_leak(
+    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn, const Tensor& q,
+    const Tensor& k, const Tensor& v) {
   NoGradGuard no_grad;
   const Tensor base = fn(q, k, v);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), dv = v.size(3);
@@ -51,7 +52,8 @@ inline void expect_no_causal_leak(const std::function<Tensor(const Tensor&, cons
         scalar_t* p = t->data<scalar_t>();
         for (int64_t bh = 0; bh < B * H; ++bh)
           for (int64_t j = i + 1; j < len; ++j)
-            for (int64_t c = 0; c < dim; ++c) p[(bh * len + j) * dim + c] = static_cast<scalar_t>(3.0 + 0.5 * c - 0.1 * j);
+            for (int64_t c = 0; c < dim; ++c)
+              p[(bh * len + j) * dim + c] = static_cast<scalar_t>(3.0 + 0.5 * c - 0.1 * j);
       });
     }
     const Tensor out = fn(q2, k2, v2);
@@ -76,8 +78,9 @@ inline int64_t peak_bytes_during(const std::function<void()>& fn) {
 
 // Forward + backward of fn on f32 inputs of length N (B = 1, H = 1): the peak
 // allocated bytes beyond the inputs themselves.
-inline int64_t attention_peak_bytes(const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn,
-                                    int64_t N, int64_t d) {
+inline int64_t attention_peak_bytes(
+    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn, int64_t N,
+    int64_t d) {
   Tensor q = uniform({1, 1, N, d}, 1, DType::f32), k = uniform({1, 1, N, d}, 2, DType::f32),
          v = uniform({1, 1, N, d}, 3, DType::f32);
   return peak_bytes_during([&] {

@@ -17,8 +17,8 @@ TEST(AttentionRegistry, ListsEveryMechanismOnceByName) {
     EXPECT_TRUE(names.insert(c.name).second) << "duplicate case " << c.name;
     mechanisms.insert(c.name.substr(0, c.name.find('/')));
   }
-  const std::set<std::string> expected = {"softmax",   "local",     "efficient", "linear",
-                                          "taylor_linear", "linformer", "favor", "taylorshift"};
+  const std::set<std::string> expected = {"softmax",       "local",     "efficient", "linear",
+                                          "taylor_linear", "linformer", "favor",     "taylorshift"};
   EXPECT_EQ(mechanisms, expected);
 }
 
