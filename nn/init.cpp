@@ -83,20 +83,20 @@ void trunc_normal_(Tensor& t, double mean, double std, double a, double b, Gener
   Tensor out = Tensor::empty(t.shape(), DType::f64);
   double* o = out.data<double>();
   // Indices still to fill; each round redraws exactly those.
-  std::vector<int64_t> todo(static_cast<size_t>(out.numel()));
-  for (size_t i = 0; i < todo.size(); ++i) todo[i] = static_cast<int64_t>(i);
-  while (!todo.empty()) {
-    Tensor z = Tensor::randn({static_cast<int64_t>(todo.size())}, DType::f64, &g);
+  std::vector<int64_t> pending(static_cast<size_t>(out.numel()));
+  for (size_t i = 0; i < pending.size(); ++i) pending[i] = static_cast<int64_t>(i);
+  while (!pending.empty()) {
+    Tensor z = Tensor::randn({static_cast<int64_t>(pending.size())}, DType::f64, &g);
     const double* zp = z.data<double>();
     std::vector<int64_t> rest;
-    for (size_t i = 0; i < todo.size(); ++i) {
+    for (size_t i = 0; i < pending.size(); ++i) {
       const double x = mean + std * zp[i];
       if (x >= a && x <= b)
-        o[todo[i]] = x;
+        o[pending[i]] = x;
       else
-        rest.push_back(todo[i]);
+        rest.push_back(pending[i]);
     }
-    todo = std::move(rest);
+    pending = std::move(rest);
   }
   assign(t, out);
 }
