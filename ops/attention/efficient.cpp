@@ -471,33 +471,14 @@ Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 
 namespace {
 
-// A [B, H, len, dim] f64 leaf uniform in [-1, 1), requiring grad.
-Tensor gradcheck_input(int64_t B, int64_t H, int64_t len, int64_t dim, uint64_t seed) {
-  Generator gen(seed);
-  Tensor t = Tensor::rand({B, H, len, dim}, DType::f64, &gen);
-  double* p = t.data<double>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
-  t.set_requires_grad(true);
-  return t;
-}
-
-// [B, M] bool, the last pad[b] keys of batch b padded.
-Tensor gradcheck_mask(int64_t M, std::vector<int64_t> pad) {
-  const auto B = static_cast<int64_t>(pad.size());
-  Tensor m = Tensor::ones({B, M}, DType::boolean);
-  bool* p = m.data<bool>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = M - pad[static_cast<size_t>(b)]; j < M; ++j) p[b * M + j] = false;
-  return m;
-}
-
 GradcheckCase efficient_case(const std::string& name, int64_t N, int64_t M, bool masked,
                              bool causal, int64_t bucket_size) {
   return {"efficient/" + name,
           [=] {
-            std::vector<Tensor> in{gradcheck_input(2, 2, N, 3, 21), gradcheck_input(2, 2, M, 3, 22),
-                                   gradcheck_input(2, 2, M, 4, 23)};
-            if (masked) in.push_back(gradcheck_mask(M, {1, 3}));
+            std::vector<Tensor> in{gradcheck_leaf({2, 2, N, 3}, 21),
+                                   gradcheck_leaf({2, 2, M, 3}, 22),
+                                   gradcheck_leaf({2, 2, M, 4}, 23)};
+            if (masked) in.push_back(gradcheck_padding_mask(M, {1, 3}));
             return in;
           },
           [=](const std::vector<Tensor>& in) {

@@ -391,16 +391,6 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
 
 namespace {
 
-// A f64 tensor uniform in [-1, 1) from its own generator, requiring grad.
-Tensor gradcheck_input(const Shape& shape, uint64_t seed) {
-  Generator g(seed);
-  Tensor t = Tensor::rand(shape, DType::f64, &g);
-  double* p = t.data<double>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
-  t.set_requires_grad(true);
-  return t;
-}
-
 // q [B, H, N, d], k [B, H, M, d], v [B, H, M, dv] and, when `pad` is given,
 // a key padding mask [B, M] with the last pad[b] keys of batch b masked.
 GradcheckCase softmax_case(const std::string& name, int64_t N, int64_t M, std::vector<int64_t> pad,
@@ -409,16 +399,10 @@ GradcheckCase softmax_case(const std::string& name, int64_t N, int64_t M, std::v
   GradcheckCase c;
   c.name = "softmax/" + name;
   c.make_inputs = [=] {
-    std::vector<Tensor> in = {gradcheck_input({B, H, N, d}, seed),
-                              gradcheck_input({B, H, M, d}, seed + 1),
-                              gradcheck_input({B, H, M, dv}, seed + 2)};
-    if (!pad.empty()) {
-      Tensor mask = Tensor::ones({B, M}, DType::boolean);
-      bool* mp = mask.data<bool>();
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t j = M - pad[static_cast<size_t>(b)]; j < M; ++j) mp[b * M + j] = false;
-      in.push_back(mask);
-    }
+    std::vector<Tensor> in = {gradcheck_leaf({B, H, N, d}, seed),
+                              gradcheck_leaf({B, H, M, d}, seed + 1),
+                              gradcheck_leaf({B, H, M, dv}, seed + 2)};
+    if (!pad.empty()) in.push_back(gradcheck_padding_mask(M, pad));
     return in;
   };
   // Dropout draws from a generator seeded afresh on every call, so each

@@ -459,19 +459,7 @@ Tensor taylorshift(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
       });
 }
 
-namespace {
-
-// A f64 leaf uniform in [lo, hi) from its own seeded generator.
-Tensor gradcheck_leaf(const Shape& shape, uint64_t seed, double lo = -1, double hi = 1) {
-  Generator g(seed);
-  Tensor t = Tensor::rand(shape, DType::f64, &g);
-  double* x = t.data<double>();
-  for (int64_t i = 0; i < t.numel(); ++i) x[i] = lo + (hi - lo) * x[i];
-  t.set_requires_grad(true);
-  return t;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::vector<GradcheckCase> taylorshift_gradcheck_cases() {
   struct Variant {
