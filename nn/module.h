@@ -98,4 +98,21 @@ class Module {
   Generator* generator_ = nullptr;
 };
 
+// An ordered list of children named "0", "1", ... (PyTorch's nn.ModuleList),
+// so that "layers.3.attn.to_q.weight" names the fourth block's weight.
+template <typename M>
+class ModuleList : public Module {
+ public:
+  std::shared_ptr<M> push_back(std::shared_ptr<M> child) {
+    items_.push_back(register_module(std::to_string(items_.size()), std::move(child)));
+    return items_.back();
+  }
+  M& operator[](size_t i) const { return *items_.at(i); }
+  size_t size() const { return items_.size(); }
+  const std::vector<std::shared_ptr<M>>& items() const { return items_; }
+
+ private:
+  std::vector<std::shared_ptr<M>> items_;
+};
+
 }  // namespace forge::nn

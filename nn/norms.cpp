@@ -1,0 +1,65 @@
+// ScaleNorm, ReZero and TokenShift as compositions of ops.
+#include "nn/norms.h"
+
+#include "ops/ops.h"
+
+namespace forge::nn {
+
+ScaleNorm::ScaleNorm(double epsilon, DType dtype) : eps(epsilon), g(Tensor::ones({1}, dtype)) {
+  FORGE_CHECK(eps > 0, "ScaleNorm: expected eps > 0, got {}", eps);
+  register_parameter("g", g);
+}
+
+Tensor ScaleNorm::forward(const Tensor& x) {
+  FORGE_CHECK(x.dim() >= 1, "ScaleNorm: expected x (..., D), got a scalar");
+  // Clamping the squared norm at eps^2 gives the same values and gradients as
+  // clamping the norm at eps, and keeps sqrt's derivative finite on zero rows.
+  const Tensor norm = ops::sqrt(ops::clamp(ops::sum(ops::square(x), {-1}, true), eps * eps));
+  return x / norm * g;
+}
+
+ReZero::ReZero(DType dtype) : g(Tensor::zeros({1}, dtype)) {
+  register_parameter("g", g);
+}
+
+Tensor ReZero::forward(const Tensor& y) {
+  return y * g;
+}
+
+TokenShift::TokenShift(std::vector<int64_t> s) : shifts(std::move(s)) {
+  FORGE_CHECK(!shifts.empty(), "TokenShift: expected at least one shift, got none");
+}
+
+std::vector<int64_t> TokenShift::default_shifts(bool causal) {
+  return causal ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{1, 0, -1};
+}
+
+Tensor TokenShift::forward(const Tensor& x, const Tensor& mask) {
+  const auto segments = static_cast<int64_t>(shifts.size());
+  FORGE_CHECK(x.dim() == 3 && x.size(2) >= segments,
+              "TokenShift: expected x (B, N, D) with D >= {} (one feature per shift), got {}",
+              segments, shape_str(x.shape()));
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2), per = D / segments;
+  Tensor keep;  // (B, N, 1)
+  if (mask.defined()) {
+    FORGE_CHECK(mask.shape() == (Shape{B, N}) &&
+                    (mask.dtype() == DType::boolean || mask.dtype() == DType::u8),
+                "TokenShift: expected a bool or u8 mask (B, N) = [{}, {}], got {} {}", B, N,
+                dtype_name(mask.dtype()), shape_str(mask.shape()));
+    keep = mask.view({B, N, 1});
+  }
+  std::vector<Tensor> parts;  // (B, N, per) each, then the (B, N, D - segments per) rest
+  for (int64_t s = 0; s < segments; ++s) {
+    Tensor part = ops::narrow(x, 2, s * per, per);
+    const int64_t shift = shifts[static_cast<size_t>(s)];
+    if (shift != 0) {
+      if (keep.defined()) part = ops::where(keep, part, Tensor::zeros({1}, x.dtype()));
+      part = ops::pad(part, {0, 0, shift, -shift});
+    }
+    parts.push_back(part);
+  }
+  if (D > segments * per) parts.push_back(ops::narrow(x, 2, segments * per, D - segments * per));
+  return ops::cat(parts, 2);
+}
+
+}  // namespace forge::nn
