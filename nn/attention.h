@@ -1,0 +1,184 @@
+// Multi-head attention over any mechanism of ATTENTION.md, configured by one
+// AttentionConfig, and the ProjectionBank that owns Linformer's E/F matrices
+// so that sharing across heads and layers is decided in one place.
+//
+// Shapes: x (B, N, D) -> q, k, v (B, H, N, d) -> attention (B, H, N, d) ->
+// merged (B, N, H*d) -> out (B, N, D). The head dim d is independent of D.
+// Cross-attention reads keys and values from a context (B, M, Dc).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/embeddings.h"
+#include "nn/layers.h"
+#include "ops/attention/attention.h"
+
+namespace forge::nn {
+
+enum class Mechanism {
+  softmax,
+  local,
+  efficient,
+  linear,
+  taylor_linear,
+  linformer,
+  favor,
+  taylorshift
+};
+const char* mechanism_name(Mechanism m);
+Mechanism mechanism_from_name(const std::string& name);  // throws, listing the valid names
+
+// Linformer E/F sharing (linformer-pytorch's parameter_sharing): per head per
+// layer, one pair per layer (headwise), one matrix per layer used as E and F
+// (kv), one matrix for the whole model (layerwise).
+enum class LinformerSharing { none, headwise, kv, layerwise };
+const char* sharing_name(LinformerSharing s);
+LinformerSharing sharing_from_name(const std::string& name);
+
+struct AttentionConfig {
+  Mechanism kind = Mechanism::softmax;
+  int64_t dim = 0;       // D: input and output width
+  int64_t heads = 8;     // H
+  int64_t head_dim = 0;  // d; 0: D / H
+  bool causal = false;
+  bool qkv_bias = false;      // biases on the q, k, v projections
+  double attn_dropout = 0;    // inside attention (softmax, local, linformer probabilities)
+  double output_dropout = 0;  // after the output projection
+  double scale = 0;           // softmax score scale; 0: d^-1/2
+
+  // The first n_local_heads heads use `local` attention, the others `kind`.
+  int64_t n_local_heads = 0;
+  int64_t local_window = 128;
+  int64_t local_look_backward = 1;
+  int64_t local_look_forward = -1;  // -1: 0 when causal, else 1
+
+  int64_t bucket_size = 64;  // efficient, causal: the blind-spot bucket (1 = none)
+  double linear_eps = 1e-6;  // linear
+
+  // favor
+  int64_t nb_features = 0;  // m; 0: int(d ln d)
+  ops::attention::FavorKernel favor_kernel = ops::attention::FavorKernel::softmax;
+  ops::attention::FavorStabilizer favor_stabilizer = ops::attention::FavorStabilizer::prefix;
+  int favor_scaling = 0;                   // 0: row norms of Gaussian vectors, 1: sqrt(d)
+  int64_t feature_redraw_interval = 1000;  // training forwards between redraws; 0: never
+
+  // linformer: E/F map the sequence (length seq_len, the maximum) to k rows
+  int64_t seq_len = 0;
+  int64_t k = 256;
+
+  // taylorshift
+  double ts_a = 0.5, ts_b = 1.0, ts_c = 1.0;
+  int64_t n0 = 0;  // 0: d^2 + d + 1; -1: always efficient
+  bool output_normalized = false;
+
+  DType dtype = DType::f32;
+
+  int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : dim / heads; }
+  // Throws a forge::Error naming the first bad field.
+  void validate(const std::string& where = "AttentionConfig") const;
+};
+
+// Owns every E/F Linear(seq_len -> k_l) of a model's Linformer layers (weight
+// [k_l, seq_len] Xavier-normal, bias [k_l]) and hands the right pair to each
+// (layer, head). k_l = max(k - layer * k_reduce_by_layer, 1).
+class ProjectionBank : public Module {
+ public:
+  ProjectionBank(LinformerSharing sharing, int64_t layers, int64_t heads, int64_t seq_len,
+                 int64_t k, int64_t k_reduce_by_layer = 0, DType dtype = DType::f32,
+                 Generator* gen = nullptr);
+  Linear& E(int64_t layer, int64_t head);
+  Linear& F(int64_t layer, int64_t head);
+  int64_t k_of_layer(int64_t layer) const;
+  int64_t distinct() const { return static_cast<int64_t>(projections_.size()); }
+
+  LinformerSharing sharing;
+  int64_t layers, heads, seq_len, k, k_reduce_by_layer;
+
+ private:
+  int64_t index(int64_t layer, int64_t head, bool is_f) const;
+  std::vector<std::shared_ptr<Linear>> projections_;  // registered as "0", "1", ...
+};
+
+// Recurrent decoding state of one attention layer for causal generation, O(1)
+// per token for the linear mechanisms (linear, efficient, favor); see
+// MultiHeadAttention::step.
+struct AttentionState {
+  int64_t pos = 0;  // tokens consumed so far
+  Tensor S, z;      // [B, H, F, d], [B, H, F]: sums over the keys seen (F = feature count)
+  Tensor S_bucket, z_bucket;  // efficient with buckets: the current bucket's sums
+  Tensor k_max;               // favor prefix stabiliser: running max [B, H, 1, 1]
+  Tensor v_sum;               // favor softmax kernel: sum of v [B, H, d]
+  Tensor count;               // favor softmax kernel: keys seen (for the eps term)
+};
+
+class MultiHeadAttention : public Module {
+ public:
+  // `bank` and `layer` are needed for linformer (the bank is registered by the
+  // owner of the stack, not here). Cross-attention takes keys and values from a
+  // context of width context_dim (0: D).
+  MultiHeadAttention(const AttentionConfig& config, bool cross = false, int64_t context_dim = 0,
+                     std::shared_ptr<ProjectionBank> bank = nullptr, int64_t layer = 0,
+                     Generator* gen = nullptr);
+
+  // x (B, N, D); mask (B, N) true = real token (keys of self-attention);
+  // context (B, M, Dc) and context_mask (B, M) for cross-attention.
+  Tensor forward(const Tensor& x, const Tensor& mask = Tensor(), const Tensor& context = Tensor(),
+                 const Tensor& context_mask = Tensor());
+
+  // Per-head attention probabilities (B, H, N, M) (linformer: (B, H, N, k)),
+  // computed naively without gradient, for the visualizer. Only for mechanisms
+  // that have an explicit map: softmax, local, linformer, taylorshift.
+  Tensor attention_maps(const Tensor& x, const Tensor& mask = Tensor(),
+                        const Tensor& context = Tensor(), const Tensor& context_mask = Tensor());
+  bool has_attention_maps() const;
+
+  // Causal linear mechanisms: one token x (B, 1, D) -> (B, 1, D), updating
+  // `state`; equals row `state.pos` of forward over the whole prefix.
+  bool supports_recurrent() const;
+  Tensor step(const Tensor& x, AttentionState& state);
+
+  // favor: draw a new W from the module's generator. tick_redraw() counts one
+  // training forward and redraws when feature_redraw_interval are due (unless
+  // fixed), as performer-pytorch's ProjectionUpdater; models call it once per
+  // forward, outside any checkpointed region, so recomputation never redraws.
+  void redraw_projection();
+  void tick_redraw();
+  void fix_projections(bool fixed = true) { projections_fixed_ = fixed; }
+  // taylorshift: the direct/efficient switch point (see AttentionConfig::n0).
+  void set_n0(int64_t n0) { config.n0 = n0; }
+  // C2: compute each head's attention under autograd::checkpoint.
+  void set_checkpoint_heads(bool on) { checkpoint_heads_ = on; }
+  // Rotary position embedding applied to q and k (owned by the model).
+  void set_rotary(std::shared_ptr<RotaryEmbedding> rotary) { rotary_ = std::move(rotary); }
+
+  AttentionConfig config;
+  bool cross;
+  int64_t layer;
+  std::shared_ptr<Linear> to_q, to_k, to_v, to_out;
+  std::shared_ptr<Dropout> out_dropout;
+  Tensor tau;                      // taylorshift [H - n_local]
+  Tensor projection_matrix;        // favor [m, d] (buffer)
+  Tensor calls_since_last_redraw;  // favor: i64 scalar buffer
+
+ private:
+  struct Projected {
+    Tensor q, k, v;  // (B, H, N, d), (B, H, M, d), (B, H, M, d)
+    Tensor key_mask;
+  };
+  // q, k, v of heads [h0, h1) (rotary applied at positions offset..).
+  Projected project(const Tensor& x, const Tensor& mask, const Tensor& context,
+                    const Tensor& context_mask, int64_t offset, int64_t h0, int64_t h1);
+  // Heads [h0, h1), all of one mechanism, on (B, h1 - h0, ., d) tensors.
+  Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_mask,
+                int64_t h0, int64_t h1);
+  Tensor merge(const Tensor& o);  // (B, H, N, d) -> (B, N, D)
+
+  std::shared_ptr<ProjectionBank> bank_;
+  std::shared_ptr<RotaryEmbedding> rotary_;
+  bool projections_fixed_ = false;
+  bool checkpoint_heads_ = false;
+};
+
+}  // namespace forge::nn

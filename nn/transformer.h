@@ -1,0 +1,135 @@
+// Transformer blocks and the Stack that runs them plain (C0), checkpointed per
+// sublayer (C1), per sublayer and per head (C2), or reversibly (RevNet).
+//
+// A block is three residual branches on x (B, N, D):
+//   pre-norm:  x = x + attn(norm(x));  [x = x + cross(norm(x), ctx)];  x = x + ff(norm(x))
+//   post-norm: x = norm(x + attn(x));  ...                              (linformer-pytorch)
+// with ReZero replacing norm(.) by the identity and scaling each branch by a
+// learned g (init 0). Token shifting (linear-attention-transformer) shifts
+// feature segments of each branch's input along the sequence.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nn/attention.h"
+#include "nn/layers.h"
+#include "nn/norms.h"
+
+namespace forge::nn {
+
+enum class NormKind { layer, scale, rezero };
+const char* norm_name(NormKind k);
+NormKind norm_from_name(const std::string& name);
+
+enum class CheckpointLevel { C0, C1, C2 };
+
+struct BlockConfig {
+  AttentionConfig attention;  // self-attention; attention.dim is D
+  FeedForwardOptions ff;      // ff.dim is set to D
+  bool cross_attention = false;
+  AttentionConfig cross;    // cross-attention (non-causal; kind, heads, linformer seq_len / k, ...)
+  int64_t context_dim = 0;  // 0: D
+  NormKind norm = NormKind::layer;
+  bool post_norm = false;
+  bool shift_tokens = false;
+};
+
+// The normalisation in front of (pre-norm) or after (post-norm) a branch.
+class SublayerNorm : public Module {
+ public:
+  SublayerNorm(NormKind kind, int64_t dim, DType dtype);
+  Tensor forward(const Tensor& x);     // ReZero: identity
+  Tensor scale(const Tensor& branch);  // ReZero: branch * g; otherwise branch
+
+  NormKind kind;
+  std::shared_ptr<LayerNorm> layer_norm;
+  std::shared_ptr<ScaleNorm> scale_norm;
+  std::shared_ptr<ReZero> rezero;
+};
+
+// One block's recurrent decoding state (see Stack::step).
+struct BlockState {
+  AttentionState attn;
+  Tensor prev_attn_in, prev_ff_in;  // token shift: the previous token's branch inputs (B, 1, D)
+};
+
+class Block : public Module {
+ public:
+  // `bank` / `context_bank`: the Stack's Linformer E/F for self- and
+  // cross-attention (null when that attention is not linformer).
+  Block(const BlockConfig& config, int64_t layer, std::shared_ptr<ProjectionBank> bank = nullptr,
+        std::shared_ptr<ProjectionBank> context_bank = nullptr, Generator* gen = nullptr);
+
+  // The residual branches without their residual: f(x) = attention part
+  // (self, then cross on x + self), g(x) = feed-forward part. Pre-norm only.
+  Tensor attention_branch(const Tensor& x, const Tensor& mask, const Tensor& context,
+                          const Tensor& context_mask);
+  Tensor ff_branch(const Tensor& x);
+  // The whole block; `level` C1/C2 checkpoints each branch.
+  Tensor forward(const Tensor& x, const Tensor& mask = Tensor(), const Tensor& context = Tensor(),
+                 const Tensor& context_mask = Tensor(),
+                 CheckpointLevel level = CheckpointLevel::C0);
+  Tensor step(const Tensor& x, BlockState& state, const Tensor& context = Tensor(),
+              const Tensor& context_mask = Tensor());
+
+  BlockConfig config;
+  std::shared_ptr<MultiHeadAttention> attn, cross_attn;
+  std::shared_ptr<FeedForward> ff;
+  std::shared_ptr<SublayerNorm> attn_norm, cross_norm, ff_norm;
+  std::shared_ptr<TokenShift> shift;  // null without shift_tokens
+
+ private:
+  Tensor self_part(const Tensor& x, const Tensor& mask);
+  Tensor cross_part(const Tensor& x, const Tensor& context, const Tensor& context_mask);
+};
+
+struct StackConfig {
+  int64_t depth = 1;
+  BlockConfig block;
+  // Optional per-layer self-attention configs (size depth) overriding
+  // block.attention: a mechanism (and local-head mix) per layer.
+  std::vector<AttentionConfig> layer_attention;
+  CheckpointLevel checkpoint = CheckpointLevel::C0;
+  bool reversible = false;  // pre-norm only; checkpoint levels do not apply
+  LinformerSharing sharing = LinformerSharing::none;
+  int64_t k_reduce_by_layer = 0;
+  bool final_norm = true;  // a norm after the last block (pre-norm stacks)
+  // Validates and fills derived fields (ff.dim, per-layer configs).
+  void validate(const std::string& where = "StackConfig") const;
+};
+
+// depth blocks over x (B, N, D) -> (B, N, D). Reversible: the input is
+// duplicated into (x1, x2), blocks couple y1 = x1 + f(x2), y2 = x2 + g(y1)
+// as one autograd node that stores no block activation, and the output is
+// y1 + y2 (then the final norm).
+class Stack : public Module {
+ public:
+  explicit Stack(const StackConfig& config, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x, const Tensor& mask = Tensor(), const Tensor& context = Tensor(),
+                 const Tensor& context_mask = Tensor());
+
+  // Recurrent decoding (causal stacks whose every layer supports_recurrent()):
+  // x (B, 1, D) of position states[0].attn.pos -> (B, 1, D).
+  bool supports_recurrent() const;
+  std::vector<BlockState> initial_state() const { return std::vector<BlockState>(blocks.size()); }
+  Tensor step(const Tensor& x, std::vector<BlockState>& states, const Tensor& context = Tensor(),
+              const Tensor& context_mask = Tensor());
+
+  // Once per training forward (favor feature redraw schedule).
+  void tick_redraw();
+  void fix_projections(bool fixed = true);
+  void set_n0(int64_t n0);
+  void set_rotary(std::shared_ptr<RotaryEmbedding> rotary);
+  std::vector<std::shared_ptr<MultiHeadAttention>> attention_layers() const;
+
+  StackConfig config;
+  std::shared_ptr<ModuleList<Block>> layers;   // "layers.0", "layers.1", ...
+  std::vector<std::shared_ptr<Block>> blocks;  // the same blocks
+  std::shared_ptr<ProjectionBank> bank;        // "projections" (linformer layers only)
+  std::shared_ptr<ProjectionBank>
+      context_bank;                    // "context_projections" (linformer cross-attention)
+  std::shared_ptr<SublayerNorm> norm;  // "norm" (final_norm, pre-norm)
+};
+
+}  // namespace forge::nn
