@@ -7,7 +7,7 @@
 namespace forge::autograd {
 
 std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& inputs,
-                               Generator* gen) {
+                               Generator* gen, const std::vector<Tensor>& params) {
   Generator& g = gen ? *gen : default_generator();
   const GeneratorState start = g.state();
   std::vector<Tensor> outputs;
@@ -15,7 +15,15 @@ std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& in
     NoGradGuard no_grad;
     outputs = fn(inputs);
   }
-  if (!grad_enabled()) return outputs;
+  // The node's inputs: fn's inputs, then the params (whose gradients reach
+  // their .grad during the replay, so the node returns none for them).
+  std::vector<Tensor> node_inputs = inputs;
+  for (const Tensor& p : params) {
+    FORGE_CHECK(p.defined() && p.is_leaf(),
+                "checkpoint: params must be defined leaf tensors (a layer's weights)");
+    node_inputs.push_back(p);
+  }
+  if (!needs_grad(node_inputs)) return outputs;
 
   // Saved: the inputs (detached, remembering which need a gradient) and the
   // generator position; nothing fn computed on the way.
@@ -30,8 +38,8 @@ std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& in
   std::vector<Tensor> results;
   for (const Tensor& o : outputs) results.push_back(o.detach());
 
-  record("checkpoint", inputs, results,
-         [fn, saved, wants, start, &g](const std::vector<Tensor>& grads) {
+  record("checkpoint", node_inputs, results,
+         [fn, saved, wants, start, &g, n_params = params.size()](const std::vector<Tensor>& grads) {
            // Replay fn from the same generator position, then put the generator back
            // where the rest of the backward pass expects it.
            const GeneratorState now = g.state();
@@ -63,6 +71,7 @@ std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& in
            for (size_t i = 0; i < xs.size(); ++i) {
              input_grads.push_back(wants[i] ? xs[i].grad() : Tensor());
            }
+           input_grads.resize(input_grads.size() + n_params);
            return input_grads;
          });
   return results;

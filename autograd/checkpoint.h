@@ -13,8 +13,11 @@ namespace forge::autograd {
 
 using TensorFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
-// `gen` is the generator fn draws from (the default one when null).
+// `gen` is the generator fn draws from (the default one when null). `params`
+// are the leaf tensors fn captures (a layer's weights): they decide, with the
+// inputs, whether to record, so a layer whose input needs no gradient still
+// trains; their gradients accumulate when fn is replayed, as in a plain run.
 std::vector<Tensor> checkpoint(const TensorFn& fn, const std::vector<Tensor>& inputs,
-                               Generator* gen = nullptr);
+                               Generator* gen = nullptr, const std::vector<Tensor>& params = {});
 
 }  // namespace forge::autograd

@@ -360,6 +360,7 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& mask, const Te
     if (nl > 0) groups.emplace_back(0, nl);
     if (nl < H) groups.emplace_back(nl, H);
   }
+  const std::vector<Tensor> params = per_head ? parameters() : std::vector<Tensor>{};
   std::vector<Tensor> outs;
   for (auto [h0, h1] : groups) {
     // By value: under checkpointing this runs again during backward.
@@ -371,7 +372,8 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& mask, const Te
     // The head's projections and attention are recomputed in backward; only x
     // (and the context) are kept, and one head's intermediates exist at a time.
     const std::vector<Tensor> in = context.defined() ? std::vector{x, context} : std::vector{x};
-    outs.push_back(per_head ? autograd::checkpoint(group, in, generator())[0] : group(in)[0]);
+    outs.push_back(per_head ? autograd::checkpoint(group, in, generator(), params)[0]
+                            : group(in)[0]);
   }
   return merge(outs.size() == 1 ? outs[0] : ops::cat(outs, 1));
 }

@@ -122,8 +122,9 @@ Tensor Block::forward(const Tensor& x, const Tensor& mask, const Tensor& context
               "Block: this block has cross-attention and needs a context (B, M, Dc)");
   // C1/C2: each branch keeps only its inputs and is recomputed in backward.
   const bool ckpt = level != CheckpointLevel::C0 && autograd::grad_enabled();
+  const std::vector<Tensor> params = ckpt ? parameters() : std::vector<Tensor>{};
   auto run = [&](const autograd::TensorFn& fn, const std::vector<Tensor>& in) {
-    return ckpt ? autograd::checkpoint(fn, in, generator())[0] : fn(in)[0];
+    return ckpt ? autograd::checkpoint(fn, in, generator(), params)[0] : fn(in)[0];
   };
   // The branches capture by value: under checkpointing they run again in backward.
   auto self_fn = [this, mask](const std::vector<Tensor>& in) -> std::vector<Tensor> {
