@@ -93,4 +93,13 @@ Tensor taylorshift(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& key_padding_mask = Tensor(),
                    const TaylorShiftOptions& options = {});
 
+// TaylorShift's self-check (the reference's comparison of its two forms): the
+// mean absolute and mean relative difference |direct - efficient| (relative to
+// |direct|) on random q, k, v ~ N(0, 1) of [B, H, N, d] and tau = 1.
+struct FormDifference {
+  double mean_abs = 0, mean_rel = 0;
+};
+FormDifference taylorshift_form_difference(int64_t B, int64_t H, int64_t N, int64_t d,
+                                           DType dtype = DType::f32, uint64_t seed = 0);
+
 }  // namespace forge::ops::attention

@@ -13,9 +13,11 @@
 // count, as the reference uses, so a padded batch gives the same output as the
 // unpadded one. A row whose keys are all masked outputs 0.
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
@@ -459,7 +461,26 @@ Tensor taylorshift(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
       });
 }
 
-namespace {}  // namespace
+FormDifference taylorshift_form_difference(int64_t B, int64_t H, int64_t N, int64_t d, DType dtype,
+                                           uint64_t seed) {
+  Generator gen(seed);
+  const Tensor q = Tensor::randn({B, H, N, d}, dtype, &gen);
+  const Tensor k = Tensor::randn({B, H, N, d}, dtype, &gen);
+  const Tensor v = Tensor::randn({B, H, N, d}, dtype, &gen);
+  const Tensor tau = Tensor::ones({H}, dtype);
+  NoGradGuard no_grad;
+  const auto direct = taylorshift(q, k, v, tau, Tensor(), {.n0 = N}).to_vector<double>();
+  const auto efficient = taylorshift(q, k, v, tau, Tensor(), {.n0 = -1}).to_vector<double>();
+  FormDifference diff;
+  for (size_t i = 0; i < direct.size(); ++i) {
+    const double e = std::abs(direct[i] - efficient[i]);
+    diff.mean_abs += e;
+    diff.mean_rel += e / std::max(std::abs(direct[i]), 1e-30);
+  }
+  diff.mean_abs /= static_cast<double>(direct.size());
+  diff.mean_rel /= static_cast<double>(direct.size());
+  return diff;
+}
 
 std::vector<GradcheckCase> taylorshift_gradcheck_cases() {
   struct Variant {

@@ -286,3 +286,21 @@ TEST(AttentionTaylorShift, MemoryDirectFormHasNoNxNBuffer) {
 
 }  // namespace
 }  // namespace forge
+
+namespace forge::ops::attention {
+namespace {
+
+TEST(AttentionTaylorShift, FormDifferenceCheckReportsRounding) {
+  // The reference's self-check: the two forms agree to rounding (f64 ~1e-15,
+  // f32 ~1e-7 relative), and the check is sensitive (different seeds differ).
+  const FormDifference f64 = taylorshift_form_difference(2, 2, 40, 8, DType::f64, 1);
+  EXPECT_LT(f64.mean_abs, 1e-13);
+  EXPECT_LT(f64.mean_rel, 1e-11);
+  EXPECT_GT(f64.mean_abs, 0.0);
+  const FormDifference f32 = taylorshift_form_difference(2, 2, 40, 8, DType::f32, 1);
+  EXPECT_LT(f32.mean_abs, 1e-5);
+  EXPECT_GT(f32.mean_abs, f64.mean_abs);
+}
+
+}  // namespace
+}  // namespace forge::ops::attention
