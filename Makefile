@@ -6,7 +6,7 @@ SANITIZE ?= build-sanitize
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train test-sanitize bench bench-attention bench-torch format clean
+.PHONY: all deps configure build test train test-sanitize bench bench-attention bench-stack bench-torch format clean
 
 all: build
 
@@ -39,6 +39,10 @@ bench: build
 
 bench-attention: build
 	$(BUILD)/bench/bench_attention
+
+# One training step of a depth-12 stack at N = 4096 under C0, C1, C2 and reversible.
+bench-stack: build
+	$(BUILD)/bench/bench_stack
 
 # Our attention ops against eager PyTorch (Debian's python3-torch), same run.
 bench-torch: build
