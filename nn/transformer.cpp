@@ -69,6 +69,8 @@ Block::Block(const BlockConfig& c, int64_t layer, std::shared_ptr<ProjectionBank
     : config(c) {
   const int64_t D = c.attention.dim;
   const DType dt = c.attention.dtype;
+  FORGE_CHECK(!c.post_norm || !c.attend_axially,
+              "Block: attend_axially is a pre-norm option (as in linear-attention-transformer)");
   FORGE_CHECK(!c.post_norm || c.norm != NormKind::rezero,
               "Block: post-norm with ReZero is not a transformer block; use pre-norm with ReZero");
   attn_norm = register_module("attn_norm", std::make_shared<SublayerNorm>(c.norm, D, dt));
@@ -88,6 +90,15 @@ Block::Block(const BlockConfig& c, int64_t layer, std::shared_ptr<ProjectionBank
   f.dtype = dt;
   ff_norm = register_module("ff_norm", std::make_shared<SublayerNorm>(c.norm, D, dt));
   ff = register_module("ff", std::make_shared<FeedForward>(f, gen));
+  if (c.attend_axially) {
+    AttentionConfig folded = c.attention;
+    folded.n_local_heads = 0;  // the reference's folded SelfAttention is all global
+    axial_norm = register_module("axial_norm", std::make_shared<SublayerNorm>(c.norm, D, dt));
+    axial_attn = register_module(
+        "axial_attn", std::make_shared<MultiHeadAttention>(folded, false, 0, nullptr, layer, gen));
+    axial_ff_norm = register_module("axial_ff_norm", std::make_shared<SublayerNorm>(c.norm, D, dt));
+    axial_ff = register_module("axial_ff", std::make_shared<FeedForward>(f, gen));
+  }
   if (c.shift_tokens)
     shift = register_module(
         "shift", std::make_shared<TokenShift>(TokenShift::default_shifts(c.attention.causal)));
@@ -116,6 +127,27 @@ Tensor Block::ff_branch(const Tensor& x) {
   return ff_norm->scale(ff->forward(h));
 }
 
+Tensor Block::axial_branch(const Tensor& x, const Tensor& mask) {
+  // (B, N, D) -> (B, N/w, w, D) -> (B, w, N/w, D) -> (B w, N/w, D): row r of the
+  // fold holds positions r, r + w, r + 2w, ...; the mask folds the same way.
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2), w = config.attention.local_window;
+  FORGE_CHECK(N % w == 0,
+              "Block: attend_axially folds the sequence by local_window = {}, so N must be a "
+              "multiple of it; got N = {}",
+              w, N);
+  auto fold = [&](const Tensor& t, Shape split, Shape merged) {
+    return ops::reshape(ops::transpose(ops::reshape(t, split), 1, 2), merged);
+  };
+  Tensor h = fold(axial_norm->forward(x), {B, N / w, w, D}, {B * w, N / w, D});
+  Tensor m = mask.defined() ? fold(mask.to(DType::u8), {B, N / w, w}, {B * w, N / w}) : Tensor();
+  Tensor o = axial_attn->forward(h, m);  // (B w, N/w, D)
+  return axial_norm->scale(fold(o, {B, w, N / w, D}, {B, N, D}));
+}
+
+Tensor Block::axial_ff_branch(const Tensor& x) {
+  return axial_ff_norm->scale(axial_ff->forward(axial_ff_norm->forward(x)));
+}
+
 Tensor Block::forward(const Tensor& x, const Tensor& mask, const Tensor& context,
                       const Tensor& context_mask, CheckpointLevel level) {
   FORGE_CHECK(!cross_attn || context.defined(),
@@ -137,6 +169,12 @@ Tensor Block::forward(const Tensor& x, const Tensor& mask, const Tensor& context
   auto ff_fn = [this](const std::vector<Tensor>& in) -> std::vector<Tensor> {
     return {config.post_norm ? ff->forward(in[0]) : ff_branch(in[0])};
   };
+  auto axial_fn = [this, mask](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+    return {axial_branch(in[0], mask)};
+  };
+  auto axial_ff_fn = [this](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+    return {axial_ff_branch(in[0])};
+  };
   Tensor h = x;
   if (config.post_norm) {  // x = norm(x + f(x)) per branch
     h = attn_norm->forward(h + run(self_fn, {h}));
@@ -145,7 +183,12 @@ Tensor Block::forward(const Tensor& x, const Tensor& mask, const Tensor& context
   }
   h = h + run(self_fn, {h});
   if (cross_attn) h = h + run(cross_fn, {h, context});
-  return h + run(ff_fn, {h});
+  h = h + run(ff_fn, {h});
+  if (axial_attn) {
+    h = h + run(axial_fn, {h});
+    h = h + run(axial_ff_fn, {h});
+  }
+  return h;
 }
 
 Tensor Block::step(const Tensor& x, BlockState& state, const Tensor& context,
@@ -246,6 +289,14 @@ Tensor Stack::forward(const Tensor& x, const Tensor& mask, const Tensor& context
            },
            [blk](const Tensor& in, const std::vector<Tensor>&) { return blk->ff_branch(in); },
            blk->parameters()});
+      if (blk->axial_attn)  // the folded pair is a coupling of its own, as in the reference
+        couplings.push_back({[blk, mask](const Tensor& in, const std::vector<Tensor>&) {
+                               return blk->axial_branch(in, mask);
+                             },
+                             [blk](const Tensor& in, const std::vector<Tensor>&) {
+                               return blk->axial_ff_branch(in);
+                             },
+                             blk->parameters()});
     }
     const std::vector<Tensor> ctx =
         context.defined() ? std::vector{context} : std::vector<Tensor>{};
@@ -259,7 +310,7 @@ Tensor Stack::forward(const Tensor& x, const Tensor& mask, const Tensor& context
 
 bool Stack::supports_recurrent() const {
   for (const auto& b : blocks)
-    if (b->config.post_norm || !b->attn->supports_recurrent()) return false;
+    if (b->config.post_norm || b->axial_attn || !b->attn->supports_recurrent()) return false;
   return true;
 }
 
@@ -279,6 +330,7 @@ std::vector<std::shared_ptr<MultiHeadAttention>> Stack::attention_layers() const
   for (const auto& b : blocks) {
     out.push_back(b->attn);
     if (b->cross_attn) out.push_back(b->cross_attn);
+    if (b->axial_attn) out.push_back(b->axial_attn);
   }
   return out;
 }

@@ -33,6 +33,11 @@ struct BlockConfig {
   NormKind norm = NormKind::layer;
   bool post_norm = false;
   bool shift_tokens = false;
+  // linear-attention-transformer's attend_axially: after the block, a second
+  // pair of branches whose attention runs on the sequence folded by
+  // attention.local_window (positions i = r mod w form sequence r, so each
+  // attends with stride w), followed by its own feed-forward.
+  bool attend_axially = false;
 };
 
 // The normalisation in front of (pre-norm) or after (post-norm) a branch.
@@ -78,6 +83,13 @@ class Block : public Module {
   std::shared_ptr<FeedForward> ff;
   std::shared_ptr<SublayerNorm> attn_norm, cross_norm, ff_norm;
   std::shared_ptr<TokenShift> shift;  // null without shift_tokens
+  // attend_axially: the folded attention and its feed-forward (else null).
+  std::shared_ptr<MultiHeadAttention> axial_attn;
+  std::shared_ptr<FeedForward> axial_ff;
+  std::shared_ptr<SublayerNorm> axial_norm, axial_ff_norm;
+  // x (B, N, D) -> axial_attn over the folded sequence -> (B, N, D).
+  Tensor axial_branch(const Tensor& x, const Tensor& mask);
+  Tensor axial_ff_branch(const Tensor& x);
 
  private:
   Tensor self_part(const Tensor& x, const Tensor& mask);

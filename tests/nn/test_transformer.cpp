@@ -277,6 +277,34 @@ TEST(Transformer, CrossAttentionBlocksPassGradientsToTheContext) {
   }
 }
 
+TEST(Transformer, AxialFoldingAttendsWithinEachResidueClass) {
+  // attend_axially with w = 4: positions r, r + 4, r + 8 form one sequence.
+  StackConfig sc = stack_config(Mechanism::efficient, 2);
+  sc.block.attend_axially = true;
+  Generator g(22);
+  Stack stack(sc, &g);
+  Block& b = *stack.blocks[0];
+  ASSERT_TRUE(b.axial_attn);
+  Tensor x = leaf64({2, 12, 12}, 23);
+  Tensor mask = padded_mask(2, 12, 3);
+  Tensor folded = b.axial_branch(x, mask);
+  for (int64_t r = 0; r < 4; ++r) {
+    Tensor index = Tensor::from_vector<int64_t>({r, r + 4, r + 8});
+    Tensor xs = ops::index_select(x, 1, index);
+    Tensor ms = ops::index_select(mask, 1, index);
+    Tensor expected = b.axial_attn->forward(b.axial_norm->forward(xs), ms);
+    expect_close(ops::index_select(folded, 1, index), expected, 1e-12);
+  }
+  EXPECT_EQ(stack.attention_layers().size(), 4u);
+  // Reversible: the folded pair is one more coupling; gradients flow.
+  StackConfig rv = sc;
+  rv.reversible = true;
+  Stack rev(rv, &g);
+  EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return rev.forward(in[0], mask); },
+                   {leaf64({2, 12, 12}, 24)});
+  EXPECT_THROW(stack.forward(leaf64({1, 10, 12}, 25)), Error);  // 10 is not a multiple of 4
+}
+
 TEST(Transformer, ConfigErrorsNameTheField) {
   auto message = [](const StackConfig& sc) {
     try {
