@@ -76,10 +76,11 @@ Tensor Dropout::forward(const Tensor& x) {
 }
 
 FeedForward::FeedForward(const FeedForwardOptions& o, Generator* gen) : options(o) {
-  FORGE_CHECK(o.dim > 0 && o.mult > 0 && o.chunks > 0,
-              "FeedForward: expected dim, mult and chunks > 0, got dim {} mult {} chunks {}", o.dim,
-              o.mult, o.chunks);
-  const int64_t hidden = o.dim * o.mult;
+  FORGE_CHECK(o.dim > 0 && o.mult > 0 && o.chunks > 0 && o.hidden >= 0,
+              "FeedForward: expected dim, mult and chunks > 0 and hidden >= 0, got dim {} mult {} "
+              "chunks {} hidden {}",
+              o.dim, o.mult, o.chunks, o.hidden);
+  const int64_t hidden = o.hidden_width();
   w1 = register_module(
       "w1", std::make_shared<Linear>(o.dim, o.glu ? 2 * hidden : hidden, true, o.dtype, gen));
   dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout));
@@ -92,7 +93,7 @@ Tensor FeedForward::forward_rows(const Tensor& rows) {
   };
   Tensor h = w1->forward(rows);  // (R, hidden) or (R, 2 * hidden) with GLU
   if (options.glu) {
-    const int64_t hidden = options.dim * options.mult;
+    const int64_t hidden = options.hidden_width();
     h = ops::narrow(h, -1, 0, hidden) * act(ops::narrow(h, -1, hidden, hidden));
   } else {
     h = act(h);

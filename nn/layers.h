@@ -64,8 +64,10 @@ class Dropout : public Module {
 enum class Activation { gelu, relu };
 
 struct FeedForwardOptions {
-  int64_t dim = 0;   // D, the input and output width
-  int64_t mult = 4;  // hidden width = mult * D
+  int64_t dim = 0;     // D, the input and output width
+  int64_t mult = 4;    // hidden width = mult * D ...
+  int64_t hidden = 0;  // ... unless set here (linformer-pytorch's dim_ff)
+  int64_t hidden_width() const { return hidden > 0 ? hidden : dim * mult; }
   Activation activation = Activation::gelu;
   // GLU variant: w1 projects to 2 * hidden, split into (value, gate) along the
   // last dim and combined as value * act(gate) (GEGLU / ReGLU).

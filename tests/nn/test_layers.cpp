@@ -216,6 +216,15 @@ TEST(NnLayers, FeedForwardValue) {
   }
 }
 
+TEST(NnLayers, FeedForwardExplicitHiddenWidth) {
+  FeedForwardOptions o = ff_options(true, Activation::relu, 1);
+  o.hidden = 6;  // linformer-pytorch's dim_ff, independent of mult
+  FeedForward ff(o);
+  EXPECT_EQ(ff.w1->weight.shape(), (Shape{12, 4}));
+  EXPECT_EQ(ff.w2->weight.shape(), (Shape{4, 6}));
+  EXPECT_EQ(ff.forward(Tensor::zeros({2, 3, 4})).shape(), (Shape{2, 3, 4}));
+}
+
 TEST(NnLayers, FeedForwardGradcheck) {
   for (bool glu : {false, true}) {
     Generator g(10);
