@@ -222,7 +222,7 @@ TEST(NnLayers, FeedForwardExplicitHiddenWidth) {
   FeedForward ff(o);
   EXPECT_EQ(ff.w1->weight.shape(), (Shape{12, 4}));
   EXPECT_EQ(ff.w2->weight.shape(), (Shape{4, 6}));
-  EXPECT_EQ(ff.forward(Tensor::zeros({2, 3, 4})).shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(ff.forward(Tensor::zeros({2, 3, 4}, DType::f64)).shape(), (Shape{2, 3, 4}));
 }
 
 TEST(NnLayers, FeedForwardGradcheck) {
