@@ -89,6 +89,8 @@ void AttentionConfig::validate(const std::string& where) const {
                   feature_redraw_interval);
       break;
     case Mechanism::taylorshift:
+      FORGE_CHECK(!causal, "{}: taylorshift has no causal form; use softmax, local, efficient, "
+                  "linear or favor", where);
       FORGE_CHECK(ts_a > 0 && ts_c >= ts_b * ts_b / (4 * ts_a),
                   "{}: taylorshift needs a > 0 and c >= b^2 / (4a), got a {} b {} c {}", where,
                   ts_a, ts_b, ts_c);

@@ -328,6 +328,9 @@ TEST(AttentionModule, ClearErrors) {
               MultiHeadAttention(config(Mechanism::linformer, 12, 3, true));
             }).find("linformer has no causal form"),
             std::string::npos);
+  EXPECT_NE(message([] { MultiHeadAttention(config(Mechanism::taylorshift, 12, 3, true)); })
+                .find("taylorshift has no causal form"),
+            std::string::npos);
   EXPECT_NE(message([] { mechanism_from_name("flash"); }).find("softmax, local"),
             std::string::npos);
   AttentionConfig odd = config(Mechanism::softmax, 10, 3);

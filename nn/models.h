@@ -1,0 +1,295 @@
+// The models of the reference libraries, each an embedding in front of one
+// Stack (nn/transformer.h) and a head behind it:
+//   ViT                    timm's VisionTransformer (TaylorShift's ViT)
+//   SequenceClassifier     tokens or vectors -> classes (TaylorShift's Transformer,
+//                          LRA classifiers, the LRA retrieval dual encoder)
+//   LanguageModel          PerformerLM / LinearAttentionTransformerLM, with generate
+//   EncoderDecoder         PerformerEncDec / the linear-attention-transformer encoder-decoder
+//   ImageEfficientAttention  linear-attention-transformer's ImageLinearAttention
+//
+// Each config carries a StackConfig: the user picks the mechanism and its
+// options there (stack.block.attention.kind, .n_local_heads, stack.sharing,
+// ...); the model writes the widths, causality and dtype into it from its own
+// fields, so they are never set twice. Every training forward calls
+// Stack::tick_redraw() once (the favor feature-redraw schedule).
+//
+// Letters: B batch, N sequence length, D model dim, V vocabulary, C channels,
+// H/W image height/width, P prime length, M source length.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/embeddings.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+#include "nn/transformer.h"
+
+namespace forge::nn {
+
+// Calls fn(dotted_name, module) for `root` and every module below it that is a
+// T, parents before children ("" names the root).
+template <typename T, typename Fn>
+void for_each_module(Module& root, Fn&& fn, const std::string& prefix = "") {
+  if (auto* m = dynamic_cast<T*>(&root)) fn(prefix, *m);
+  for (const auto& [name, child] : root.named_children())
+    for_each_module<T>(*child, fn, prefix.empty() ? name : prefix + "." + name);
+}
+
+// How a classifier reduces the sequence: the CLS token's output, or the mean
+// over the real (unmasked) tokens. Mean-pooled models have no CLS token.
+enum class Pool { cls, mean };
+const char* pool_name(Pool p);
+Pool pool_from_name(const std::string& name);
+
+// Positions added to the embedded input (learned, sinusoidal, axial) or
+// applied to q and k inside every attention layer (rotary).
+enum class PositionalKind { none, learned, sinusoidal, rotary, axial };
+const char* positional_name(PositionalKind k);
+PositionalKind positional_from_name(const std::string& name);
+
+// The positional module of a sequence model, one of which is set (none of
+// them for PositionalKind::none). Registered by the model as "pos_emb"
+// (learned, sinusoidal, axial) or "layer_pos_emb" (rotary, as performer-pytorch).
+struct Positions {
+  PositionalKind kind = PositionalKind::none;
+  std::shared_ptr<AbsolutePositionalEmbedding> learned;
+  std::shared_ptr<FixedPositionalEmbedding> sinusoidal;
+  std::shared_ptr<AxialPositionalEmbedding> axial;
+  std::shared_ptr<RotaryEmbedding> rotary;
+  // x (B, n, D) at positions offset.. -> x plus the position rows (rotary, none: x).
+  Tensor add(const Tensor& x, int64_t offset = 0) const;
+};
+
+// ---------------------------------------------------------------------------
+// ViT: patches -> [CLS] + learned positions -> pre-norm stack -> pool -> head.
+// Initialised as timm: Linear weights trunc_normal(std .02) with zero bias,
+// pos_embed trunc_normal(.02), cls_token N(0, 1e-6), LayerNorm 1 / 0; the
+// patch projection keeps torch's Conv2d init (timm leaves it so).
+struct ViTConfig {
+  int64_t image_size = 224;
+  int64_t patch_size = 16;
+  int64_t channels = 3;
+  int64_t classes = 1000;
+  int64_t dim = 768;  // D (timm's embed_dim)
+  int64_t depth = 12;
+  int64_t heads = 12;
+  int64_t mlp_ratio = 4;  // feed-forward hidden width = mlp_ratio * D
+  Pool pool = Pool::cls;
+  double emb_dropout = 0;  // after adding the positions (timm's pos_drop)
+  bool qkv_bias = true;
+  StackConfig stack;  // mechanism and options; depth, heads, widths and qkv_bias come from above
+  DType dtype = DType::f32;
+
+  // The standard sizes "Ti", "S", "B": D 192 / 384 / 768, depth 12, heads 3 / 6 / 12.
+  static ViTConfig preset(const std::string& size, int64_t image_size = 224,
+                          int64_t patch_size = 16, int64_t classes = 1000);
+  void validate() const;
+};
+
+class ViT : public Module {
+ public:
+  explicit ViT(const ViTConfig& config, Generator* gen = nullptr);
+  // images (B, C, image_size, image_size) -> logits (B, classes).
+  Tensor forward(const Tensor& images);
+
+  Stack& stack() { return *transformer; }
+  void fix_projections(bool fixed = true) { transformer->fix_projections(fixed); }
+  void set_n0(int64_t n0) { transformer->set_n0(n0); }
+
+  ViTConfig config;
+  std::shared_ptr<PatchEmbed> patch_embed;  // "patch_embed"
+  Tensor cls_token;                         // (1, 1, D); undefined with Pool::mean
+  Tensor pos_embed;                         // (1, Np [+ 1], D)
+  std::shared_ptr<Dropout> pos_drop;
+  std::shared_ptr<Stack> transformer;  // "transformer" (final norm included)
+  std::shared_ptr<Linear> head;        // (D -> classes)
+};
+
+// ---------------------------------------------------------------------------
+// SequenceClassifier: token ids or vectors -> [CLS] + positions -> stack ->
+// pool -> head. With dual_encoder (LRA retrieval) both documents go through
+// the same encoder to u, v (B, D) and an MLP classifies [u, v, u*v, u-v].
+struct SequenceClassifierConfig {
+  int64_t vocab_size = 0;  // > 0: ids (B, N) through an Embedding; 0: vectors (B, N, input_dim)
+  int64_t input_dim = 0;   // the vector width when vocab_size == 0
+  int64_t max_len = 512;   // the longest N accepted (the CLS token not counted)
+  int64_t dim = 256;       // D
+  int64_t classes = 2;
+  Pool pool = Pool::cls;
+  PositionalKind positional = PositionalKind::learned;
+  std::vector<int64_t> axial_shape;  // axial: product >= positions; empty: (ceil(n / 64), 64)
+  double emb_dropout = 0;
+  bool dual_encoder = false;
+  int64_t mlp_dim = 0;  // dual encoder: hidden width of the MLP head; 0: D
+  StackConfig stack;    // mechanism and options; dims and dtype come from above
+  DType dtype = DType::f32;
+
+  void validate() const;
+};
+
+class SequenceClassifier : public Module {
+ public:
+  explicit SequenceClassifier(const SequenceClassifierConfig& config, Generator* gen = nullptr);
+  // x: ids (B, N) i32/i64 or vectors (B, N, input_dim), any N <= max_len;
+  // mask (B, N) bool/u8, true = real token. -> logits (B, classes).
+  Tensor forward(const Tensor& x, const Tensor& mask = Tensor());
+  // The pooled encoding (B, D).
+  Tensor encode(const Tensor& x, const Tensor& mask = Tensor());
+  // Dual encoder: documents a (B, Na), b (B, Nb) -> logits (B, classes).
+  Tensor forward_pair(const Tensor& a, const Tensor& mask_a, const Tensor& b, const Tensor& mask_b);
+
+  Stack& stack() { return *transformer; }
+  void fix_projections(bool fixed = true) { transformer->fix_projections(fixed); }
+  void set_n0(int64_t n0) { transformer->set_n0(n0); }
+
+  SequenceClassifierConfig config;
+  std::shared_ptr<Embedding> token_emb;  // vocab_size > 0
+  std::shared_ptr<Linear> input_proj;    // vocab_size == 0: (input_dim -> D)
+  Tensor cls_token;                      // (1, 1, D) with Pool::cls
+  Positions positions;
+  std::shared_ptr<Dropout> emb_drop;
+  std::shared_ptr<Stack> transformer;
+  std::shared_ptr<Linear> mlp;   // dual encoder: (4 D -> mlp_dim), then ReLU
+  std::shared_ptr<Linear> head;  // (D or mlp_dim -> classes)
+};
+
+// ---------------------------------------------------------------------------
+// LanguageModel: ids -> token embedding [-> project_in] + positions -> stack
+// -> [project_out ->] logits. Factorized (emb_dim < dim): token_emb (V, emb_dim),
+// project_in (emb_dim -> D), project_out (D -> emb_dim), to_logits (emb_dim -> V).
+// Tied: to_logits.weight is token_emb.weight (no output bias), one parameter.
+// token_emb ~ N(0, .02) as performer-pytorch; the rest as torch.nn defaults.
+struct LanguageModelConfig {
+  int64_t vocab_size = 256;  // V
+  int64_t max_len = 1024;    // positions available
+  int64_t dim = 512;         // D
+  int64_t emb_dim = 0;       // token embedding width; 0: D
+  bool tie_embedding = false;
+  bool causal = true;  // false: bidirectional (MLM-style)
+  PositionalKind positional = PositionalKind::learned;
+  std::vector<int64_t> axial_shape;  // axial: product >= max_len; empty: (ceil(max_len / w), w)
+                                     // with w = stack.block.attention.local_window
+  double emb_dropout = 0;
+  // No output head: forward returns the final hidden states (B, N, D) (the
+  // encoder of an EncoderDecoder; linear-attention-transformer's return_embeddings).
+  bool return_embeddings = false;
+  StackConfig stack;  // mechanism and options; dims, causality and dtype come from above
+  DType dtype = DType::f32;
+
+  // `where` names the config in errors ("EncoderDecoderConfig.decoder.max_len ...").
+  void validate(const std::string& where = "LanguageModelConfig") const;
+};
+
+struct GenerateOptions {
+  double temperature = 1.0;
+  int64_t top_k = 0;                // keep the k most likely tokens; 0: the full distribution
+  double filter_thres = 0;          // > 0: keep the top (1 - thres) fraction (performer's top_k)
+  int64_t eos = -1;                 // >= 0: a sequence ends at this token; all ended: stop early
+  bool greedy = false;              // argmax instead of sampling
+  bool use_recurrent_state = true;  // O(1) per token when the stack supports it
+  Generator* gen = nullptr;         // sampling draws (the default generator when null)
+};
+
+class LanguageModel : public Module {
+ public:
+  explicit LanguageModel(const LanguageModelConfig& config, Generator* gen = nullptr,
+                         const std::string& where = "LanguageModelConfig");
+  // ids (B, N) i32/i64, N <= max_len; mask (B, N) true = real token; context
+  // (B, M, Dc) and context_mask (B, M) feed cross-attention blocks.
+  // -> logits (B, N, V) (return_embeddings: hidden states (B, N, D)).
+  Tensor forward(const Tensor& ids, const Tensor& mask = Tensor(), const Tensor& context = Tensor(),
+                 const Tensor& context_mask = Tensor());
+  // prime (B, P) -> (B, P + generated) i64, generated <= length. Eval mode and
+  // no grad inside (the previous mode is restored). Recurrent (O(1) per token)
+  // when o.use_recurrent_state and the stack supports_recurrent(); otherwise the
+  // full forward over the last max_len tokens for every new token.
+  Tensor generate(const Tensor& prime, int64_t length, const GenerateOptions& o = {},
+                  const Tensor& context = Tensor(), const Tensor& context_mask = Tensor());
+
+  Stack& stack() { return *transformer; }
+  void fix_projections(bool fixed = true) { transformer->fix_projections(fixed); }
+  void set_n0(int64_t n0) { transformer->set_n0(n0); }
+
+  LanguageModelConfig config;
+  std::shared_ptr<Embedding> token_emb;             // (V, emb_dim)
+  std::shared_ptr<Linear> project_in, project_out;  // factorized only
+  Positions positions;
+  std::shared_ptr<Dropout> emb_drop;
+  std::shared_ptr<Stack> transformer;
+  std::shared_ptr<Linear> to_logits;  // (emb_dim -> V); null with return_embeddings
+
+ private:
+  Tensor embed(const Tensor& ids, int64_t offset);  // (B, n) -> (B, n, D)
+  Tensor head(const Tensor& h);                     // (B, n, D) -> (B, n, V)
+};
+
+// ---------------------------------------------------------------------------
+// EncoderDecoder: a bidirectional encoder (a LanguageModel with
+// return_embeddings) and a causal decoder whose blocks cross-attend to the
+// encoder output with the source mask. The model sets encoder.causal = false,
+// encoder.return_embeddings = true, decoder.causal = true,
+// decoder.stack.block.cross_attention = true, its context_dim = encoder.dim,
+// and both dtypes; linformer settings of the encoder self-attention go in
+// encoder.stack.block.attention, those of the decoder's context attention in
+// decoder.stack.block.cross (seq_len: the source max_len when 0).
+struct EncoderDecoderConfig {
+  LanguageModelConfig encoder;
+  LanguageModelConfig decoder;
+  DType dtype = DType::f32;
+
+  void validate() const;
+};
+
+class EncoderDecoder : public Module {
+ public:
+  explicit EncoderDecoder(const EncoderDecoderConfig& config, Generator* gen = nullptr);
+  // src (B, M) -> (B, M, De).
+  Tensor encode(const Tensor& src, const Tensor& src_mask = Tensor());
+  // src (B, M), tgt (B, Nt) -> logits (B, Nt, V).
+  Tensor forward(const Tensor& src, const Tensor& tgt, const Tensor& src_mask = Tensor(),
+                 const Tensor& tgt_mask = Tensor());
+  // start (B, P) decoder prime -> (B, P + generated), as LanguageModel::generate.
+  Tensor generate(const Tensor& src, const Tensor& start, int64_t length,
+                  const GenerateOptions& o = {}, const Tensor& src_mask = Tensor());
+
+  Stack& encoder_stack() { return encoder->stack(); }
+  Stack& decoder_stack() { return decoder->stack(); }
+  void fix_projections(bool fixed = true);
+  void set_n0(int64_t n0);
+
+  EncoderDecoderConfig config;
+  std::shared_ptr<LanguageModel> encoder, decoder;  // "encoder", "decoder"
+};
+
+// ---------------------------------------------------------------------------
+// ImageEfficientAttention (linear-attention-transformer's ImageLinearAttention):
+// 1x1 convolutions to q, k (key_dim per head) and v (value_dim per head),
+// efficient attention over all H*W pixels, a 1x1 convolution back to C.
+// The convolutions are Linear layers over the channels of each pixel (weight
+// (out, in) where torch's Conv2d has (out, in, 1, 1)); q and k are scaled by
+// key_dim^-1/4 before the softmaxes, as the reference.
+struct ImageEfficientAttentionConfig {
+  int64_t channels = 0;  // C
+  int64_t heads = 8;
+  int64_t key_dim = 64;
+  int64_t value_dim = 64;
+  DType dtype = DType::f32;
+
+  void validate() const;
+};
+
+class ImageEfficientAttention : public Module {
+ public:
+  explicit ImageEfficientAttention(const ImageEfficientAttentionConfig& config,
+                                   Generator* gen = nullptr);
+  // x (B, C, H, W) -> (B, C, H, W).
+  Tensor forward(const Tensor& x);
+
+  ImageEfficientAttentionConfig config;
+  std::shared_ptr<Linear> to_q, to_k, to_v, to_out;
+};
+
+}  // namespace forge::nn
