@@ -26,12 +26,15 @@ uint64_t Generator::reserve(uint64_t n) {
   return start;
 }
 
+Philox4x32 Generator::block(uint64_t seed, uint64_t offset, uint64_t b) {
+  const uint64_t counter = offset + b;
+  return philox4x32_10(
+      {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u},
+      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+}
+
 uint32_t Generator::word(uint64_t seed, uint64_t offset, uint64_t i) {
-  const uint64_t block = offset + i / 4;
-  const Philox4x32 out =
-      philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0u, 0u},
-                    {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
-  return out[i % 4];
+  return block(seed, offset, i / 4)[i % 4];
 }
 
 float Generator::uniform_f32(uint64_t seed, uint64_t offset, uint64_t i) {
@@ -40,9 +43,7 @@ float Generator::uniform_f32(uint64_t seed, uint64_t offset, uint64_t i) {
 
 double Generator::uniform_f64(uint64_t seed, uint64_t offset, uint64_t i) {
   // Two consecutive words of the stream: draw i of a f64 request uses words 2i, 2i+1.
-  const uint64_t hi = word(seed, offset, 2 * i) >> 5;      // 27 bits
-  const uint64_t lo = word(seed, offset, 2 * i + 1) >> 6;  // 26 bits
-  return static_cast<double>((hi << 26) | lo) * (1.0 / 9007199254740992.0);
+  return words_to_unit_f64(word(seed, offset, 2 * i), word(seed, offset, 2 * i + 1));
 }
 
 Generator& default_generator() {

@@ -46,6 +46,13 @@ class Generator {
   template <typename F>
   static void for_each_uniform_f32(uint64_t seed, uint64_t offset, uint64_t first, uint64_t n,
                                    F&& fn);
+  // Words 4b .. 4b + 3 of the stream at `offset` (one Philox block).
+  static Philox4x32 block(uint64_t seed, uint64_t offset, uint64_t b);
+  // The f64 uniform made of two consecutive words (hi, lo), as uniform_f64.
+  static double words_to_unit_f64(uint32_t hi, uint32_t lo) {
+    const uint64_t bits = (static_cast<uint64_t>(hi >> 5) << 26) | (lo >> 6);  // 27 + 26 bits
+    return static_cast<double>(bits) * (1.0 / 9007199254740992.0);
+  }
   static float word_to_unit_f32(uint32_t w) {
     return static_cast<float>(w >> 8) * (1.0f / 16777216.0f);
   }

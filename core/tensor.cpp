@@ -116,13 +116,15 @@ Tensor Tensor::rand(const Shape& shape, DType dtype, Generator* gen) {
     const bool wide = std::is_same_v<scalar_t, double>;
     const uint64_t seed = g.seed(), off = g.reserve(static_cast<uint64_t>(wide ? 2 * n : n));
     scalar_t* p = t.data<scalar_t>();
-    parallel_for(n, 20, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        p[i] =
-            wide
-                ? static_cast<scalar_t>(Generator::uniform_f64(seed, off, static_cast<uint64_t>(i)))
-                : static_cast<scalar_t>(
-                      Generator::uniform_f32(seed, off, static_cast<uint64_t>(i)));
+    // One Philox block per 4 f32 draws or 2 f64 draws (f64 draw i = words 2i, 2i + 1).
+    const int64_t per = wide ? 2 : 4, blocks = (n + per - 1) / per;
+    parallel_for(blocks, 20 * per, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        const Philox4x32 w = Generator::block(seed, off, static_cast<uint64_t>(k));
+        for (int64_t j = 0; j < per && k * per + j < n; ++j)
+          p[k * per + j] =
+              wide ? static_cast<scalar_t>(Generator::words_to_unit_f64(w[2 * j], w[2 * j + 1]))
+                   : static_cast<scalar_t>(Generator::word_to_unit_f32(w[j]));
       }
     });
   });
@@ -139,13 +141,15 @@ Tensor Tensor::randn(const Shape& shape, DType dtype, Generator* gen) {
   const uint64_t seed = g.seed(), off = g.reserve(static_cast<uint64_t>(4 * pairs));
   FORGE_DISPATCH_FLOAT(dtype, "randn", [&] {
     scalar_t* p = t.data<scalar_t>();
-    parallel_for(n, 40, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const uint64_t pair = static_cast<uint64_t>(i / 2);
-        const double u1 = 1.0 - Generator::uniform_f64(seed, off, 2 * pair);  // (0, 1]
-        const double u2 = Generator::uniform_f64(seed, off, 2 * pair + 1);
+    // Pair k uses the f64 uniforms 2k, 2k + 1: words 4k .. 4k + 3, one Philox block.
+    parallel_for(pairs, 80, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        const Philox4x32 w = Generator::block(seed, off, static_cast<uint64_t>(k));
+        const double u1 = 1.0 - Generator::words_to_unit_f64(w[0], w[1]);  // (0, 1]
+        const double u2 = Generator::words_to_unit_f64(w[2], w[3]);
         const double r = std::sqrt(-2.0 * std::log(u1)), theta = 2.0 * M_PI * u2;
-        p[i] = static_cast<scalar_t>(i % 2 == 0 ? r * std::cos(theta) : r * std::sin(theta));
+        p[2 * k] = static_cast<scalar_t>(r * std::cos(theta));
+        if (2 * k + 1 < n) p[2 * k + 1] = static_cast<scalar_t>(r * std::sin(theta));
       }
     });
   });
