@@ -89,8 +89,10 @@ void AttentionConfig::validate(const std::string& where) const {
                   feature_redraw_interval);
       break;
     case Mechanism::taylorshift:
-      FORGE_CHECK(!causal, "{}: taylorshift has no causal form; use softmax, local, efficient, "
-                  "linear or favor", where);
+      FORGE_CHECK(!causal,
+                  "{}: taylorshift has no causal form; use softmax, local, efficient, "
+                  "linear or favor",
+                  where);
       FORGE_CHECK(ts_a > 0 && ts_c >= ts_b * ts_b / (4 * ts_a),
                   "{}: taylorshift needs a > 0 and c >= b^2 / (4a), got a {} b {} c {}", where,
                   ts_a, ts_b, ts_c);
@@ -265,27 +267,20 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
   const AttentionConfig& c = config;
   const double p_attn = is_training() ? c.attn_dropout : 0.0;
   Generator* gen = generator();
-  if (h1 <= c.n_local_heads)
-    return att::local(q, k, v, key_mask,
-                      {.window = c.local_window,
-                       .look_backward = c.local_look_backward,
-                       .look_forward = c.local_look_forward,
-                       .causal = c.causal,
-                       .dropout = p_attn,
-                       .gen = gen});
+  const att::LocalOptions local{.window = c.local_window,
+                                .look_backward = c.local_look_backward,
+                                .look_forward = c.local_look_forward,
+                                .causal = c.causal,
+                                .dropout = p_attn,
+                                .gen = gen};
+  if (h1 <= c.n_local_heads) return att::local(q, k, v, key_mask, local);
   const int64_t nl = c.n_local_heads;
   switch (c.kind) {
     case Mechanism::softmax:
       return att::softmax(q, k, v, key_mask,
                           {.scale = c.scale, .causal = c.causal, .dropout = p_attn, .gen = gen});
     case Mechanism::local:
-      return att::local(q, k, v, key_mask,
-                        {.window = c.local_window,
-                         .look_backward = c.local_look_backward,
-                         .look_forward = c.local_look_forward,
-                         .causal = c.causal,
-                         .dropout = p_attn,
-                         .gen = gen});
+      return att::local(q, k, v, key_mask, local);
     case Mechanism::efficient: {
       const int64_t N = q.size(2), s = c.bucket_size;
       if (!c.causal || N % s == 0)

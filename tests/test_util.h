@@ -5,9 +5,11 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "autograd/gradcheck.h"
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace forge::testing {
@@ -43,6 +45,20 @@ inline void expect_values(const Tensor& a, const std::vector<double>& expected, 
   ASSERT_EQ(x.size(), expected.size());
   for (size_t i = 0; i < x.size(); ++i)
     EXPECT_NEAR(x[i], expected[i], tol) << "at flat index " << i;
+}
+
+// f throws a forge::Error whose message contains every one of `parts`.
+template <typename F>
+void expect_error(F&& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' not in: " << message;
+    return;
+  }
+  ADD_FAILURE() << "expected a forge::Error";
 }
 
 }  // namespace forge::testing

@@ -14,22 +14,9 @@ namespace forge::nn {
 namespace {
 
 using forge::testing::expect_close;
+using forge::testing::expect_error;
 using forge::testing::expect_values;
 using forge::testing::leaf64;
-
-// f throws a forge::Error whose message contains every one of `parts`.
-template <typename F>
-void expect_error(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' not in: " << message;
-    return;
-  }
-  ADD_FAILURE() << "expected a forge::Error";
-}
 
 std::vector<std::string> names(const std::map<std::string, Tensor>& state) {
   std::vector<std::string> out;

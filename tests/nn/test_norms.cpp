@@ -13,22 +13,9 @@
 namespace forge::nn {
 namespace {
 
+using forge::testing::expect_error;
 using forge::testing::expect_values;
 using forge::testing::leaf64;
-
-// f throws a forge::Error whose message contains every one of `parts`.
-template <typename F>
-void expect_error(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' not in: " << message;
-    return;
-  }
-  ADD_FAILURE() << "expected a forge::Error";
-}
 
 TEST(NormsScaleNorm, ValuesAndGrad) {
   ScaleNorm norm(1e-2, DType::f64);
