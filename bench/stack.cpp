@@ -7,6 +7,7 @@
 //               [--k 256] [--sharing headwise] [--loss mse|sum] [--runs 3]
 //               [--threads 2] [--frozen-input] [--csv]
 //
+// --runs 0 measures memory and checks the results only (one step per mode).
 // Modes: C0 plain; C1 each residual branch checkpointed; C2 also one head at
 // a time; rev the reversible stack (one autograd node for all blocks);
 // rev-plain the same reversible network run as ordinary recorded ops, which
@@ -16,7 +17,8 @@
 // Memory, from the allocator's counters around the warm-up step: "act" is
 // the peak during the step minus the bytes held before it (parameters, x and
 // the target), so it counts activations, recomputation buffers and the
-// gradients the step creates; "peak" is the whole peak. Time: the median of
+// gradients the step creates ("grads": those still held after it, the
+// parameters' and x's); "peak" is the whole peak. Time: the median of
 // --runs steps after the warm-up. Shapes: x (B = 1, N, D), heads of d = D / H.
 #include <algorithm>
 #include <chrono>
@@ -47,9 +49,13 @@ Mode mode_from_name(const std::string& s) {
     if (s == kModeNames[i]) return static_cast<Mode>(i);
   FORGE_FAIL("unknown mode '{}'; expected C0, C1, C2, rev or rev-plain", s);
 }
-const char* name_of(Mode m) { return kModeNames[static_cast<int>(m)]; }
+const char* name_of(Mode m) {
+  return kModeNames[static_cast<int>(m)];
+}
 // The mode whose results a mode must equal: the plain run of the same network.
-Mode reference_of(Mode m) { return m == Mode::rev || m == Mode::rev_plain ? Mode::rev_plain : Mode::C0; }
+Mode reference_of(Mode m) {
+  return m == Mode::rev || m == Mode::rev_plain ? Mode::rev_plain : Mode::C0;
+}
 
 struct Options {
   int64_t n = 4096, depth = 12, dim = 256, heads = 4, ff_mult = 4, k = 256;
@@ -143,7 +149,7 @@ GradDiff compare(const Grads& a, const Grads& ref) {
 
 struct Result {
   double loss = 0, step_ms = 0;
-  int64_t param_bytes = 0, act_bytes = 0, peak_bytes = 0;
+  int64_t param_bytes = 0, act_bytes = 0, peak_bytes = 0, grad_bytes = 0;
   int no_grad_params = 0;
   Grads grads;
 };
@@ -182,6 +188,7 @@ Result measure(const Options& o, const std::string& kind, Mode mode) {
   r.loss = step();
   r.peak_bytes = forge::memory_stats().peak;
   r.act_bytes = r.peak_bytes - before;
+  r.grad_bytes = forge::memory_stats().current - before;
   r.grads = copy_grads(tensors);
   for (size_t i = 0; i + 1 < tensors.size(); ++i) r.no_grad_params += r.grads.values[i].empty();
 
@@ -196,7 +203,9 @@ Result measure(const Options& o, const std::string& kind, Mode mode) {
   return r;
 }
 
-double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+double mib(int64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
 
 int run(int argc, char** argv) {
   Options o;
@@ -206,26 +215,40 @@ int run(int argc, char** argv) {
       FORGE_CHECK(i + 1 < argc, "{} needs a value", a);
       return argv[++i];
     };
-    if (a == "--n") o.n = std::stoll(value());
-    else if (a == "--depth") o.depth = std::stoll(value());
-    else if (a == "--dim") o.dim = std::stoll(value());
-    else if (a == "--heads") o.heads = std::stoll(value());
-    else if (a == "--ff-mult") o.ff_mult = std::stoll(value());
-    else if (a == "--k") o.k = std::stoll(value());
-    else if (a == "--kind") o.kinds = split(value());
+    if (a == "--n")
+      o.n = std::stoll(value());
+    else if (a == "--depth")
+      o.depth = std::stoll(value());
+    else if (a == "--dim")
+      o.dim = std::stoll(value());
+    else if (a == "--heads")
+      o.heads = std::stoll(value());
+    else if (a == "--ff-mult")
+      o.ff_mult = std::stoll(value());
+    else if (a == "--k")
+      o.k = std::stoll(value());
+    else if (a == "--kind")
+      o.kinds = split(value());
     else if (a == "--modes") {
       o.modes.clear();
       for (const std::string& m : split(value())) o.modes.push_back(mode_from_name(m));
-    } else if (a == "--sharing") o.sharing = value();
-    else if (a == "--loss") o.loss = value();
-    else if (a == "--runs") o.runs = std::stoi(value());
-    else if (a == "--threads") o.threads = std::stoi(value());
-    else if (a == "--frozen-input") o.frozen_input = true;
-    else if (a == "--csv") o.csv = true;
+    } else if (a == "--sharing")
+      o.sharing = value();
+    else if (a == "--loss")
+      o.loss = value();
+    else if (a == "--runs")
+      o.runs = std::stoi(value());
+    else if (a == "--threads")
+      o.threads = std::stoi(value());
+    else if (a == "--frozen-input")
+      o.frozen_input = true;
+    else if (a == "--csv")
+      o.csv = true;
     else
-      FORGE_FAIL("unknown argument {} (see the options at the top of bench/stack.cpp: --n, "
-                 "--depth, --dim, --heads, --kind, --modes, --csv, ...)",
-                 a);
+      FORGE_FAIL(
+          "unknown argument {} (see the options at the top of bench/stack.cpp: --n, "
+          "--depth, --dim, --heads, --kind, --modes, --csv, ...)",
+          a);
   }
   FORGE_CHECK(o.loss == "mse" || o.loss == "sum", "--loss must be mse or sum, got {}", o.loss);
   // Each reference (C0, rev-plain) runs before the modes checked against it.
@@ -242,21 +265,23 @@ int run(int argc, char** argv) {
   forge::set_num_threads(o.threads);
 
   if (o.csv) {
-    std::printf("mechanism,mode,loss,ref_mode,loss_diff,grad_max_rel_diff,grads_missing,"
-                "no_grad_params,step_ms,act_MiB,peak_MiB,param_MiB\n");
+    std::printf(
+        "mechanism,mode,loss,ref_mode,loss_diff,grad_max_rel_diff,grads_missing,"
+        "no_grad_params,step_ms,act_MiB,grads_MiB,peak_MiB,param_MiB\n");
   } else {
-    std::printf("depth %lld, N = %lld, B = 1, D = %lld, H = %lld (d = %lld), ff mult %lld, f32, "
-                "%d threads; loss %s; linformer k = %lld, sharing %s; step = median of %d after a "
-                "warm-up%s\n\n",
-                static_cast<long long>(o.depth), static_cast<long long>(o.n),
-                static_cast<long long>(o.dim), static_cast<long long>(o.heads),
-                static_cast<long long>(o.dim / o.heads), static_cast<long long>(o.ff_mult),
-                forge::num_threads(), o.loss == "mse" ? "mse against a random target" : "sum(y)",
-                static_cast<long long>(o.k), o.sharing.c_str(), o.runs,
-                o.frozen_input ? "; x does not require grad" : "");
-    std::printf("| mechanism | mode | loss | vs | loss diff | grad rel diff | step ms | act MiB | "
-                "peak MiB | time / C0 | act / C0 | peak / C0 |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "depth %lld, N = %lld, B = 1, D = %lld, H = %lld (d = %lld), ff mult %lld, f32, "
+        "%d threads; loss %s; linformer k = %lld, sharing %s; step = median of %d after a "
+        "warm-up%s\n\n",
+        static_cast<long long>(o.depth), static_cast<long long>(o.n), static_cast<long long>(o.dim),
+        static_cast<long long>(o.heads), static_cast<long long>(o.dim / o.heads),
+        static_cast<long long>(o.ff_mult), forge::num_threads(),
+        o.loss == "mse" ? "mse against a random target" : "sum(y)", static_cast<long long>(o.k),
+        o.sharing.c_str(), o.runs, o.frozen_input ? "; x does not require grad" : "");
+    std::printf(
+        "| mechanism | mode | loss | vs | loss diff | grad rel diff | step ms | act MiB | "
+        "of which grads MiB | peak MiB | time / C0 | act / C0 | peak / C0 |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   std::fflush(stdout);
 
@@ -276,32 +301,42 @@ int run(int argc, char** argv) {
       const Result* ref = find(ref_mode);
       for (const auto& [mm, rr] : done) {
         if (ref) break;
-        if (reference_of(mm) == reference_of(mode)) ref = &rr, ref_mode = mm;
+        if (reference_of(mm) == reference_of(mode)) {
+          ref = &rr;
+          ref_mode = mm;
+        }
       }
       const GradDiff d = ref ? compare(r.grads, ref->grads) : GradDiff{};
       const Result* c0 = find(Mode::C0);
       if (mode == Mode::C0) c0 = &r;
-      char loss_diff[32] = "-", grad_diff[64] = "-", ratios[3][16] = {"-", "-", "-"};
+      char loss_diff[32] = "-", grad_rel[32] = "-", grad_diff[64] = "-";
+      char ratios[3][16] = {"-", "-", "-"};
       if (ref) {
         std::snprintf(loss_diff, sizeof loss_diff, "%.3g", std::fabs(r.loss - ref->loss));
+        std::snprintf(grad_rel, sizeof grad_rel, "%.3g", d.max_rel);
         std::snprintf(grad_diff, sizeof grad_diff, d.missing ? "%.3g (%d missing)" : "%.3g",
                       d.max_rel, d.missing);
       }
       if (c0) {
-        std::snprintf(ratios[0], sizeof ratios[0], "%.2f", r.step_ms / c0->step_ms);
-        std::snprintf(ratios[1], sizeof ratios[1], "%.2f", double(r.act_bytes) / double(c0->act_bytes));
-        std::snprintf(ratios[2], sizeof ratios[2], "%.2f", double(r.peak_bytes) / double(c0->peak_bytes));
+        if (c0->step_ms > 0)
+          std::snprintf(ratios[0], sizeof ratios[0], "%.2f", r.step_ms / c0->step_ms);
+        std::snprintf(ratios[1], sizeof ratios[1], "%.2f",
+                      double(r.act_bytes) / double(c0->act_bytes));
+        std::snprintf(ratios[2], sizeof ratios[2], "%.2f",
+                      double(r.peak_bytes) / double(c0->peak_bytes));
       }
       const char* vs = ref ? name_of(ref_mode) : "-";
       if (o.csv) {
-        std::printf("%s,%s,%.9g,%s,%s,%s,%d,%d,%.2f,%.1f,%.1f,%.1f\n", kind.c_str(), name_of(mode),
-                    r.loss, vs, loss_diff, ref ? std::to_string(d.max_rel).c_str() : "-",
-                    d.missing, r.no_grad_params, r.step_ms, mib(r.act_bytes), mib(r.peak_bytes),
+        std::printf("%s,%s,%.9g,%s,%s,%s,%d,%d,%.2f,%.1f,%.1f,%.1f,%.1f\n", kind.c_str(),
+                    name_of(mode), r.loss, vs, loss_diff, grad_rel, d.missing, r.no_grad_params,
+                    r.step_ms, mib(r.act_bytes), mib(r.grad_bytes), mib(r.peak_bytes),
                     mib(r.param_bytes));
       } else {
-        std::printf("| %s | %s | %.7g | %s | %s | %s | %.0f | %.1f | %.1f | %s | %s | %s |\n",
-                    kind.c_str(), name_of(mode), r.loss, vs, loss_diff, grad_diff, r.step_ms,
-                    mib(r.act_bytes), mib(r.peak_bytes), ratios[0], ratios[1], ratios[2]);
+        std::printf(
+            "| %s | %s | %.7g | %s | %s | %s | %.0f | %.1f | %.1f | %.1f | %s | %s | %s |\n",
+            kind.c_str(), name_of(mode), r.loss, vs, loss_diff, grad_diff, r.step_ms,
+            mib(r.act_bytes), mib(r.grad_bytes), mib(r.peak_bytes), ratios[0], ratios[1],
+            ratios[2]);
       }
       if (r.no_grad_params > 0)
         std::fprintf(stderr, "bench_stack: %s %s: %d of %zu parameters got no gradient\n",

@@ -108,7 +108,7 @@ struct AttentionState {
   int64_t pos = 0;  // tokens consumed so far
   Tensor S, z;      // [B, H, F, d], [B, H, F]: sums over the keys seen (F = feature count)
   Tensor S_bucket, z_bucket;  // efficient with buckets: the current bucket's sums
-  Tensor k_max;               // favor prefix stabiliser: running max [B, H, 1, 1]
+  Tensor k_max;               // favor prefix stabiliser: running max [B, H]
   Tensor v_sum;               // favor softmax kernel: sum of v [B, H, d]
   Tensor count;               // favor softmax kernel: keys seen (for the eps term)
 };

@@ -107,7 +107,8 @@ struct StackConfig {
   LinformerSharing sharing = LinformerSharing::none;
   int64_t k_reduce_by_layer = 0;
   bool final_norm = true;  // a norm after the last block (pre-norm stacks)
-  // Validates and fills derived fields (ff.dim, per-layer configs).
+  // Throws a forge::Error naming the first bad field (the Stack fills derived
+  // fields such as ff.dim and the per-layer widths itself).
   void validate(const std::string& where = "StackConfig") const;
 };
 
