@@ -46,19 +46,20 @@ constexpr DType dtype_of<bool>() {
 
 }  // namespace forge
 
+// One case of a dispatch switch: binds `alias` to the C++ type T and runs the body.
+#define FORGE_DISPATCH_CASE(dt, T, alias, ...) \
+  case ::forge::DType::dt: {                   \
+    using alias = T;                           \
+    return __VA_ARGS__();                      \
+  }
+
 // Runs the body with `scalar_t` bound to the C++ type of a floating dtype the
 // CPU computes in (f32, f64); any other dtype is an error naming the op.
 #define FORGE_DISPATCH_FLOAT(dtype, op_name, ...)                       \
   [&] {                                                                 \
     switch (dtype) {                                                    \
-      case ::forge::DType::f32: {                                       \
-        using scalar_t = float;                                         \
-        return __VA_ARGS__();                                           \
-      }                                                                 \
-      case ::forge::DType::f64: {                                       \
-        using scalar_t = double;                                        \
-        return __VA_ARGS__();                                           \
-      }                                                                 \
+      FORGE_DISPATCH_CASE(f32, float, scalar_t, __VA_ARGS__)            \
+      FORGE_DISPATCH_CASE(f64, double, scalar_t, __VA_ARGS__)           \
       default:                                                          \
         FORGE_FAIL("{}: expected a f32 or f64 tensor, got {}", op_name, \
                    ::forge::dtype_name(dtype));                         \
@@ -69,14 +70,8 @@ constexpr DType dtype_of<bool>() {
 #define FORGE_DISPATCH_INDEX(dtype, op_name, ...)                              \
   [&] {                                                                        \
     switch (dtype) {                                                           \
-      case ::forge::DType::i32: {                                              \
-        using index_t = int32_t;                                               \
-        return __VA_ARGS__();                                                  \
-      }                                                                        \
-      case ::forge::DType::i64: {                                              \
-        using index_t = int64_t;                                               \
-        return __VA_ARGS__();                                                  \
-      }                                                                        \
+      FORGE_DISPATCH_CASE(i32, int32_t, index_t, __VA_ARGS__)                  \
+      FORGE_DISPATCH_CASE(i64, int64_t, index_t, __VA_ARGS__)                  \
       default:                                                                 \
         FORGE_FAIL("{}: expected an i32 or i64 index tensor, got {}", op_name, \
                    ::forge::dtype_name(dtype));                                \
@@ -87,30 +82,12 @@ constexpr DType dtype_of<bool>() {
 #define FORGE_DISPATCH_ALL(dtype, op_name, ...)                                             \
   [&] {                                                                                     \
     switch (dtype) {                                                                        \
-      case ::forge::DType::f32: {                                                           \
-        using scalar_t = float;                                                             \
-        return __VA_ARGS__();                                                               \
-      }                                                                                     \
-      case ::forge::DType::f64: {                                                           \
-        using scalar_t = double;                                                            \
-        return __VA_ARGS__();                                                               \
-      }                                                                                     \
-      case ::forge::DType::i32: {                                                           \
-        using scalar_t = int32_t;                                                           \
-        return __VA_ARGS__();                                                               \
-      }                                                                                     \
-      case ::forge::DType::i64: {                                                           \
-        using scalar_t = int64_t;                                                           \
-        return __VA_ARGS__();                                                               \
-      }                                                                                     \
-      case ::forge::DType::u8: {                                                            \
-        using scalar_t = uint8_t;                                                           \
-        return __VA_ARGS__();                                                               \
-      }                                                                                     \
-      case ::forge::DType::boolean: {                                                       \
-        using scalar_t = bool;                                                              \
-        return __VA_ARGS__();                                                               \
-      }                                                                                     \
+      FORGE_DISPATCH_CASE(f32, float, scalar_t, __VA_ARGS__)                                \
+      FORGE_DISPATCH_CASE(f64, double, scalar_t, __VA_ARGS__)                               \
+      FORGE_DISPATCH_CASE(i32, int32_t, scalar_t, __VA_ARGS__)                              \
+      FORGE_DISPATCH_CASE(i64, int64_t, scalar_t, __VA_ARGS__)                              \
+      FORGE_DISPATCH_CASE(u8, uint8_t, scalar_t, __VA_ARGS__)                               \
+      FORGE_DISPATCH_CASE(boolean, bool, scalar_t, __VA_ARGS__)                             \
       default:                                                                              \
         FORGE_FAIL("{}: dtype {} has no CPU kernels", op_name, ::forge::dtype_name(dtype)); \
     }                                                                                       \

@@ -692,17 +692,10 @@ std::vector<GradcheckCase> favor_gradcheck_cases() {
     // gradients to 1e-10.
     if (sp.kernel == FavorKernel::softmax) c.options.atol = 3e-4;
     c.make_inputs = [sp] {
-      auto leaf = [](const Shape& shape, uint64_t seed) {
-        Generator g(seed);
-        Tensor t = Tensor::rand(shape, DType::f64, &g);
-        double* p = t.data<double>();
-        for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
-        t.set_requires_grad(true);
-        return t;
-      };
       // q, k, v, then W (projection kernels), then the mask (masked cases).
-      std::vector<Tensor> in = {leaf({B, H, N, d}, 11), leaf({B, H, sp.M, d}, 12),
-                                leaf({B, H, sp.M, dv}, 13)};
+      std::vector<Tensor> in = {gradcheck_leaf({B, H, N, d}, 11),
+                                gradcheck_leaf({B, H, sp.M, d}, 12),
+                                gradcheck_leaf({B, H, sp.M, dv}, 13)};
       if (sp.kernel != FavorKernel::no_projection) {
         Generator g(14);
         in.push_back(gaussian_orthogonal_random_matrix(m, d, 0, DType::f64, &g));

@@ -384,20 +384,14 @@ std::vector<GradcheckCase> linformer_gradcheck_cases() {
     GradcheckCase gc;
     gc.name = std::string("linformer/") + c.name;
     gc.make_inputs = [c] {
-      auto leaf = [](const Shape& shape, uint64_t seed) {
-        Generator g(seed);
-        Tensor t = Tensor::rand(shape, DType::f64, &g);
-        double* p = t.data<double>();
-        for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
-        return t.set_requires_grad(true);
-      };
       const int64_t kdim = 4;
-      std::vector<Tensor> in = {leaf({2, 2, 6, 3}, 51), leaf({2, 2, c.M, 3}, 52),
-                                leaf({2, 2, c.M, 4}, 53), leaf({kdim, c.Mmax}, 54),
-                                leaf({kdim, c.Mmax}, 55)};
+      std::vector<Tensor> in = {
+          gradcheck_leaf({2, 2, 6, 3}, 51), gradcheck_leaf({2, 2, c.M, 3}, 52),
+          gradcheck_leaf({2, 2, c.M, 4}, 53), gradcheck_leaf({kdim, c.Mmax}, 54),
+          gradcheck_leaf({kdim, c.Mmax}, 55)};
       if (c.bias) {
-        in.push_back(leaf({kdim}, 56));
-        in.push_back(leaf({kdim}, 57));
+        in.push_back(gradcheck_leaf({kdim}, 56));
+        in.push_back(gradcheck_leaf({kdim}, 57));
       }
       if (c.mask) {
         Tensor m = Tensor::ones({2, c.M}, DType::boolean);

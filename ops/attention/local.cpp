@@ -318,15 +318,9 @@ std::vector<GradcheckCase> local_gradcheck_cases() {
     GradcheckCase c;
     c.name = sp.name;
     c.make_inputs = [sp] {
-      auto leaf = [](const Shape& shape, uint64_t seed) {
-        Generator g(seed);
-        Tensor t = Tensor::rand(shape, DType::f64, &g);
-        double* p = t.data<double>();
-        for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
-        return t.set_requires_grad(true);
-      };
-      std::vector<Tensor> in = {leaf({2, 2, sp.N, 3}, 11), leaf({2, 2, sp.N, 3}, 12),
-                                leaf({2, 2, sp.N, 4}, 13)};
+      std::vector<Tensor> in = {gradcheck_leaf({2, 2, sp.N, 3}, 11),
+                                gradcheck_leaf({2, 2, sp.N, 3}, 12),
+                                gradcheck_leaf({2, 2, sp.N, 4}, 13)};
       if (sp.mask) {
         // Batch 0: the last two positions padded (a padded query row); batch 1:
         // a padded key in the middle.

@@ -262,15 +262,9 @@ std::vector<GradcheckCase> taylor_linear_gradcheck_cases() {
     GradcheckCase gc;
     gc.name = std::string("taylor_linear/") + c.name;
     gc.make_inputs = [c] {
-      auto leaf = [](const Shape& shape, uint64_t seed) {
-        Generator g(seed);
-        Tensor t = Tensor::rand(shape, DType::f64, &g);
-        double* p = t.data<double>();
-        for (int64_t i = 0; i < t.numel(); ++i) p[i] = 2 * p[i] - 1;
-        return t.set_requires_grad(true);
-      };
-      std::vector<Tensor> in = {leaf({2, 2, c.N, 3}, 11), leaf({2, 2, c.M, 3}, 12),
-                                leaf({2, 2, c.M, 4}, 13)};
+      std::vector<Tensor> in = {gradcheck_leaf({2, 2, c.N, 3}, 11),
+                                gradcheck_leaf({2, 2, c.M, 3}, 12),
+                                gradcheck_leaf({2, 2, c.M, 4}, 13)};
       if (c.mask) {
         Tensor m = Tensor::ones({2, c.M}, DType::boolean);
         bool* p = m.data<bool>();
