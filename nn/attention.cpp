@@ -411,6 +411,9 @@ Tensor MultiHeadAttention::attention_maps(const Tensor& x, const Tensor& mask,
         }
     return Tensor::from_vector(a, {B, 1, N, M});
   };
+  // The two masks every head uses, built once (local heads: band; others: global).
+  const Tensor off_band = nl > 0 || c.kind == Mechanism::local ? blocked(true) : Tensor();
+  const Tensor off_global = nl < H && c.kind != Mechanism::linformer ? blocked(false) : Tensor();
   std::vector<Tensor> maps;
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(d));
   for (int64_t h = 0; h < H; ++h) {
@@ -426,7 +429,7 @@ Tensor MultiHeadAttention::attention_maps(const Tensor& x, const Tensor& mask,
       maps.push_back(ops::softmax(ops::matmul(q, K, false, true) * (1.0 / std::sqrt(double(d)))));
       continue;
     }
-    const Tensor off = blocked(kind == Mechanism::local);
+    const Tensor& off = kind == Mechanism::local ? off_band : off_global;
     if (kind == Mechanism::taylorshift) {
       // T = a A^2 + b A + c with A = tau q^ k^T on unit rows; P = T / rowsum over real keys.
       auto unit = [](const Tensor& t) {
