@@ -325,6 +325,34 @@ void favor_forward_bh(const FavorDims& f, const T* q, const T* k, const T* v, co
 // Backward for one (b, h). In the forward o_i = num_i / den_i, so
 // dnum_i = do_i / den_i and dden_i = -(do_i . o_i) / den_i; then through S, z
 // to phi(q), g, v, and through the feature maps to q and k.
+// Back through a projected feature map, rows x [R, d] -> x' = (c x) W^T [R, F]:
+// on entry dxp holds the gradient of the features. relu kernel: phi = relu(x')
+// + 1e-3, so d(x') = d(phi) where x' > 0. softmax kernel: phi = s (exp(x' -
+// diag(x) - max) + const), whose derivative in x' is `expd` = s exp(...) and
+// in diag(x) = c^2 |x|^2 / 2 minus the sum of those (the max is stop-grad).
+// Writes gx [R, d] = c d(x') W + d(diag) c^2 x.
+template <typename T>
+void projected_features_backward(const FavorDims& f, int64_t R, const T* x, const T* xp,
+                                 const T* expd, T expd_offset, const T* W, T* dxp, T* gx) {
+  const int64_t d = f.s.d, F = f.F;
+  const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
+  std::vector<T> ddiag(static_cast<size_t>(R), T(0));
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t e = 0; e < F; ++e) {
+      const int64_t t = i * F + e;
+      if (f.opt.kernel == FavorKernel::relu) {
+        dxp[t] = xp[t] > 0 ? dxp[t] : T(0);
+      } else {
+        dxp[t] *= expd[t] + expd_offset;
+        ddiag[static_cast<size_t>(i)] -= dxp[t];
+      }
+    }
+  gemm(false, false, R, d, F, c, dxp, W, T(0), gx);
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t e = 0; e < d; ++e)
+      gx[i * d + e] += ddiag[static_cast<size_t>(i)] * c * c * x[i * d + e];
+}
+
 template <typename T>
 void favor_backward_bh(const FavorDims& f, const T* q, const T* k, const T* v, const T* W,
                        const uint8_t* mask, const T* o, const T* den, const T* go, T* gq, T* gk,
@@ -446,7 +474,6 @@ void favor_backward_bh(const FavorDims& f, const T* q, const T* k, const T* v, c
   }
 
   // Through the query feature map (forward: query_features).
-  const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
   const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(F)));
   if (f.opt.kernel == FavorKernel::no_projection) {
     for (int64_t i = 0; i < N; ++i) {  // softmax_d backward
@@ -456,24 +483,9 @@ void favor_backward_bh(const FavorDims& f, const T* q, const T* k, const T* v, c
       for (int64_t e = 0; e < F; ++e) dot += y[e] * dy[e];
       for (int64_t e = 0; e < F; ++e) gq[i * d + e] = y[e] * (dy[e] - dot);
     }
-  } else {
-    // phi(q) = relu(q') + 1e-3, or r (exp(q' - diag(q) - max) + eps): d(q') per feature
-    // and, for the softmax kernel, d(diag) = -sum_f d(q'); then q' = (c q) W^T.
-    std::vector<T> ddiag(static_cast<size_t>(N), T(0));
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t e = 0; e < F; ++e) {
-        const int64_t t = i * F + e;
-        if (f.opt.kernel == FavorKernel::relu) {
-          w.dqf[t] = w.qx[t] > 0 ? w.dqf[t] : T(0);
-        } else {
-          w.dqf[t] *= w.qf[t] - r * static_cast<T>(kSoftmaxEps);
-          ddiag[static_cast<size_t>(i)] -= w.dqf[t];
-        }
-      }
-    gemm(false, false, N, d, F, c, w.dqf, W, T(0), gq);
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t e = 0; e < d; ++e)
-        gq[i * d + e] += ddiag[static_cast<size_t>(i)] * c * c * q[i * d + e];
+  } else {  // phi(q) = r (exp(...) + eps): its exp part is qf - r eps
+    projected_features_backward(f, N, q, w.qx, w.qf, -r * static_cast<T>(kSoftmaxEps), W, w.dqf,
+                                gq);
   }
 
   // Through the key feature map (forward: key_features); masked keys have dg = 0.
@@ -489,21 +501,8 @@ void favor_backward_bh(const FavorDims& f, const T* q, const T* k, const T* v, c
     }
     return;
   }
-  std::vector<T> ddiag(static_cast<size_t>(M), T(0));
-  for (int64_t j = 0; j < M; ++j)
-    for (int64_t e = 0; e < F; ++e) {
-      const int64_t t = j * F + e;
-      if (f.opt.kernel == FavorKernel::relu) {
-        w.dg[t] = w.kx[t] > 0 ? w.dg[t] : T(0);
-      } else {
-        w.dg[t] *= w.g[t];  // g = exp(k' - diag(k) - M_j), M_j stop-grad
-        ddiag[static_cast<size_t>(j)] -= w.dg[t];
-      }
-    }
-  gemm(false, false, M, d, F, c, w.dg, W, T(0), gk);
-  for (int64_t j = 0; j < M; ++j)
-    for (int64_t e = 0; e < d; ++e)
-      gk[j * d + e] += ddiag[static_cast<size_t>(j)] * c * c * k[j * d + e];
+  // g = exp(k' - diag(k) - M_j) with M_j stop-grad: its own derivative in k'.
+  projected_features_backward(f, M, k, w.kx, w.g, T(0), W, w.dg, gk);
 }
 
 }  // namespace
