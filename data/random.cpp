@@ -33,7 +33,7 @@ double Rng::uniform() {
 }
 
 int64_t Rng::randint(int64_t n) {
-  FORGE_CHECK(n > 0, "Rng::randint: n must be positive, got ", n);
+  FORGE_CHECK(n > 0, "Rng::randint: n must be positive, got {}", n);
   const uint64_t un = static_cast<uint64_t>(n);
   const uint64_t limit = UINT64_MAX - UINT64_MAX % un;  // reject the biased tail
   uint64_t x;
@@ -43,7 +43,7 @@ int64_t Rng::randint(int64_t n) {
 }
 
 int64_t Rng::randint(int64_t lo, int64_t hi) {
-  FORGE_CHECK(lo <= hi, "Rng::randint: empty range [", lo, ", ", hi, "]");
+  FORGE_CHECK(lo <= hi, "Rng::randint: empty range [{}, {}]", lo, hi);
   return lo + randint(hi - lo + 1);
 }
 
@@ -54,7 +54,7 @@ double Rng::normal() {
 }
 
 double Rng::gamma(double shape) {
-  FORGE_CHECK(shape > 0, "Rng::gamma: shape must be positive, got ", shape);
+  FORGE_CHECK(shape > 0, "Rng::gamma: shape must be positive, got {}", shape);
   if (shape < 1) {  // Gamma(a) = Gamma(a + 1) * U^(1/a)
     const double u = 1.0 - uniform();
     return gamma(shape + 1) * std::pow(u, 1.0 / shape);
