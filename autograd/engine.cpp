@@ -133,6 +133,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       const Edge& e = n->next[i];
       if (!e.active()) continue;
       const Tensor& g = input_grads[i];
+      if (g.defined() && check_nan_enabled())
+        check_finite(g, fmt::format("the gradient for input {} from the backward of op '{}'", i, n->name));
       if (g.defined()) {
         FORGE_CHECK(g.shape() == n->input_shapes[i],
                     "op '{}': gradient for input {} has shape {}, expected {}", n->name, i,

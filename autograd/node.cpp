@@ -62,6 +62,9 @@ void record(const char* name, const std::vector<Tensor>& inputs, const std::vect
   }
   node->backward = std::move(fn);
   for (const Tensor& t : outputs) t.impl().grad_fn = node;
+  if (check_nan_enabled())
+    for (size_t i = 0; i < outputs.size(); ++i)
+      check_finite(outputs[i], fmt::format("the output {} of op '{}'", i, name));
 }
 
 Tensor record(const char* name, const std::vector<Tensor>& inputs, const Tensor& output,

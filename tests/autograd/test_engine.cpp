@@ -164,3 +164,51 @@ TEST(Gradcheck, RejectsF32Inputs) {
 
 }  // namespace
 }  // namespace forge
+
+namespace forge {
+namespace {
+
+// Turns check-nan on for one test and off again, whatever happens.
+struct CheckNanScope {
+  CheckNanScope() { autograd::set_check_nan(true); }
+  ~CheckNanScope() { autograd::set_check_nan(false); }
+};
+
+TEST(CheckNan, NamesTheFirstOpWhoseOutputIsNotFinite) {
+  Tensor x = Tensor::from_vector<double>({1.0, -1.0, 2.0});
+  x.set_requires_grad(true);
+  CheckNanScope on;
+  Tensor y = ops::mul(x, 2.0);  // finite: passes
+  try {
+    Tensor z = ops::sqrt(y);  // sqrt(-2) = NaN
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("op 'sqrt'"), std::string::npos) << m;
+    EXPECT_NE(m.find("element 1"), std::string::npos) << m;
+  }
+}
+
+TEST(CheckNan, NamesTheBackwardThatMadeANonFiniteGradient) {
+  Tensor x = Tensor::from_vector<double>({0.0, 4.0});
+  x.set_requires_grad(true);
+  CheckNanScope on;
+  Tensor y = ops::sum(ops::sqrt(x));  // sqrt(0) = 0 is finite; its gradient 1/(2 sqrt 0) is not
+  try {
+    autograd::backward(y);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("backward of op 'sqrt'"), std::string::npos) << m;
+  }
+}
+
+TEST(CheckNan, OffByDefaultAndNaNsFlowThrough) {
+  EXPECT_FALSE(autograd::check_nan_enabled());
+  Tensor x = Tensor::from_vector<double>({-1.0});
+  x.set_requires_grad(true);
+  EXPECT_TRUE(std::isnan(ops::sqrt(x).item()));
+}
+
+}  // namespace
+}  // namespace forge
