@@ -1,0 +1,328 @@
+// Reading, checking and printing recipes (see recipe.h). The only file that
+// includes yaml-cpp.
+#include "train/recipe.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace forge::train {
+
+const char* key_type_name(KeyType t) {
+  switch (t) {
+    case KeyType::integer: return "integer";
+    case KeyType::number: return "number";
+    case KeyType::boolean: return "boolean";
+    case KeyType::string: return "string";
+    case KeyType::choice: return "choice";
+    case KeyType::int_list: return "list of integers";
+    case KeyType::number_list: return "list of numbers";
+    case KeyType::string_list: return "list of strings";
+  }
+  return "?";
+}
+
+namespace {
+
+size_t key_index(const std::string& path) {
+  const KeySpec* k = find_key(path);
+  FORGE_CHECK(k != nullptr, "recipe: no key '{}' in the schema", path);
+  return static_cast<size_t>(k - recipe_schema().data());
+}
+
+// The keys and sections directly under `section` ("" for the top level).
+std::vector<std::string> children_of(const std::string& section) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  const std::string prefix = section.empty() ? "" : section + ".";
+  for (const KeySpec& k : recipe_schema()) {
+    if (k.path.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = k.path.substr(prefix.size());
+    const size_t dot = rest.find('.');
+    const std::string child = dot == std::string::npos ? rest : rest.substr(0, dot) + ".*";
+    if (seen.insert(child).second) out.push_back(dot == std::string::npos ? child : rest.substr(0, dot));
+  }
+  return out;
+}
+
+bool is_section(const std::string& path) {
+  const std::string prefix = path + ".";
+  for (const KeySpec& k : recipe_schema())
+    if (k.path.compare(0, prefix.size(), prefix) == 0) return true;
+  return false;
+}
+
+std::string where(const std::string& what, const YAML::Node& node) {
+  const YAML::Mark m = node.Mark();
+  if (m.line < 0) return what;
+  return fmt::format("{}:{}:{}", what, m.line + 1, m.column + 1);
+}
+
+std::string scalar_text(const YAML::Node& node) {
+  if (node.IsScalar()) return node.Scalar();
+  YAML::Emitter e;
+  e << YAML::Flow << node;
+  return e.c_str();
+}
+
+// One scalar of `key`'s element type, from YAML text. Errors name the key,
+// the value and the place.
+json::Value convert_scalar(const KeySpec& key, KeyType type, const YAML::Node& node,
+                           const std::string& place) {
+  if (!node.IsScalar())
+    FORGE_FAIL("recipe {}: '{}' expects a {}, found '{}'", place, key.path, key_type_name(type),
+               scalar_text(node));
+  const std::string text = node.Scalar();
+  auto bad = [&](const char* expected) -> json::Value {
+    FORGE_FAIL("recipe {}: '{}' expects {}, found '{}'", place, key.path, expected, text);
+  };
+  auto in_range = [&](double v) {
+    if (v < key.min || v > key.max)
+      FORGE_FAIL("recipe {}: '{}' = {} is out of range [{}, {}]", place, key.path, text, key.min,
+                 key.max);
+  };
+  switch (type) {
+    case KeyType::integer:
+    case KeyType::int_list: {
+      int64_t v = 0;
+      if (!YAML::convert<int64_t>::decode(node, v)) return bad("an integer");
+      in_range(static_cast<double>(v));
+      return json::Value(v);
+    }
+    case KeyType::number:
+    case KeyType::number_list: {
+      double v = 0;
+      if (!YAML::convert<double>::decode(node, v) || !std::isfinite(v)) return bad("a finite number");
+      in_range(v);
+      return json::Value(v);
+    }
+    case KeyType::boolean: {
+      bool v = false;
+      if (!YAML::convert<bool>::decode(node, v)) return bad("true or false");
+      return json::Value(v);
+    }
+    case KeyType::string:
+      if (node.Tag() == "?" && (text == "~" || text == "null"))
+        return bad("a string (quote it to mean the word)");
+      return json::Value(text);
+    case KeyType::choice:
+    case KeyType::string_list:
+      if (!key.choices.empty() && std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end())
+        FORGE_FAIL("recipe {}: '{}' = '{}' is not one of: {}", place, key.path, text,
+                   fmt::join(key.choices, ", "));
+      return json::Value(text);
+  }
+  return bad("a value");
+}
+
+json::Value convert(const KeySpec& key, const YAML::Node& node, const std::string& place) {
+  if (!node.IsDefined() || node.IsNull())
+    FORGE_FAIL("recipe {}: '{}' has no value (expected a {})", place, key.path,
+               key_type_name(key.type));
+  switch (key.type) {
+    case KeyType::int_list:
+    case KeyType::number_list:
+    case KeyType::string_list: {
+      if (!node.IsSequence())
+        FORGE_FAIL("recipe {}: '{}' expects a {} such as [a, b], found '{}'", place, key.path,
+                   key_type_name(key.type), scalar_text(node));
+      json::Array out;
+      for (const YAML::Node& item : node) out.push_back(convert_scalar(key, key.type, item, place));
+      return json::Value(out);
+    }
+    default: return convert_scalar(key, key.type, node, place);
+  }
+}
+
+void emit_value(YAML::Emitter& e, const KeySpec& key, const json::Value& v) {
+  switch (key.type) {
+    case KeyType::integer: e << v.as_int(); break;
+    case KeyType::number: {
+      // Shortest text that reads back to the same double.
+      std::string t = fmt::format("{}", v.as_double());
+      if (t.find_first_of(".eE") == std::string::npos && t.find("inf") == std::string::npos) t += ".0";
+      e << t;
+      break;
+    }
+    case KeyType::boolean: e << v.as_bool(); break;
+    case KeyType::string: e << YAML::DoubleQuoted << v.as_string(); break;
+    case KeyType::choice: e << v.as_string(); break;
+    case KeyType::int_list:
+    case KeyType::number_list:
+    case KeyType::string_list: {
+      e << YAML::Flow << YAML::BeginSeq;
+      for (const json::Value& item : v.as_array()) {
+        if (key.type == KeyType::int_list) e << item.as_int();
+        else if (key.type == KeyType::number_list) e << fmt::format("{}", item.as_double());
+        else e << item.as_string();
+      }
+      e << YAML::EndSeq;
+      break;
+    }
+  }
+}
+
+void walk(const YAML::Node& node, const std::string& section, const std::string& what,
+          std::vector<std::pair<const KeySpec*, json::Value>>& out) {
+  if (!node.IsMap())
+    FORGE_FAIL("recipe {}: {} must be a mapping of keys (found '{}')", where(what, node),
+               section.empty() ? "the recipe" : "'" + section + "'", scalar_text(node));
+  for (const auto& item : node) {
+    const std::string name = item.first.Scalar();
+    const std::string path = section.empty() ? name : section + "." + name;
+    const std::string place = where(what, item.first);
+    if (const KeySpec* key = find_key(path)) {
+      out.emplace_back(key, convert(*key, item.second, place));
+    } else if (is_section(path)) {
+      walk(item.second, path, what, out);
+    } else {
+      FORGE_FAIL("recipe {}: unknown key '{}'; valid keys{}: {}", place, path,
+                 section.empty() ? " at the top level" : " under '" + section + "'",
+                 fmt::join(children_of(section), ", "));
+    }
+  }
+}
+
+}  // namespace
+
+Recipe::Recipe() {
+  for (const KeySpec& k : recipe_schema()) values_.push_back(k.default_value);
+  explicit_.assign(values_.size(), false);
+}
+
+void Recipe::assign(const KeySpec& key, const json::Value& v, bool explicit_value) {
+  const size_t i = static_cast<size_t>(&key - recipe_schema().data());
+  values_[i] = v;
+  explicit_[i] = explicit_value;
+}
+
+Recipe Recipe::from_yaml(const std::string& text, const std::string& what) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    FORGE_FAIL("recipe {}:{}:{}: not valid YAML: {}", what, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  Recipe r;
+  if (root.IsNull()) return r;  // an empty file: every default
+  std::vector<std::pair<const KeySpec*, json::Value>> entries;
+  walk(root, "", what, entries);
+  for (auto& [key, value] : entries) r.assign(*key, value, true);
+  return r;
+}
+
+Recipe Recipe::from_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  FORGE_CHECK(in.good(), "recipe {}: cannot open the file (does it exist?)", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_yaml(ss.str(), path);
+}
+
+void Recipe::set(const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  FORGE_CHECK(eq != std::string::npos && eq > 0,
+              "--set '{}': expected key=value, e.g. --set optimizer.lr=3e-4", assignment);
+  const std::string path = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  const KeySpec* key = find_key(path);
+  if (!key) {
+    std::string section = path.substr(0, path.rfind('.') == std::string::npos ? 0 : path.rfind('.'));
+    while (!section.empty() && !is_section(section))
+      section = section.substr(0, section.rfind('.') == std::string::npos ? 0 : section.rfind('.'));
+    FORGE_FAIL("--set {}: unknown key '{}'; valid keys{}: {}", assignment, path,
+               section.empty() ? " at the top level" : " under '" + section + "'",
+               fmt::join(children_of(section), ", "));
+  }
+  YAML::Node node;
+  try {
+    node = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    FORGE_FAIL("--set {}: the value is not valid YAML: {}", assignment, e.msg);
+  }
+  if (key->type == KeyType::string && !node.IsScalar()) node = YAML::Node(text);
+  assign(*key, convert(*key, node, "--set " + assignment), true);
+}
+
+std::string Recipe::to_yaml() const {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  std::vector<std::string> open;  // the sections currently open
+  const auto& schema = recipe_schema();
+  for (size_t i = 0; i < schema.size(); ++i) {
+    const KeySpec& k = schema[i];
+    std::vector<std::string> parts;
+    std::stringstream ss(k.path);
+    for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+    const std::vector<std::string> sections(parts.begin(), parts.end() - 1);
+    size_t common = 0;
+    while (common < open.size() && common < sections.size() && open[common] == sections[common]) ++common;
+    for (size_t j = open.size(); j > common; --j) e << YAML::EndMap;
+    open.resize(common);
+    for (size_t j = common; j < sections.size(); ++j) {
+      e << YAML::Key << sections[j] << YAML::Value << YAML::BeginMap;
+      open.push_back(sections[j]);
+    }
+    e << YAML::Key << parts.back() << YAML::Value;
+    emit_value(e, k, values_[i]);
+  }
+  for (size_t j = 0; j < open.size(); ++j) e << YAML::EndMap;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+const json::Value& Recipe::value(const std::string& path) const { return values_[key_index(path)]; }
+
+bool Recipe::is_set(const std::string& path) const { return explicit_[key_index(path)]; }
+
+int64_t Recipe::integer(const std::string& path) const { return value(path).as_int(); }
+double Recipe::number(const std::string& path) const { return value(path).as_double(); }
+bool Recipe::boolean(const std::string& path) const { return value(path).as_bool(); }
+const std::string& Recipe::string(const std::string& path) const { return value(path).as_string(); }
+
+std::vector<int64_t> Recipe::int_list(const std::string& path) const {
+  std::vector<int64_t> out;
+  for (const json::Value& v : value(path).as_array()) out.push_back(v.as_int());
+  return out;
+}
+std::vector<double> Recipe::number_list(const std::string& path) const {
+  std::vector<double> out;
+  for (const json::Value& v : value(path).as_array()) out.push_back(v.as_double());
+  return out;
+}
+std::vector<std::string> Recipe::string_list(const std::string& path) const {
+  std::vector<std::string> out;
+  for (const json::Value& v : value(path).as_array()) out.push_back(v.as_string());
+  return out;
+}
+
+std::string recipe_reference_markdown() {
+  std::string out;
+  std::string section = "\x01";
+  for (const KeySpec& k : recipe_schema()) {
+    const size_t dot = k.path.rfind('.');
+    const std::string sec = dot == std::string::npos ? "" : k.path.substr(0, dot);
+    if (sec != section) {
+      section = sec;
+      out += fmt::format("\n### {}\n\n| key | type | default | range / choices | meaning |\n|---|---|---|---|---|\n",
+                         sec.empty() ? "top level" : "`" + sec + "`");
+    }
+    std::string range;
+    if (!k.choices.empty()) {
+      range = fmt::format("{}", fmt::join(k.choices, ", "));
+    } else if (std::isfinite(k.min) || std::isfinite(k.max)) {
+      range = fmt::format("[{}, {}]", std::isfinite(k.min) ? fmt::format("{}", k.min) : "-inf",
+                          std::isfinite(k.max) ? fmt::format("{}", k.max) : "inf");
+    }
+    std::string def = json::dump(k.default_value);
+    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", k.path, key_type_name(k.type), def, range, k.doc);
+  }
+  return out;
+}
+
+}  // namespace forge::train

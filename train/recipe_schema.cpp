@@ -1,0 +1,211 @@
+// The recipe schema: every key a recipe may hold, with its type, default,
+// range and one line of documentation. The Markdown reference
+// (docs/RECIPES.md) and --dump-config are generated from this table.
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+#include "train/recipe.h"
+
+namespace forge::train {
+
+namespace {
+
+using json::Value;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct SchemaBuilder {
+  std::vector<KeySpec> keys;
+  std::string section;
+
+  void integer(const std::string& name, int64_t def, double lo, double hi, std::string doc) {
+    keys.push_back({section + name, KeyType::integer, Value(def), std::move(doc), lo, hi, {}});
+  }
+  void number(const std::string& name, double def, double lo, double hi, std::string doc) {
+    keys.push_back({section + name, KeyType::number, Value(def), std::move(doc), lo, hi, {}});
+  }
+  void boolean(const std::string& name, bool def, std::string doc) {
+    keys.push_back({section + name, KeyType::boolean, Value(def), std::move(doc), -kInf, kInf, {}});
+  }
+  void string(const std::string& name, std::string def, std::string doc) {
+    keys.push_back({section + name, KeyType::string, Value(def), std::move(doc), -kInf, kInf, {}});
+  }
+  void choice(const std::string& name, std::string def, std::vector<std::string> choices,
+              std::string doc) {
+    keys.push_back({section + name, KeyType::choice, Value(def), std::move(doc), -kInf, kInf,
+                    std::move(choices)});
+  }
+  void int_list(const std::string& name, double lo, double hi, std::string doc) {
+    keys.push_back({section + name, KeyType::int_list, Value(json::Array{}), std::move(doc), lo, hi, {}});
+  }
+  void number_list(const std::string& name, std::vector<double> def, std::string doc) {
+    json::Array a;
+    for (double d : def) a.push_back(Value(d));
+    keys.push_back({section + name, KeyType::number_list, Value(a), std::move(doc), -kInf, kInf, {}});
+  }
+  void string_list(const std::string& name, std::vector<std::string> choices, std::string doc) {
+    keys.push_back({section + name, KeyType::string_list, Value(json::Array{}), std::move(doc), -kInf,
+                    kInf, std::move(choices)});
+  }
+};
+
+const std::vector<std::string> kMechanisms = {"softmax",       "local",     "efficient", "linear",
+                                              "taylor_linear", "linformer", "favor",     "taylorshift"};
+
+std::vector<KeySpec> build_schema() {
+  SchemaBuilder s;
+  s.section = "";
+  s.string("name", "run", "Name of the run; the default output directory is runs/<name>.");
+  s.integer("seed", 0, 0, kInf, "Seed of every random stream (initialisation, dropout, data order, augmentation).");
+  s.choice("device", "cpu", {"cpu", "auto"}, "Where to train. auto: the GPU when one is visible (the CUDA backend is not in this build yet, so auto means cpu).");
+  s.choice("precision", "fp32", {"fp32", "fp64"}, "Parameter and activation type.");
+  s.integer("threads", 0, 0, 4096, "CPU threads for BLAS and our kernels; 0: every core.");
+
+  s.section = "model.";
+  s.choice("type", "vit", {"vit", "sequence_classifier"}, "vit: image classification; sequence_classifier: token sequences (LRA tasks; a dual encoder for retrieval).");
+  s.integer("dim", 192, 1, kInf, "Model width D.");
+  s.integer("depth", 12, 1, 1024, "Number of transformer blocks.");
+  s.integer("heads", 3, 1, 1024, "Attention heads H.");
+  s.integer("head_dim", 0, 0, kInf, "Per-head width d; 0: dim / heads.");
+  s.integer("mlp_dim", 0, 0, kInf, "Feed-forward hidden width; 0: mlp_ratio * dim.");
+  s.integer("mlp_ratio", 4, 1, 64, "Feed-forward hidden width as a multiple of dim (when mlp_dim is 0).");
+  s.choice("activation", "gelu", {"gelu", "relu"}, "Feed-forward activation.");
+  s.boolean("glu", false, "Gated feed-forward (GEGLU / ReGLU).");
+  s.integer("ff_chunks", 1, 1, kInf, "Run the feed-forward over the rows in this many pieces (memory).");
+  s.number("dropout", 0.0, 0, 0.99, "Dropout after the feed-forward activation and after the attention output projection.");
+  s.number("emb_dropout", 0.0, 0, 0.99, "Dropout on the embeddings (after adding positions).");
+  s.choice("pool", "cls", {"cls", "mean"}, "Classifier input: the CLS token or the mean over real tokens.");
+  s.choice("norm", "layer", {"layer", "scale", "rezero"}, "Normalisation of each branch.");
+  s.boolean("post_norm", false, "Post-norm blocks (the original Transformer) instead of pre-norm.");
+  s.boolean("final_norm", true, "A norm after the last block (pre-norm stacks).");
+  s.boolean("shift_tokens", false, "Token shift in front of each branch (linear-attention-transformer).");
+  s.boolean("attend_axially", false, "After each block, attention over the sequence folded by attention.local_window (linear-attention-transformer).");
+  s.boolean("qkv_bias", true, "Biases on the query, key and value projections.");
+  s.choice("checkpoint", "C0", {"C0", "C1", "C2"}, "Gradient checkpointing: C0 none, C1 each branch, C2 each branch and each head.");
+  s.boolean("reversible", false, "Reversible blocks (RevNet couplings; activation memory flat in depth).");
+  s.integer("image_size", 28, 1, kInf, "vit: input image side (images are square).");
+  s.integer("patch_size", 4, 1, kInf, "vit: patch side; image_size must be a multiple.");
+  s.integer("channels", 0, 0, 4, "vit: image channels; 0: from the data.");
+  s.integer("classes", 0, 0, kInf, "Output classes; 0: from the data.");
+  s.integer("vocab_size", 0, 0, kInf, "sequence_classifier: token vocabulary; 0: from the data.");
+  s.integer("max_len", 0, 0, kInf, "sequence_classifier: longest sequence; 0: data.max_length.");
+  s.choice("positional", "learned", {"none", "learned", "sinusoidal", "rotary", "axial"}, "sequence_classifier: position encoding.");
+  s.int_list("axial_shape", 1, kInf, "sequence_classifier, axial positions: the factor shape (product >= positions); empty: (ceil(n / 64), 64).");
+  s.boolean("dual_encoder", false, "sequence_classifier: two documents through one encoder, classified from [u, v, u*v, u-v] (LRA retrieval).");
+  s.integer("mlp_head_dim", 0, 0, kInf, "dual encoder: hidden width of the classifier MLP; 0: dim.");
+
+  s.section = "model.attention.";
+  s.choice("kind", "softmax", kMechanisms, "Attention mechanism of every layer (see docs/ATTENTION.md).");
+  s.string_list("per_layer", kMechanisms, "Optional mechanism per layer (length depth); overrides kind layer by layer.");
+  s.integer("local_heads", 0, 0, 1024, "The first local_heads heads of each layer use local attention, the others kind.");
+  s.int_list("per_layer_local_heads", 0, 1024, "Optional local_heads per layer (length depth).");
+  s.number("dropout", 0.0, 0, 0.99, "Dropout on the attention probabilities (softmax, local, linformer).");
+  s.number("scale", 0.0, 0, kInf, "Softmax score scale; 0: head_dim^-1/2.");
+  s.integer("local_window", 128, 1, kInf, "local: window size w.");
+  s.integer("local_look_backward", 1, 0, kInf, "local: windows looked at behind.");
+  s.integer("local_look_forward", -1, -1, kInf, "local: windows looked at ahead; -1: 1 (0 when causal).");
+  s.integer("bucket_size", 64, 1, kInf, "efficient, causal: blind-spot bucket.");
+  s.number("linear_eps", 1e-6, 0, kInf, "linear: normaliser epsilon.");
+  s.integer("nb_features", 0, 0, kInf, "favor: random features m; 0: int(d ln d).");
+  s.choice("favor_kernel", "softmax", {"softmax", "relu", "no_projection"}, "favor: feature map.");
+  s.choice("favor_stabilizer", "prefix", {"prefix", "global"}, "favor, causal softmax kernel: stabiliser.");
+  s.integer("favor_scaling", 0, 0, 1, "favor: 0 row norms of Gaussian vectors, 1 sqrt(d).");
+  s.integer("feature_redraw_interval", 1000, 0, kInf, "favor: training steps between redraws of the projection; 0: never.");
+  s.integer("k", 256, 1, kInf, "linformer: projected length k.");
+  s.choice("sharing", "none", {"none", "headwise", "kv", "layerwise"}, "linformer: E/F parameter sharing.");
+  s.integer("k_reduce_by_layer", 0, 0, kInf, "linformer: k shrinks by this much per layer.");
+  s.number("ts_a", 0.5, -kInf, kInf, "taylorshift: coefficient a of a x^2 + b x + c.");
+  s.number("ts_b", 1.0, -kInf, kInf, "taylorshift: coefficient b.");
+  s.number("ts_c", 1.0, -kInf, kInf, "taylorshift: coefficient c.");
+  s.integer("n0", 0, -1, kInf, "taylorshift: direct below this length, efficient from it; 0: d^2 + d + 1; -1: always efficient.");
+  s.boolean("output_normalized", false, "taylorshift: normalise the output as the paper's section 3.3.");
+
+  s.section = "data.";
+  s.choice("dataset", "fashion_mnist", {"fashion_mnist", "image_folder", "listops", "text", "retrieval", "pixels", "pathfinder"}, "The data source (see docs/USER_GUIDE.md, Data).");
+  s.string("root", "", "Where the data lives; empty: the source's default (Fashion-MNIST: /usr/share/datasets/fashion-mnist; listops / pathfinder: generated into <output>/data).");
+  s.choice("pixel_source", "fashion_mnist", {"fashion_mnist", "image_folder"}, "pixels (LRA Image): the image source read as grayscale pixel sequences.");
+  s.string("train_split", "train", "Split used for training (file or folder name, see the source).");
+  s.string("eval_split", "test", "Split used for periodic evaluation and the best checkpoint.");
+  s.integer("max_length", 0, 0, kInf, "Sequences: truncate to this many tokens; 0: the source's default (ListOps 2000, text 4000).");
+  s.boolean("pad_to_max", false, "Sequences: pad every batch to max_length (fixed shapes) instead of the batch's longest.");
+  s.integer("limit_train", 0, 0, kInf, "Use only the first N training examples; 0: all.");
+  s.integer("limit_eval", 0, 0, kInf, "Use only the first N evaluation examples; 0: all.");
+  s.integer("workers", 2, 0, 64, "Threads building batches ahead of the training loop.");
+  s.integer("prefetch", 2, 1, 64, "Batches each worker builds ahead.");
+  s.boolean("normalize", true, "Images: normalise with mean / std.");
+  s.number_list("mean", {}, "Images: per-channel mean; empty: the source's default.");
+  s.number_list("std", {}, "Images: per-channel std; empty: the source's default.");
+  s.integer("random_crop_padding", 0, 0, 64, "Fashion-MNIST: random crop after zero padding by this much (training only).");
+  s.boolean("hflip", false, "Fashion-MNIST: random horizontal flips (training only).");
+  s.number("train_scale_min", 0.08, 0.001, 1, "image_folder: random-resized-crop smallest area fraction.");
+  s.number("hflip_prob", 0.5, 0, 1, "image_folder: horizontal flip probability (training).");
+  s.number("crop_pct", 0.875, 0.1, 1, "image_folder, evaluation: resize to image_size / crop_pct, then center crop.");
+  s.number("mixup_alpha", 0.0, 0, kInf, "Mixup Beta(alpha, alpha); 0: off.");
+  s.number("cutmix_alpha", 0.0, 0, kInf, "CutMix Beta(alpha, alpha); 0: off.");
+  s.number("mix_prob", 1.0, 0, 1, "Probability that a batch is mixed.");
+  s.number("mix_switch_prob", 0.5, 0, 1, "With both on: probability of CutMix instead of Mixup.");
+  s.integer("generate_train", 96000, 1, kInf, "listops / pathfinder without data: generated training examples.");
+  s.integer("generate_eval", 2000, 1, kInf, "listops / pathfinder without data: generated evaluation examples (each of val and test).");
+  s.integer("generate_min_length", 500, 1, kInf, "listops generator: lengths strictly above this.");
+  s.integer("generate_max_length", 2000, 2, kInf, "listops generator: lengths strictly below this.");
+
+  s.section = "optimizer.";
+  s.choice("name", "adamw", {"sgd", "adam", "adamw", "lamb"}, "The optimizer.");
+  s.number("lr", 1e-3, 0, kInf, "Base learning rate (the schedule multiplies it).");
+  s.number("weight_decay", 0.05, 0, kInf, "Weight decay (decoupled for adamw and lamb, L2 for sgd and adam).");
+  s.boolean("no_decay_on_norms_biases", true, "No weight decay on biases, norm gains, embeddings and tokens.");
+  s.number("beta1", 0.9, 0, 0.999999, "adam / adamw / lamb: first moment decay.");
+  s.number("beta2", 0.999, 0, 0.999999, "adam / adamw / lamb: second moment decay.");
+  s.number("eps", 1e-8, 0, 1, "adam / adamw / lamb: denominator epsilon.");
+  s.number("momentum", 0.9, 0, 1, "sgd: momentum.");
+  s.boolean("nesterov", false, "sgd: Nesterov momentum.");
+  s.number("clip_grad_norm", 0.0, 0, kInf, "Clip the global gradient norm to this; 0: off.");
+
+  s.section = "schedule.";
+  s.choice("kind", "cosine", {"constant", "linear_warmup", "cosine", "step", "rsqrt", "linear_decay"}, "Learning-rate schedule (rsqrt: LRA's constant * linear_warmup * rsqrt_decay).");
+  s.integer("warmup_steps", 0, 0, kInf, "Linear warmup steps.");
+  s.number("warmup_epochs", 0.0, 0, kInf, "Warmup in epochs (used when warmup_steps is 0).");
+  s.number("min_lr_ratio", 0.0, 0, 1, "cosine / linear_decay: final lr as a fraction of the base.");
+  s.integer("step_size", 1000, 1, kInf, "step: steps between decays.");
+  s.number("gamma", 0.1, 0, 1, "step: decay factor.");
+
+  s.section = "loop.";
+  s.integer("epochs", 1, 0, kInf, "Training epochs (used when steps is 0).");
+  s.integer("steps", 0, 0, kInf, "Optimizer steps; 0: epochs * (batches per epoch / accumulation).");
+  s.integer("batch_size", 128, 1, kInf, "Examples per micro-batch.");
+  s.integer("accumulation", 1, 1, 4096, "Micro-batches per optimizer step (gradient accumulation).");
+  s.integer("eval_batch_size", 0, 0, kInf, "Evaluation batch size; 0: batch_size.");
+  s.integer("eval_every", 0, 0, kInf, "Optimizer steps between evaluations; 0: at the end of each epoch.");
+  s.integer("log_every", 50, 1, kInf, "Optimizer steps between train metric records.");
+  s.number("label_smoothing", 0.0, 0, 0.99, "Cross-entropy label smoothing.");
+  s.boolean("check_nan", false, "Name the first op whose output is not finite (slower); also --check-nan.");
+
+  s.section = "checkpoint.";
+  s.integer("every", 0, 0, kInf, "Optimizer steps between checkpoints; 0: at each evaluation.");
+  s.integer("keep_last", 2, 1, kInf, "Checkpoints kept besides the best.");
+  s.boolean("keep_best", true, "Keep the checkpoint with the best evaluation accuracy.");
+
+  s.section = "output.";
+  s.string("dir", "", "Run directory; empty: runs/<name>.");
+  s.boolean("attention_maps", false, "At the end, write attention-map images (PNG) of one evaluation example for each layer and head (softmax, local, linformer, taylorshift heads).");
+  return s.keys;
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& recipe_schema() {
+  static const std::vector<KeySpec> schema = build_schema();
+  return schema;
+}
+
+const KeySpec* find_key(const std::string& path) {
+  static const std::map<std::string, const KeySpec*> index = [] {
+    std::map<std::string, const KeySpec*> m;
+    for (const KeySpec& k : recipe_schema()) m[k.path] = &k;
+    return m;
+  }();
+  auto it = index.find(path);
+  return it == index.end() ? nullptr : it->second;
+}
+
+}  // namespace forge::train
