@@ -29,6 +29,12 @@ const char* key_type_name(KeyType t) {
 
 namespace {
 
+// "an integer", "a list of numbers", ... for messages.
+std::string with_article(KeyType t) {
+  const std::string name = key_type_name(t);
+  return (name[0] == 'i' ? "an " : "a ") + name;
+}
+
 size_t key_index(const std::string& path) {
   const KeySpec* k = find_key(path);
   FORGE_CHECK(k != nullptr, "recipe: no key '{}' in the schema", path);
@@ -75,7 +81,7 @@ std::string scalar_text(const YAML::Node& node) {
 json::Value convert_scalar(const KeySpec& key, KeyType type, const YAML::Node& node,
                            const std::string& place) {
   if (!node.IsScalar())
-    FORGE_FAIL("recipe {}: '{}' expects a {}, found '{}'", place, key.path, key_type_name(type),
+    FORGE_FAIL("recipe {}: '{}' expects {}, found '{}'", place, key.path, with_article(type),
                scalar_text(node));
   const std::string text = node.Scalar();
   auto bad = [&](const char* expected) -> json::Value {
@@ -122,15 +128,15 @@ json::Value convert_scalar(const KeySpec& key, KeyType type, const YAML::Node& n
 
 json::Value convert(const KeySpec& key, const YAML::Node& node, const std::string& place) {
   if (!node.IsDefined() || node.IsNull())
-    FORGE_FAIL("recipe {}: '{}' has no value (expected a {})", place, key.path,
-               key_type_name(key.type));
+    FORGE_FAIL("recipe {}: '{}' has no value (expected {})", place, key.path,
+               with_article(key.type));
   switch (key.type) {
     case KeyType::int_list:
     case KeyType::number_list:
     case KeyType::string_list: {
       if (!node.IsSequence())
-        FORGE_FAIL("recipe {}: '{}' expects a {} such as [a, b], found '{}'", place, key.path,
-                   key_type_name(key.type), scalar_text(node));
+        FORGE_FAIL("recipe {}: '{}' expects {} such as [a, b], found '{}'", place, key.path,
+                   with_article(key.type), scalar_text(node));
       json::Array out;
       for (const YAML::Node& item : node) out.push_back(convert_scalar(key, key.type, item, place));
       return json::Value(out);

@@ -1,0 +1,234 @@
+// Recipes: defaults, overrides, the resolved YAML, and one clear error per
+// kind of mistake (unknown key, wrong type, out of range, bad choice, ...).
+#include "train/recipe.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+
+namespace forge::train {
+namespace {
+
+// The error a recipe text gives (fails the test when it gives none).
+std::string error_of(const std::string& text) {
+  try {
+    Recipe::from_yaml(text, "bad.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error for:\n" << text;
+  return "";
+}
+
+std::string set_error_of(const std::string& assignment) {
+  Recipe r;
+  try {
+    r.set(assignment);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error for --set " << assignment;
+  return "";
+}
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+TEST(Recipe, DefaultsComeFromTheSchema) {
+  Recipe r;
+  EXPECT_EQ(r.string("model.type"), "vit");
+  EXPECT_EQ(r.integer("loop.batch_size"), 128);
+  EXPECT_EQ(r.string("model.attention.kind"), "softmax");
+  EXPECT_FALSE(r.is_set("loop.batch_size"));
+  EXPECT_TRUE(r.int_list("model.axial_shape").empty());
+}
+
+TEST(Recipe, ReadsEveryKindOfValue) {
+  const Recipe r = Recipe::from_yaml(R"(
+name: tiny
+seed: 7
+model:
+  dim: 64
+  qkv_bias: false
+  attention:
+    kind: favor
+    per_layer: [softmax, favor]
+    per_layer_local_heads: [1, 0]
+  axial_shape: [8, 8]
+data:
+  mean: [0.5]
+  root: /tmp/x
+optimizer:
+  lr: 3e-4
+)",
+                                     "tiny.yaml");
+  EXPECT_EQ(r.string("name"), "tiny");
+  EXPECT_EQ(r.integer("seed"), 7);
+  EXPECT_EQ(r.integer("model.dim"), 64);
+  EXPECT_FALSE(r.boolean("model.qkv_bias"));
+  EXPECT_EQ(r.string("model.attention.kind"), "favor");
+  EXPECT_EQ(r.string_list("model.attention.per_layer"), (std::vector<std::string>{"softmax", "favor"}));
+  EXPECT_EQ(r.int_list("model.attention.per_layer_local_heads"), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(r.int_list("model.axial_shape"), (std::vector<int64_t>{8, 8}));
+  EXPECT_EQ(r.number_list("data.mean"), (std::vector<double>{0.5}));
+  EXPECT_EQ(r.string("data.root"), "/tmp/x");
+  EXPECT_DOUBLE_EQ(r.number("optimizer.lr"), 3e-4);
+  EXPECT_TRUE(r.is_set("optimizer.lr"));
+  EXPECT_FALSE(r.is_set("optimizer.beta1"));
+}
+
+TEST(Recipe, SetOverridesScalarsAndLists) {
+  Recipe r = Recipe::from_yaml("model: {dim: 64}\n", "r.yaml");
+  r.set("model.dim=128");
+  r.set("model.attention.kind=linformer");
+  r.set("model.attention.per_layer=[local, softmax]");
+  r.set("optimizer.lr=0.05");
+  r.set("data.root=/data/with spaces");
+  r.set("model.reversible=true");
+  EXPECT_EQ(r.integer("model.dim"), 128);
+  EXPECT_EQ(r.string("model.attention.kind"), "linformer");
+  EXPECT_EQ(r.string_list("model.attention.per_layer"), (std::vector<std::string>{"local", "softmax"}));
+  EXPECT_DOUBLE_EQ(r.number("optimizer.lr"), 0.05);
+  EXPECT_EQ(r.string("data.root"), "/data/with spaces");
+  EXPECT_TRUE(r.boolean("model.reversible"));
+}
+
+TEST(Recipe, ResolvedYamlReadsBackToTheSameRecipe) {
+  Recipe r = Recipe::from_yaml("name: a\nmodel: {dim: 96, attention: {kind: local, ts_a: 0.25}}\n", "r.yaml");
+  r.set("optimizer.lr=1e-5");
+  r.set("data.std=[0.25, 0.5]");
+  r.set("data.root=yes");  // a string key keeps the word, not a boolean
+  const std::string yaml = r.to_yaml();
+  const Recipe back = Recipe::from_yaml(yaml, "resolved.yaml");
+  for (const KeySpec& k : recipe_schema())
+    EXPECT_TRUE(back.value(k.path) == r.value(k.path)) << k.path << "\n" << yaml;
+  EXPECT_EQ(back.to_yaml(), yaml);
+  EXPECT_EQ(back.string("data.root"), "yes");
+}
+
+TEST(Recipe, EmptyFileMeansEveryDefault) {
+  EXPECT_EQ(Recipe::from_yaml("", "empty.yaml").to_yaml(), Recipe().to_yaml());
+}
+
+// ---- malformed recipes: each error names the key (and the place) ----
+
+TEST(RecipeErrors, UnknownTopLevelKeyListsTheValidOnes) {
+  const std::string e = error_of("modle:\n  dim: 3\n");
+  EXPECT_HAS(e, "unknown key 'modle'");
+  EXPECT_HAS(e, "bad.yaml:1:1");
+  EXPECT_HAS(e, "model");
+  EXPECT_HAS(e, "optimizer");
+}
+
+TEST(RecipeErrors, UnknownNestedKeyNamesItsFullPathAndLine) {
+  const std::string e = error_of("model:\n  dim: 64\n  attention:\n    knd: favor\n");
+  EXPECT_HAS(e, "unknown key 'model.attention.knd'");
+  EXPECT_HAS(e, "bad.yaml:4:5");
+  EXPECT_HAS(e, "under 'model.attention'");
+  EXPECT_HAS(e, "kind");
+}
+
+TEST(RecipeErrors, IntegerGivenText) {
+  const std::string e = error_of("model:\n  depth: four\n");
+  EXPECT_HAS(e, "'model.depth' expects an integer, found 'four'");
+  EXPECT_HAS(e, "bad.yaml:2:");
+}
+
+TEST(RecipeErrors, IntegerGivenAFraction) {
+  EXPECT_HAS(error_of("loop:\n  batch_size: 12.5\n"), "'loop.batch_size' expects an integer, found '12.5'");
+}
+
+TEST(RecipeErrors, NumberGivenText) {
+  EXPECT_HAS(error_of("optimizer:\n  lr: fast\n"), "'optimizer.lr' expects a finite number, found 'fast'");
+}
+
+TEST(RecipeErrors, NumberGivenInfinity) {
+  EXPECT_HAS(error_of("optimizer:\n  lr: .inf\n"), "'optimizer.lr' expects a finite number");
+}
+
+TEST(RecipeErrors, BooleanGivenText) {
+  EXPECT_HAS(error_of("model:\n  reversible: maybe\n"), "'model.reversible' expects true or false, found 'maybe'");
+}
+
+TEST(RecipeErrors, ChoiceNotAmongTheValidOnes) {
+  const std::string e = error_of("model:\n  attention:\n    kind: flash\n");
+  EXPECT_HAS(e, "'model.attention.kind' = 'flash' is not one of");
+  EXPECT_HAS(e, "taylorshift");
+}
+
+TEST(RecipeErrors, NegativeDepthIsOutOfRange) {
+  EXPECT_HAS(error_of("model:\n  depth: -2\n"), "'model.depth' = -2 is out of range [1, 1024]");
+}
+
+TEST(RecipeErrors, DropoutAboveOneIsOutOfRange) {
+  EXPECT_HAS(error_of("model:\n  dropout: 1.5\n"), "'model.dropout' = 1.5 is out of range");
+}
+
+TEST(RecipeErrors, ZeroBatchSizeIsOutOfRange) {
+  EXPECT_HAS(error_of("loop:\n  batch_size: 0\n"), "'loop.batch_size' = 0 is out of range");
+}
+
+TEST(RecipeErrors, KeyWithoutValue) {
+  EXPECT_HAS(error_of("optimizer:\n  lr:\n"), "'optimizer.lr' has no value");
+}
+
+TEST(RecipeErrors, ScalarWhereASectionBelongs) {
+  const std::string e = error_of("model: vit\n");
+  EXPECT_HAS(e, "'model' must be a mapping");
+}
+
+TEST(RecipeErrors, SectionWhereAScalarBelongs) {
+  EXPECT_HAS(error_of("seed:\n  value: 3\n"), "'seed' expects an integer");
+}
+
+TEST(RecipeErrors, ListWhereAScalarBelongs) {
+  EXPECT_HAS(error_of("model:\n  dim: [1, 2]\n"), "'model.dim' expects an integer, found '[1, 2]'");
+}
+
+TEST(RecipeErrors, ScalarWhereAListBelongs) {
+  EXPECT_HAS(error_of("model:\n  attention:\n    per_layer: softmax\n"),
+             "'model.attention.per_layer' expects a list of strings such as [a, b], found 'softmax'");
+}
+
+TEST(RecipeErrors, BadElementInAList) {
+  EXPECT_HAS(error_of("model:\n  attention:\n    per_layer: [softmax, sofmax]\n"),
+             "'model.attention.per_layer' = 'sofmax' is not one of");
+  EXPECT_HAS(error_of("data:\n  mean: [0.5, x]\n"), "'data.mean' expects a finite number, found 'x'");
+}
+
+TEST(RecipeErrors, NotYaml) {
+  const std::string e = error_of("model:\n  dim: [1, 2\n");
+  EXPECT_HAS(e, "bad.yaml");
+  EXPECT_HAS(e, "not valid YAML");
+}
+
+TEST(RecipeErrors, TopLevelIsNotAMapping) {
+  EXPECT_HAS(error_of("- a\n- b\n"), "the recipe must be a mapping");
+}
+
+TEST(RecipeErrors, MissingFile) {
+  try {
+    Recipe::from_file("/nonexistent/recipe.yaml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_HAS(e.what(), "/nonexistent/recipe.yaml");
+  }
+}
+
+TEST(RecipeErrors, SetErrorsNameTheKey) {
+  EXPECT_HAS(set_error_of("model.dimm=3"), "unknown key 'model.dimm'");
+  EXPECT_HAS(set_error_of("model.dimm=3"), "under 'model'");
+  EXPECT_HAS(set_error_of("model.attention.kindd=x"), "under 'model.attention'");
+  EXPECT_HAS(set_error_of("optimizer.lr"), "expected key=value");
+  EXPECT_HAS(set_error_of("optimizer.lr=abc"), "'optimizer.lr' expects a finite number, found 'abc'");
+  EXPECT_HAS(set_error_of("loop.steps=-1"), "'loop.steps' = -1 is out of range");
+  EXPECT_HAS(set_error_of("nope=1"), "valid keys at the top level");
+}
+
+TEST(RecipeReference, ListsEveryKey) {
+  const std::string md = recipe_reference_markdown();
+  for (const KeySpec& k : recipe_schema()) EXPECT_HAS(md, "`" + k.path + "`");
+}
+
+}  // namespace
+}  // namespace forge::train
