@@ -11,6 +11,8 @@
 // forward+backward; with --one also the process's peak-RSS growth (VmHWM
 // after a reset through /proc/self/clear_refs), measured the same way as
 // the PyTorch side.
+#include "bench/attention.h"
+
 #include "ops/attention/attention.h"
 
 #include <algorithm>
@@ -194,7 +196,9 @@ const Mechanism* find(const std::string& name) {
   return nullptr;
 }
 
-int run(int argc, char** argv) {
+}  // namespace
+
+int bench_attention_main(int argc, char** argv) {
   int64_t max_n = 16384;
   bool csv = false;
   for (int i = 1; i < argc; ++i) {
@@ -237,13 +241,3 @@ int run(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_attention: error: %s\n", e.what());
-    return 1;
-  }
-}

@@ -342,6 +342,8 @@ Tensor MultiHeadAttention::merge(const Tensor& o) {
 
 Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& mask, const Tensor& context,
                                    const Tensor& context_mask) {
+  if (capture_maps && has_attention_maps())
+    captured_maps = attention_maps(x, mask, context, context_mask);
   // Head groups of one mechanism each: the local heads, then the global ones;
   // under C2 one head per group, each group checkpointed on its own.
   std::vector<std::pair<int64_t, int64_t>> groups;

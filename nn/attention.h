@@ -133,6 +133,10 @@ class MultiHeadAttention : public Module {
   Tensor attention_maps(const Tensor& x, const Tensor& mask = Tensor(),
                         const Tensor& context = Tensor(), const Tensor& context_mask = Tensor());
   bool has_attention_maps() const;
+  // When set, every forward also stores attention_maps of its input in
+  // captured_maps (the visualizer runs one example through the whole model).
+  bool capture_maps = false;
+  Tensor captured_maps;
 
   // Causal linear mechanisms: one token x (B, 1, D) -> (B, 1, D), updating
   // `state`; equals row `state.pos` of forward over the whole prefix.

@@ -1,0 +1,7 @@
+// The attention benchmark as a function, so that both its own program
+// (bench_attention) and `attnforge bench attention` run it.
+#pragma once
+
+// argv[0] is the program name; see bench/attention.cpp for the options.
+// Returns the exit status; throws on bad arguments.
+int bench_attention_main(int argc, char** argv);

@@ -1,0 +1,234 @@
+// Recipe -> model (see model.h).
+#include "train/model.h"
+
+#include "core/error.h"
+#include "nn/models.h"
+#include "ops/ops.h"
+
+namespace forge::train {
+
+namespace {
+
+// model.attention.* -> the mechanism options shared by every layer.
+nn::AttentionConfig attention_config(const Recipe& r, const std::string& kind, int64_t local_heads) {
+  nn::AttentionConfig a;
+  a.kind = nn::mechanism_from_name(kind);
+  a.heads = r.integer("model.heads");
+  a.head_dim = r.integer("model.head_dim");
+  a.qkv_bias = r.boolean("model.qkv_bias");
+  a.attn_dropout = r.number("model.attention.dropout");
+  a.output_dropout = r.number("model.dropout");
+  a.scale = r.number("model.attention.scale");
+  a.n_local_heads = local_heads;
+  a.local_window = r.integer("model.attention.local_window");
+  a.local_look_backward = r.integer("model.attention.local_look_backward");
+  a.local_look_forward = r.integer("model.attention.local_look_forward");
+  a.bucket_size = r.integer("model.attention.bucket_size");
+  a.linear_eps = r.number("model.attention.linear_eps");
+  a.nb_features = r.integer("model.attention.nb_features");
+  const std::string& fk = r.string("model.attention.favor_kernel");
+  a.favor_kernel = fk == "softmax" ? ops::attention::FavorKernel::softmax
+                   : fk == "relu"  ? ops::attention::FavorKernel::relu
+                                   : ops::attention::FavorKernel::no_projection;
+  a.favor_stabilizer = r.string("model.attention.favor_stabilizer") == "prefix"
+                           ? ops::attention::FavorStabilizer::prefix
+                           : ops::attention::FavorStabilizer::global;
+  a.favor_scaling = static_cast<int>(r.integer("model.attention.favor_scaling"));
+  a.feature_redraw_interval = r.integer("model.attention.feature_redraw_interval");
+  a.k = r.integer("model.attention.k");
+  a.ts_a = r.number("model.attention.ts_a");
+  a.ts_b = r.number("model.attention.ts_b");
+  a.ts_c = r.number("model.attention.ts_c");
+  a.n0 = r.integer("model.attention.n0");
+  a.output_normalized = r.boolean("model.attention.output_normalized");
+  return a;
+}
+
+nn::StackConfig stack_config(const Recipe& r) {
+  const int64_t depth = r.integer("model.depth");
+  const int64_t heads = r.integer("model.heads");
+  nn::StackConfig s;
+  s.depth = depth;
+  const int64_t local_heads = r.integer("model.attention.local_heads");
+  FORGE_CHECK(local_heads <= heads,
+              "recipe: model.attention.local_heads = {} exceeds model.heads = {}", local_heads, heads);
+  s.block.attention = attention_config(r, r.string("model.attention.kind"), local_heads);
+  const auto kinds = r.string_list("model.attention.per_layer");
+  const auto locals = r.int_list("model.attention.per_layer_local_heads");
+  FORGE_CHECK(kinds.empty() || static_cast<int64_t>(kinds.size()) == depth,
+              "recipe: model.attention.per_layer has {} entries but model.depth is {}; give one "
+              "mechanism per layer or leave it empty",
+              kinds.size(), depth);
+  FORGE_CHECK(locals.empty() || static_cast<int64_t>(locals.size()) == depth,
+              "recipe: model.attention.per_layer_local_heads has {} entries but model.depth is {}",
+              locals.size(), depth);
+  if (!kinds.empty() || !locals.empty()) {
+    for (int64_t l = 0; l < depth; ++l) {
+      const size_t i = static_cast<size_t>(l);
+      const int64_t nl = locals.empty() ? local_heads : locals[i];
+      FORGE_CHECK(nl <= heads,
+                  "recipe: model.attention.per_layer_local_heads[{}] = {} exceeds model.heads = {}",
+                  l, nl, heads);
+      s.layer_attention.push_back(
+          attention_config(r, kinds.empty() ? r.string("model.attention.kind") : kinds[i], nl));
+    }
+  }
+  s.block.ff.mult = r.integer("model.mlp_ratio");
+  s.block.ff.hidden = r.integer("model.mlp_dim");
+  s.block.ff.activation = r.string("model.activation") == "gelu" ? nn::Activation::gelu
+                                                                 : nn::Activation::relu;
+  s.block.ff.glu = r.boolean("model.glu");
+  s.block.ff.dropout = r.number("model.dropout");
+  s.block.ff.chunks = r.integer("model.ff_chunks");
+  s.block.norm = nn::norm_from_name(r.string("model.norm"));
+  s.block.post_norm = r.boolean("model.post_norm");
+  s.block.shift_tokens = r.boolean("model.shift_tokens");
+  s.block.attend_axially = r.boolean("model.attend_axially");
+  const std::string& level = r.string("model.checkpoint");
+  s.checkpoint = level == "C0" ? nn::CheckpointLevel::C0
+                 : level == "C1" ? nn::CheckpointLevel::C1
+                                 : nn::CheckpointLevel::C2;
+  s.reversible = r.boolean("model.reversible");
+  s.sharing = nn::sharing_from_name(r.string("model.attention.sharing"));
+  s.k_reduce_by_layer = r.integer("model.attention.k_reduce_by_layer");
+  s.final_norm = r.boolean("model.final_norm");
+  return s;
+}
+
+void check_width(const Recipe& r) {
+  const int64_t dim = r.integer("model.dim"), heads = r.integer("model.heads");
+  FORGE_CHECK(r.integer("model.head_dim") > 0 || dim % heads == 0,
+              "recipe: model.dim = {} is not divisible by model.heads = {}; change one of them or "
+              "set model.head_dim",
+              dim, heads);
+}
+
+// The maps every capturing attention layer stored during one forward.
+std::vector<Tensor> collect_maps(nn::Stack& stack, const std::function<void()>& run) {
+  auto layers = stack.attention_layers();
+  for (auto& a : layers) a->capture_maps = true;
+  struct Reset {
+    std::vector<std::shared_ptr<nn::MultiHeadAttention>>& layers;
+    ~Reset() {
+      for (auto& a : layers) {
+        a->capture_maps = false;
+        a->captured_maps = Tensor();
+      }
+    }
+  } reset{layers};
+  run();
+  std::vector<Tensor> maps;
+  for (auto& a : layers) maps.push_back(a->captured_maps);
+  return maps;
+}
+
+class VitTask : public TaskModel {
+ public:
+  VitTask(const nn::ViTConfig& c, Generator* gen) : model_(std::make_shared<nn::ViT>(c, gen)) {}
+  nn::Module& module() override { return *model_; }
+  Tensor forward(const data::Batch& batch) override { return model_->forward(batch.input); }
+  std::vector<Tensor> attention_maps(const data::Batch& batch) override {
+    const Tensor one = ops::narrow(batch.input, 0, 0, 1);
+    return collect_maps(model_->stack(), [&] { model_->forward(one); });
+  }
+
+ private:
+  std::shared_ptr<nn::ViT> model_;
+};
+
+class SequenceTask : public TaskModel {
+ public:
+  SequenceTask(const nn::SequenceClassifierConfig& c, Generator* gen)
+      : model_(std::make_shared<nn::SequenceClassifier>(c, gen)) {}
+  nn::Module& module() override { return *model_; }
+  Tensor forward(const data::Batch& b) override {
+    if (model_->config.dual_encoder) {
+      FORGE_CHECK(b.input2.defined(),
+                  "model.dual_encoder is true but the data has single documents; use "
+                  "data.dataset: retrieval (document pairs) or turn model.dual_encoder off");
+      return model_->forward_pair(b.input, b.mask, b.input2, b.mask2);
+    }
+    FORGE_CHECK(!b.input2.defined(),
+                "the data has document pairs (data.dataset: retrieval) but model.dual_encoder is "
+                "false; set model.dual_encoder: true");
+    return model_->forward(b.input, b.mask);
+  }
+  std::vector<Tensor> attention_maps(const data::Batch& b) override {
+    const Tensor x = ops::narrow(b.input, 0, 0, 1);
+    const Tensor m = b.mask.defined() ? ops::narrow(b.mask, 0, 0, 1) : Tensor();
+    return collect_maps(model_->stack(), [&] { model_->encode(x, m); });
+  }
+
+ private:
+  std::shared_ptr<nn::SequenceClassifier> model_;
+};
+
+}  // namespace
+
+std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, DType dtype,
+                                       Generator* gen) {
+  check_width(r);
+  const int64_t classes = r.integer("model.classes") > 0 ? r.integer("model.classes") : shape.classes;
+  FORGE_CHECK(classes >= shape.classes,
+              "recipe: model.classes = {} but the data has {} classes; set it to 0 (from the data) "
+              "or at least {}",
+              classes, shape.classes, shape.classes);
+  const std::string& type = r.string("model.type");
+  if (type == "vit") {
+    FORGE_CHECK(shape.images,
+                "recipe: model.type vit needs images, but data.dataset gives token sequences; use "
+                "model.type: sequence_classifier");
+    nn::ViTConfig c;
+    c.image_size = r.integer("model.image_size");
+    FORGE_CHECK(c.image_size == shape.image_size,
+                "recipe: model.image_size = {} but the data's images are {}x{}; set "
+                "model.image_size: {}",
+                c.image_size, shape.image_size, shape.image_size, shape.image_size);
+    c.patch_size = r.integer("model.patch_size");
+    FORGE_CHECK(c.image_size % c.patch_size == 0,
+                "recipe: model.patch_size = {} does not divide model.image_size = {}", c.patch_size,
+                c.image_size);
+    c.channels = r.integer("model.channels") > 0 ? r.integer("model.channels") : shape.channels;
+    FORGE_CHECK(c.channels == shape.channels,
+                "recipe: model.channels = {} but the data's images have {} channels", c.channels,
+                shape.channels);
+    c.classes = classes;
+    c.dim = r.integer("model.dim");
+    c.depth = r.integer("model.depth");
+    c.heads = r.integer("model.heads");
+    c.mlp_ratio = r.integer("model.mlp_ratio");
+    c.pool = nn::pool_from_name(r.string("model.pool"));
+    c.emb_dropout = r.number("model.emb_dropout");
+    c.qkv_bias = r.boolean("model.qkv_bias");
+    c.stack = stack_config(r);
+    c.dtype = dtype;
+    return std::make_unique<VitTask>(c, gen);
+  }
+  FORGE_CHECK(!shape.images,
+              "recipe: model.type sequence_classifier needs token sequences, but data.dataset "
+              "gives images; use data.dataset: pixels for images as pixel sequences, or "
+              "model.type: vit");
+  nn::SequenceClassifierConfig c;
+  c.vocab_size = r.integer("model.vocab_size") > 0 ? r.integer("model.vocab_size") : shape.vocab_size;
+  FORGE_CHECK(c.vocab_size >= shape.vocab_size,
+              "recipe: model.vocab_size = {} is smaller than the data's vocabulary ({})", c.vocab_size,
+              shape.vocab_size);
+  c.max_len = r.integer("model.max_len") > 0 ? r.integer("model.max_len") : shape.max_length;
+  FORGE_CHECK(c.max_len >= shape.max_length,
+              "recipe: model.max_len = {} is shorter than the data's sequences (up to {} tokens); "
+              "raise it or lower data.max_length",
+              c.max_len, shape.max_length);
+  c.dim = r.integer("model.dim");
+  c.classes = classes;
+  c.pool = nn::pool_from_name(r.string("model.pool"));
+  c.positional = nn::positional_from_name(r.string("model.positional"));
+  c.axial_shape = r.int_list("model.axial_shape");
+  c.emb_dropout = r.number("model.emb_dropout");
+  c.dual_encoder = r.boolean("model.dual_encoder");
+  c.mlp_dim = r.integer("model.mlp_head_dim");
+  c.stack = stack_config(r);
+  c.dtype = dtype;
+  return std::make_unique<SequenceTask>(c, gen);
+}
+
+}  // namespace forge::train
