@@ -1,0 +1,339 @@
+// attnforge: the command-line program.
+//
+//   attnforge train RECIPE.yaml [--set key=value]... [--out DIR] [--dump-config] [--check-nan]
+//   attnforge train --resume RUN_DIR [--set key=value]... [--check-nan]
+//   attnforge eval CHECKPOINT_DIR [--split NAME] [--out FILE] [--set key=value]...
+//   attnforge gradcheck [OP...] [--list]
+//   attnforge bench attention [options of bench_attention]
+//   attnforge info
+//   attnforge recipe-reference          (the Markdown of docs/RECIPES.md)
+//
+// Exit status: 0 done, 1 bad input or a failed run (the message says what and
+// where), 2 bad command line, 130 / 143 stopped by SIGINT / SIGTERM after
+// writing a checkpoint.
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "bench/attention.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/json.h"
+#include "core/threading.h"
+#include "ops/attention/attention.h"
+#include "ops/attention/registry.h"
+#include "train/checkpoint.h"
+#include "train/recipe.h"
+#include "train/trainer.h"
+
+extern "C" char* openblas_get_config();
+
+namespace {
+
+namespace fs = std::filesystem;
+using forge::train::Recipe;
+
+std::atomic<int> g_signal{0};
+extern "C" void on_signal(int sig) { g_signal.store(sig); }
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+constexpr const char* kMainHelp = R"(attnforge: train efficient-attention transformers from YAML recipes.
+
+usage: attnforge COMMAND [options]      (attnforge COMMAND --help for each)
+
+commands:
+  train      train a recipe, or continue a run (--resume RUN_DIR)
+  eval       evaluate a checkpoint on a split
+  gradcheck  check every attention op's backward against finite differences (f64)
+  bench      time the attention mechanisms (bench attention ...)
+  info       the build, BLAS, threads and CUDA devices
+  recipe-reference  print every recipe key with its type, default and meaning (Markdown)
+)";
+
+constexpr const char* kTrainHelp = R"(usage: attnforge train RECIPE.yaml [options]
+       attnforge train --resume RUN_DIR [options]
+
+Trains the model a recipe describes (see docs/RECIPES.md for every key).
+
+options:
+  --set KEY=VALUE  override a recipe key (repeatable); VALUE is a YAML scalar or
+                   a list such as [a, b]. Example: --set model.attention.kind=favor
+  --out DIR        run directory (default: output.dir, or runs/<name>); must not
+                   hold a run already
+  --resume DIR     continue the run in DIR from its latest checkpoint, exactly as
+                   if it had not stopped (reads DIR/recipe.yaml; --set overrides it)
+  --dump-config    print the resolved recipe (defaults filled in, --set applied)
+                   and exit
+  --check-nan      check every op's output and gradient; the first non-finite one
+                   is named (slower)
+  --help           this text
+
+SIGINT (Ctrl-C) or SIGTERM write a checkpoint and stop; --resume continues.
+)";
+
+constexpr const char* kEvalHelp = R"(usage: attnforge eval CHECKPOINT_DIR [options]
+
+Evaluates a checkpoint (e.g. runs/NAME/checkpoints/step-00001000) with the recipe
+stored in it, prints the result as JSON and writes it to a file.
+
+options:
+  --split NAME     the split to evaluate (default: the recipe's data.eval_split)
+  --out FILE       where to write the JSON (default: <run dir>/eval-<checkpoint>-<split>.json)
+  --set KEY=VALUE  override a recipe key (e.g. data.root, loop.eval_batch_size)
+  --help           this text
+)";
+
+constexpr const char* kGradcheckHelp = R"(usage: attnforge gradcheck [OP...] [options]
+
+Runs the registry of attention gradient checks (float64 central differences,
+eps 1e-6, atol 1e-5, rtol 1e-3 unless a case says otherwise) and prints a
+pass/fail table. OP selects cases whose name starts with it (e.g. softmax,
+favor/causal); none runs them all. Then prints TaylorShift's direct-vs-efficient
+form difference.
+
+options:
+  --list     list the case names and exit
+  --help     this text
+Exit status 1 when any case fails.
+)";
+
+constexpr const char* kBenchHelp = R"(usage: attnforge bench attention [--max-n N] [--csv] [--one NAME N]
+
+Times every attention mechanism's forward and forward+backward and measures its
+peak memory (B 1, H 8, d 64, f32). The PyTorch comparison: make bench-torch.
+)";
+
+constexpr const char* kInfoHelp = R"(usage: attnforge info
+
+Prints the build (compiler, type, CUDA backend), BLAS, threads and CUDA devices.
+)";
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+// The value after args[i] (advancing i), or a usage error naming the option.
+std::string value_of(const std::vector<std::string>& args, size_t& i) {
+  if (i + 1 >= args.size()) throw UsageError(fmt::format("{} needs a value", args[i]));
+  return args[++i];
+}
+
+int cmd_train(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kTrainHelp, stdout);
+    return 0;
+  }
+  std::string recipe_path, resume, out;
+  std::vector<std::string> sets;
+  bool dump = false, check_nan = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--set") sets.push_back(value_of(args, i));
+    else if (a.rfind("--set=", 0) == 0) sets.push_back(a.substr(6));
+    else if (a == "--resume") resume = value_of(args, i);
+    else if (a == "--out") out = value_of(args, i);
+    else if (a == "--dump-config") dump = true;
+    else if (a == "--check-nan") check_nan = true;
+    else if (!a.empty() && a[0] == '-') throw UsageError(fmt::format("train: unknown option {}", a));
+    else if (recipe_path.empty()) recipe_path = a;
+    else throw UsageError(fmt::format("train: one recipe expected, got a second: {}", a));
+  }
+  if (resume.empty() == recipe_path.empty())
+    throw UsageError("train: give a recipe file, or --resume RUN_DIR (not both)");
+  if (!resume.empty() && !out.empty())
+    throw UsageError("train: --resume continues in its own directory; drop --out");
+
+  Recipe recipe = resume.empty() ? Recipe::from_file(recipe_path)
+                                 : Recipe::from_file((fs::path(resume) / "recipe.yaml").string());
+  for (const std::string& s : sets) recipe.set(s);
+  if (dump) {
+    std::fputs(recipe.to_yaml().c_str(), stdout);
+    return 0;
+  }
+  forge::train::TrainOptions options;
+  options.run_dir = resume.empty() ? out : resume;
+  options.resume = !resume.empty();
+  options.check_nan = check_nan;
+  options.stop_requested = [](int64_t) { return g_signal.load() != 0; };
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  const auto result = forge::train::train(recipe, options);
+  if (result.status == forge::train::TrainResult::Status::interrupted)
+    return g_signal.load() == SIGTERM ? 143 : 130;
+  return 0;
+}
+
+int cmd_eval(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kEvalHelp, stdout);
+    return 0;
+  }
+  std::string ckpt, split, out;
+  std::vector<std::string> sets;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--split") split = value_of(args, i);
+    else if (a == "--out") out = value_of(args, i);
+    else if (a == "--set") sets.push_back(value_of(args, i));
+    else if (!a.empty() && a[0] == '-') throw UsageError(fmt::format("eval: unknown option {}", a));
+    else if (ckpt.empty()) ckpt = a;
+    else throw UsageError(fmt::format("eval: one checkpoint expected, got a second: {}", a));
+  }
+  if (ckpt.empty()) throw UsageError("eval: give a checkpoint directory");
+  const auto r = forge::train::evaluate_checkpoint(ckpt, split, sets);
+  const std::string text = forge::json::dump(r.to_json(), 2) + "\n";
+  std::fputs(text.c_str(), stdout);
+  if (out.empty()) {
+    const fs::path dir = fs::path(ckpt).lexically_normal();
+    const fs::path name = dir.filename().empty() ? dir.parent_path().filename() : dir.filename();
+    const fs::path run = (dir.filename().empty() ? dir.parent_path() : dir).parent_path().parent_path();
+    out = (run / fmt::format("eval-{}-{}.json", name.string(), r.split)).string();
+  }
+  forge::train::write_file_atomic(out, text);
+  std::fprintf(stderr, "wrote %s\n", out.c_str());
+  return 0;
+}
+
+int cmd_gradcheck(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kGradcheckHelp, stdout);
+    return 0;
+  }
+  std::vector<std::string> prefixes;
+  bool list = false;
+  for (const auto& a : args) {
+    if (a == "--list") list = true;
+    else if (!a.empty() && a[0] == '-') throw UsageError(fmt::format("gradcheck: unknown option {}", a));
+    else prefixes.push_back(a);
+  }
+  const auto& registry = forge::ops::attention::gradcheck_registry();
+  std::vector<const forge::ops::attention::GradcheckCase*> cases;
+  for (const auto& c : registry) {
+    bool match = prefixes.empty();
+    for (const auto& p : prefixes) match = match || c.name.rfind(p, 0) == 0;
+    if (match) cases.push_back(&c);
+  }
+  if (cases.empty()) {
+    std::string names;
+    for (const auto& c : registry) names += "  " + c.name + "\n";
+    throw UsageError(fmt::format("gradcheck: no case matches; the cases are:\n{}", names));
+  }
+  if (list) {
+    for (const auto* c : cases) std::printf("%s\n", c->name.c_str());
+    return 0;
+  }
+  size_t width = 4;
+  for (const auto* c : cases) width = std::max(width, c->name.size());
+  std::printf("%-*s  result  max |analytic - numeric|\n", static_cast<int>(width), "case");
+  int failed = 0;
+  for (const auto* c : cases) {
+    forge::autograd::GradcheckResult r;
+    try {
+      r = forge::autograd::gradcheck(c->fn, c->make_inputs(), c->options);
+    } catch (const forge::Error& e) {
+      r.ok = false;
+      r.message = e.what();
+    }
+    failed += r.ok ? 0 : 1;
+    std::printf("%-*s  %-6s  %.3g\n", static_cast<int>(width), c->name.c_str(), r.ok ? "pass" : "FAIL",
+                r.max_abs_error);
+    if (!r.ok) std::printf("    %s\n", r.message.c_str());
+  }
+  std::printf("\n%zu cases: %zu passed, %d failed\n", cases.size(), cases.size() - static_cast<size_t>(failed),
+              failed);
+  bool taylorshift = prefixes.empty();
+  for (const auto& p : prefixes) taylorshift = taylorshift || p.rfind("taylorshift", 0) == 0;
+  if (taylorshift) {
+    std::printf("\nTaylorShift direct vs efficient (B 1, H 2, N 256, d 16, q, k, v ~ N(0, 1)):\n");
+    for (auto dtype : {forge::DType::f32, forge::DType::f64}) {
+      const auto d = forge::ops::attention::taylorshift_form_difference(1, 2, 256, 16, dtype);
+      std::printf("  %s: mean |difference| %.3g, mean relative %.3g\n", forge::dtype_name(dtype),
+                  d.mean_abs, d.mean_rel);
+    }
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+int cmd_bench(const std::vector<std::string>& args) {
+  if (args.empty() || wants_help(args) || args[0] != "attention") {
+    std::fputs(kBenchHelp, stdout);
+    return args.empty() || wants_help(args) ? 0 : 2;
+  }
+  std::vector<std::string> argv_s = {"attnforge bench attention"};
+  argv_s.insert(argv_s.end(), args.begin() + 1, args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  return bench_attention_main(static_cast<int>(argv_s.size()), argv.data());
+}
+
+int cmd_info(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kInfoHelp, stdout);
+    return 0;
+  }
+#ifdef NDEBUG
+  const char* type = "optimised (NDEBUG)";
+#else
+  const char* type = "debug";
+#endif
+  std::printf("attnforge\n");
+  std::printf("  compiler     %s %s, C++ %ld\n",
+#if defined(__clang__)
+              "clang", __clang_version__,
+#else
+              "gcc", __VERSION__,
+#endif
+              static_cast<long>(__cplusplus));
+  std::printf("  build        %s\n", type);
+  std::printf("  BLAS         %s\n", openblas_get_config());
+  std::printf("  threads      %d (OpenMP; set with the recipe key threads or OMP_NUM_THREADS)\n",
+              forge::num_threads());
+  std::printf("  CUDA backend %s\n", forge::cuda_built() ? "built" : "not built");
+  std::printf("  CUDA devices %d\n", forge::cuda_device_count());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kMainHelp, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  try {
+    if (cmd == "train") return cmd_train(args);
+    if (cmd == "eval") return cmd_eval(args);
+    if (cmd == "gradcheck") return cmd_gradcheck(args);
+    if (cmd == "bench") return cmd_bench(args);
+    if (cmd == "info") return cmd_info(args);
+    if (cmd == "recipe-reference") {
+      std::fputs(forge::train::recipe_reference_markdown().c_str(), stdout);
+      return 0;
+    }
+    throw UsageError(fmt::format("unknown command '{}'", cmd));
+  } catch (const UsageError& e) {
+    const bool known = cmd == "train" || cmd == "eval" || cmd == "gradcheck" || cmd == "bench" || cmd == "info";
+    std::fprintf(stderr, "attnforge: %s\n(attnforge %s--help for the options)\n", e.what(),
+                 known ? (cmd + " ").c_str() : "");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attnforge %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,268 @@
+// The trainer end to end on small Fashion-MNIST runs: a tiny recipe learns;
+// an interrupted and resumed run ends bit-identical to an uninterrupted one;
+// a diverging run stops with a clear message and keeps its checkpoints; bad
+// resumes change nothing on disk; eval reproduces the last evaluation.
+//
+// Fashion-MNIST comes from the Debian package dataset-fashion-mnist, which
+// scripts/install-deps.sh installs (make test runs it first).
+#include "train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/metrics.h"
+
+namespace forge::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() /
+                     ("attnforge_trainer_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p.string();
+}
+
+// A small ViT on a slice of Fashion-MNIST; every stochastic part switched on
+// (dropout, augmentation, mixup, loader workers, Performer redraws) so resume
+// has to restore all of them.
+Recipe tiny_recipe() {
+  Recipe r = Recipe::from_yaml(R"(
+name: tiny
+seed: 3
+threads: 2
+model:
+  type: vit
+  image_size: 28
+  patch_size: 7
+  dim: 32
+  depth: 2
+  heads: 2
+  mlp_ratio: 2
+  dropout: 0.1
+  attention:
+    kind: softmax
+data:
+  dataset: fashion_mnist
+  limit_train: 1024
+  limit_eval: 256
+  workers: 2
+optimizer:
+  name: adamw
+  lr: 3.0e-3
+  clip_grad_norm: 1.0
+schedule:
+  kind: cosine
+  warmup_steps: 5
+loop:
+  epochs: 3
+  batch_size: 32
+  log_every: 8
+checkpoint:
+  keep_last: 2
+)",
+                               "tiny.yaml");
+  return r;
+}
+
+TrainOptions quiet(const std::string& dir) {
+  TrainOptions o;
+  o.run_dir = dir;
+  o.console = false;
+  return o;
+}
+
+std::map<std::string, std::string> file_bytes(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out[fs::relative(e.path(), dir).string()] = ss.str();
+  }
+  return out;
+}
+
+// The deterministic fields of every metrics record (timings left out).
+std::vector<std::string> deterministic_metrics(const std::string& run_dir) {
+  std::vector<std::string> out;
+  for (const json::Value& rec : read_metrics((fs::path(run_dir) / "metrics.jsonl").string())) {
+    json::Value keep;
+    for (const auto& [k, v] : rec.as_object())
+      if (k != "samples_per_s" && k != "tokens_per_s" && k != "step_time_ms" && k != "seconds" &&
+          k != "peak_memory_mb")
+        keep[k] = v;
+    out.push_back(json::dump(keep));
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> final_weights(const std::string& run_dir) {
+  CheckpointManager m(run_dir, 2, 1, "eval_accuracy", "max", [](const std::string&) {});
+  return read_checkpoint(*m.latest()).model;
+}
+
+void expect_bit_equal(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    const Tensor& u = b.at(name);
+    ASSERT_EQ(t.shape(), u.shape()) << name;
+    ASSERT_EQ(t.nbytes(), u.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(t.raw_data(), u.raw_data(), t.nbytes()), 0) << name << " differs";
+  }
+}
+
+TEST(Trainer, TinyRecipeLearns) {
+  const std::string dir = fresh_dir("learns");
+  const TrainResult r = train(tiny_recipe(), quiet(dir));
+  EXPECT_EQ(r.status, TrainResult::Status::finished);
+  EXPECT_EQ(r.steps, 3 * (1024 / 32));
+  const auto records = read_metrics((fs::path(dir) / "metrics.jsonl").string());
+  std::vector<double> train_loss;
+  for (const auto& rec : records)
+    if (rec.at("split").as_string() == "train") train_loss.push_back(rec.at("loss").as_double());
+  ASSERT_GE(train_loss.size(), 4u);
+  EXPECT_LT(train_loss.back(), 0.8 * train_loss.front()) << "the loss did not fall";
+  EXPECT_GT(r.eval_accuracy, 0.5) << "10 classes: chance is 0.1";
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "curves.svg"));
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "recipe.yaml"));
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "train.log"));
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "latest"));
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "best"));
+  // The recipe travels in the checkpoint.
+  const Checkpoint c = read_checkpoint(r.last_checkpoint);
+  EXPECT_EQ(c.recipe_yaml, tiny_recipe().to_yaml());
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, InterruptedAndResumedRunIsBitIdenticalToAnUninterruptedOne) {
+  Recipe r = tiny_recipe();
+  r.set("model.attention.kind=favor");  // redraws every 5 steps from the model's generator
+  r.set("model.attention.nb_features=16");
+  r.set("model.attention.feature_redraw_interval=5");
+  r.set("data.random_crop_padding=2");
+  r.set("data.mixup_alpha=0.4");
+  r.set("loop.epochs=0");
+  r.set("loop.steps=40");
+  r.set("loop.eval_every=16");
+  r.set("checkpoint.every=10");
+
+  const std::string a = fresh_dir("uninterrupted"), b = fresh_dir("resumed");
+  train(r, quiet(a));
+
+  TrainOptions stop = quiet(b);
+  stop.stop_requested = [](int64_t step) { return step == 23; };  // mid-window, mid-epoch
+  const TrainResult first = train(r, stop);
+  EXPECT_EQ(first.status, TrainResult::Status::interrupted);
+  EXPECT_EQ(first.steps, 23);
+  TrainOptions resume = quiet(b);
+  resume.resume = true;
+  const TrainResult second = train(Recipe::from_file((fs::path(b) / "recipe.yaml").string()), resume);
+  EXPECT_EQ(second.status, TrainResult::Status::finished);
+  EXPECT_EQ(second.steps, 40);
+
+  expect_bit_equal(final_weights(a), final_weights(b));
+  EXPECT_EQ(deterministic_metrics(a), deterministic_metrics(b));
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+TEST(Trainer, DivergingRunStopsWithAClearMessageAndKeepsItsCheckpoints) {
+  Recipe r = tiny_recipe();
+  r.set("optimizer.lr=1e6");
+  r.set("optimizer.clip_grad_norm=0");
+  r.set("schedule.kind=constant");
+  r.set("schedule.warmup_steps=0");
+  r.set("checkpoint.every=1");
+  r.set("loop.eval_every=1");
+  r.set("data.limit_eval=32");
+  const std::string dir = fresh_dir("diverges");
+  std::map<std::string, std::string> before;
+  try {
+    TrainOptions o = quiet(dir);
+    // Snapshot the run directory before each step: the failing step must not touch it.
+    o.stop_requested = [&](int64_t) {
+      before = file_bytes((fs::path(dir) / "checkpoints").string());
+      return false;
+    };
+    train(r, o);
+    FAIL() << "a run at lr 1e6 did not diverge";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_TRUE(m.find("the loss is") != std::string::npos ||
+                m.find("the gradient norm is") != std::string::npos)
+        << m;
+    EXPECT_NE(m.find("--check-nan"), std::string::npos) << m;
+  }
+  EXPECT_EQ(file_bytes((fs::path(dir) / "checkpoints").string()), before);
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, RefusesToTrainIntoAnExistingRun) {
+  Recipe r = tiny_recipe();
+  r.set("loop.epochs=0");
+  r.set("loop.steps=2");
+  const std::string dir = fresh_dir("exists");
+  train(r, quiet(dir));
+  const auto before = file_bytes(dir);
+  try {
+    train(r, quiet(dir));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already holds a run"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(file_bytes(dir), before);
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, ResumeWithAnotherModelShapeIsAnErrorAndChangesNothing) {
+  Recipe r = tiny_recipe();
+  r.set("loop.epochs=0");
+  r.set("loop.steps=4");
+  r.set("checkpoint.every=2");
+  const std::string dir = fresh_dir("shape");
+  train(r, quiet(dir));
+  auto before = file_bytes(dir);
+  Recipe other = Recipe::from_file((fs::path(dir) / "recipe.yaml").string());
+  other.set("model.dim=48");
+  other.set("loop.steps=8");
+  TrainOptions o = quiet(dir);
+  o.resume = true;
+  try {
+    train(other, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
+  }
+  auto after = file_bytes(dir);
+  // train.log gains the lines of the refused attempt; nothing else changes.
+  before.erase("train.log");
+  after.erase("train.log");
+  EXPECT_EQ(after, before);
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, EvalOfTheLastCheckpointReproducesTheLastEvaluation) {
+  Recipe r = tiny_recipe();
+  r.set("loop.epochs=1");
+  const std::string dir = fresh_dir("eval");
+  const TrainResult t = train(r, quiet(dir));
+  const EvalResult e = evaluate_checkpoint(t.last_checkpoint, "", {});
+  EXPECT_EQ(e.accuracy, t.eval_accuracy);
+  EXPECT_EQ(e.loss, t.eval_loss);
+  EXPECT_EQ(e.examples, 256);
+  EXPECT_EQ(e.step, t.steps);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace forge::train

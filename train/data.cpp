@@ -1,0 +1,219 @@
+// Recipe -> datasets (see data.h).
+#include "train/data.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "data/fashion_mnist.h"
+#include "data/image_folder.h"
+#include "data/listops.h"
+#include "data/mixup.h"
+#include "data/pathfinder.h"
+#include "data/pixel_sequence.h"
+#include "data/subset.h"
+#include "data/text.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+data::DatasetPtr limit(data::DatasetPtr d, int64_t n) {
+  if (n <= 0 || n >= d->size()) return d;
+  return std::make_shared<data::Subset>(std::move(d), n);
+}
+
+data::DatasetPtr fashion_mnist(const Recipe& r, const std::string& split, bool train, bool raw) {
+  data::FashionMnistOptions o;
+  if (!r.string("data.root").empty()) o.root = r.string("data.root");
+  FORGE_CHECK(split == "train" || split == "test",
+              "recipe: Fashion-MNIST has the splits 'train' and 'test', not '{}' (data.train_split "
+              "/ data.eval_split)",
+              split);
+  o.split = split;
+  o.normalize = r.boolean("data.normalize") && !raw;
+  const auto mean = r.number_list("data.mean"), std = r.number_list("data.std");
+  FORGE_CHECK(mean.size() <= 1 && std.size() <= 1,
+              "recipe: data.mean / data.std: Fashion-MNIST has one channel, give one value each");
+  if (!mean.empty()) o.mean = mean[0];
+  if (!std.empty()) o.std = std[0];
+  if (train) {
+    o.random_crop_padding = r.integer("data.random_crop_padding");
+    o.hflip = r.boolean("data.hflip");
+  }
+  return std::make_shared<data::FashionMnist>(o);
+}
+
+data::DatasetPtr image_folder(const Recipe& r, const std::string& split, bool raw) {
+  FORGE_CHECK(!r.string("data.root").empty(),
+              "recipe: data.dataset image_folder needs data.root (a folder with one sub-folder per "
+              "split, e.g. --set data.root=/data/imagenet)");
+  data::ImageFolderOptions o;
+  o.root = (fs::path(r.string("data.root")) / split).string();
+  o.transform.size = r.integer("model.image_size");
+  o.transform.scale_min = r.number("data.train_scale_min");
+  o.transform.hflip = r.number("data.hflip_prob");
+  o.transform.crop_pct = r.number("data.crop_pct");
+  o.transform.mean = r.number_list("data.mean");
+  o.transform.std = r.number_list("data.std");
+  if (raw) {  // pixel sequences: grayscale values in [0, 1]
+    o.transform.grayscale = true;
+    o.transform.mean = {0.0};
+    o.transform.std = {1.0};
+  } else if (!r.boolean("data.normalize")) {
+    o.transform.mean = {0.0};
+    o.transform.std = {1.0};
+  }
+  return std::make_shared<data::ImageFolder>(o);
+}
+
+// ListOps: root/basic_<split>.tsv (LRA's names), generated when no root is given.
+std::string listops_file(const Recipe& r, const std::string& data_dir, const std::string& split,
+                         const std::function<void(const std::string&)>& log) {
+  std::string root = r.string("data.root");
+  if (root.empty()) {
+    root = (fs::path(data_dir) / "listops").string();
+    if (!fs::exists(fs::path(root) / "basic_test.tsv")) {
+      data::ListOpsGenConfig g;
+      g.num_train = r.integer("data.generate_train");
+      g.num_val = g.num_test = r.integer("data.generate_eval");
+      g.min_length = r.integer("data.generate_min_length");
+      g.max_length = r.integer("data.generate_max_length");
+      log(fmt::format("generating ListOps into {} ({} train, {} val, {} test; lengths in ({}, {}))",
+                      root, g.num_train, g.num_val, g.num_test, g.min_length, g.max_length));
+      const data::ListOpsSplits s = data::generate_listops(g, static_cast<uint64_t>(r.integer("seed")));
+      fs::create_directories(root);
+      // The test split last: its presence marks a complete set.
+      data::write_listops_tsv((fs::path(root) / "basic_train.tsv").string(), s.train);
+      data::write_listops_tsv((fs::path(root) / "basic_val.tsv").string(), s.val);
+      data::write_listops_tsv((fs::path(root) / "basic_test.tsv").string(), s.test);
+    }
+  }
+  return (fs::path(root) / ("basic_" + split + ".tsv")).string();
+}
+
+// Pathfinder: root/<split> in the LRA layout, generated when no root is given.
+std::string pathfinder_dir(const Recipe& r, const std::string& data_dir, const std::string& split,
+                           const std::function<void(const std::string&)>& log) {
+  std::string root = r.string("data.root");
+  if (root.empty()) {
+    root = (fs::path(data_dir) / "pathfinder").string();
+    const std::vector<std::pair<std::string, int64_t>> splits = {
+        {"train", r.integer("data.generate_train")},
+        {"val", r.integer("data.generate_eval")},
+        {"test", r.integer("data.generate_eval")}};
+    for (size_t i = 0; i < splits.size(); ++i) {
+      const fs::path dir = fs::path(root) / splits[i].first;
+      if (fs::exists(dir)) continue;
+      log(fmt::format("generating {} Pathfinder images into {}", splits[i].second, dir.string()));
+      const auto samples = data::generate_pathfinder(
+          data::PathfinderGenConfig{}, splits[i].second,
+          data::Rng::mix({static_cast<uint64_t>(r.integer("seed")), 77, i}));
+      // Written aside and renamed: a split directory that exists is complete.
+      const fs::path tmp = dir.string() + ".tmp";
+      fs::remove_all(tmp);
+      data::write_pathfinder(tmp.string(), samples);
+      fs::rename(tmp, dir);
+    }
+  }
+  return (fs::path(root) / split).string();
+}
+
+}  // namespace
+
+TaskData build_data(const Recipe& r, const std::string& data_dir, const std::string& split_arg,
+                    bool open_train, const std::function<void(const std::string&)>& log) {
+  TaskData t;
+  const std::string& kind = r.string("data.dataset");
+  const std::string train_split = r.string("data.train_split");
+  const std::string eval_split = split_arg.empty() ? r.string("data.eval_split") : split_arg;
+  int64_t max_length = r.integer("data.max_length");
+
+  auto open = [&](const std::string& split, bool train) -> data::DatasetPtr {
+    if (kind == "fashion_mnist") return fashion_mnist(r, split, train, false);
+    if (kind == "image_folder") return image_folder(r, split, false);
+    if (kind == "pixels") {
+      data::DatasetPtr images = r.string("data.pixel_source") == "fashion_mnist"
+                                    ? fashion_mnist(r, split, train, true)
+                                    : image_folder(r, split, true);
+      return std::make_shared<data::PixelSequence>(images);
+    }
+    if (kind == "listops") {
+      data::ListOpsOptions o;
+      if (max_length > 0) o.max_length = max_length;
+      return std::make_shared<data::ListOps>(listops_file(r, data_dir, split, log), o);
+    }
+    if (kind == "text" || kind == "retrieval") {
+      FORGE_CHECK(!r.string("data.root").empty(),
+                  "recipe: data.dataset {} needs data.root (a folder with <split>.tsv files)", kind);
+      data::TextOptions o;
+      if (max_length > 0) o.max_length = max_length;
+      const std::string file = (fs::path(r.string("data.root")) / (split + ".tsv")).string();
+      if (kind == "text") return std::make_shared<data::TextClassification>(file, o);
+      return std::make_shared<data::TextPairs>(file, o);
+    }
+    if (kind == "pathfinder")
+      return std::make_shared<data::PixelSequence>(
+          std::make_shared<data::Pathfinder>(pathfinder_dir(r, data_dir, split, log)));
+    FORGE_FAIL("recipe: data.dataset '{}' is not handled", kind);
+  };
+
+  if (open_train) {
+    t.train = limit(open(train_split, true), r.integer("data.limit_train"));
+    log(fmt::format("train: {}", t.train->describe()));
+  }
+  t.eval = limit(open(eval_split, false), r.integer("data.limit_eval"));
+  log(fmt::format("eval ({}): {}", eval_split, t.eval->describe()));
+
+  // What the model needs to know: from the first example and the source.
+  const data::Dataset& probe = *t.eval;
+  const data::Example e = probe.get(0, nullptr);
+  t.shape.classes = (t.train ? t.train : t.eval)->num_classes();
+  t.shape.images = e.input.dtype() == DType::f32 && e.input.dim() == 3;
+  if (t.shape.images) {
+    t.shape.channels = e.input.size(0);
+    t.shape.image_size = e.input.size(1);
+    FORGE_CHECK(e.input.size(1) == e.input.size(2),
+                "data: images must be square, got {}x{}", e.input.size(1), e.input.size(2));
+  } else {
+    t.shape.pairs = e.input2.defined();
+    if (kind == "listops") t.shape.vocab_size = data::kListOpsVocabSize;
+    else if (kind == "text" || kind == "retrieval") t.shape.vocab_size = data::kByteVocabSize;
+    else t.shape.vocab_size = data::PixelSequence::kVocabSize;
+    if (max_length <= 0) {
+      if (kind == "listops") max_length = 2000;
+      else if (kind == "text" || kind == "retrieval") max_length = 4000;
+      else max_length = e.input.size(0);  // pixels: H * W
+    }
+    t.shape.max_length = max_length;
+  }
+  t.mixup.mixup_alpha = r.number("data.mixup_alpha");
+  t.mixup.cutmix_alpha = r.number("data.cutmix_alpha");
+  t.mixup.prob = r.number("data.mix_prob");
+  t.mixup.switch_prob = r.number("data.mix_switch_prob");
+  FORGE_CHECK(t.shape.images || (t.mixup.mixup_alpha == 0 && t.mixup.cutmix_alpha == 0),
+              "recipe: data.mixup_alpha / data.cutmix_alpha apply to images only; data.dataset {} "
+              "gives token sequences",
+              kind);
+  return t;
+}
+
+data::LoaderOptions loader_options(const Recipe& r, const TaskData& d, bool train) {
+  data::LoaderOptions o;
+  o.batch_size = train || r.integer("loop.eval_batch_size") == 0 ? r.integer("loop.batch_size")
+                                                                 : r.integer("loop.eval_batch_size");
+  o.shuffle = train;
+  o.drop_last = train;
+  o.seed = static_cast<uint64_t>(r.integer("seed"));
+  o.workers = static_cast<int>(r.integer("data.workers"));
+  o.prefetch = static_cast<int>(r.integer("data.prefetch"));
+  o.pad_id = 0;
+  o.pad_to = !d.shape.images && r.boolean("data.pad_to_max") ? d.shape.max_length : 0;
+  o.augment = train;
+  if (train && (d.mixup.mixup_alpha > 0 || d.mixup.cutmix_alpha > 0))
+    o.transform = data::make_mixup(d.mixup);
+  return o;
+}
+
+}  // namespace forge::train

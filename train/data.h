@@ -1,0 +1,32 @@
+// The data of a recipe: the training and evaluation datasets the `data.*`
+// keys describe, and what they tell the model (classes, image size or
+// vocabulary and length). ListOps and Pathfinder generate their data into the
+// run directory when the recipe gives none.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "data/mixup.h"
+#include "train/model.h"
+#include "train/recipe.h"
+
+namespace forge::train {
+
+struct TaskData {
+  data::DatasetPtr train, eval;
+  DataShape shape;
+  data::MixupOptions mixup;
+};
+
+// `split`: the evaluation split to open (empty: data.eval_split). `data_dir`:
+// where generated data goes. `log` receives one line per dataset.
+TaskData build_data(const Recipe& recipe, const std::string& data_dir, const std::string& split,
+                    bool open_train, const std::function<void(const std::string&)>& log);
+
+// Loader options of the recipe for training (shuffled, augmented, mixed) or evaluation.
+data::LoaderOptions loader_options(const Recipe& recipe, const TaskData& data, bool train);
+
+}  // namespace forge::train

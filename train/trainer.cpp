@@ -1,0 +1,524 @@
+// The training loop (see trainer.h).
+#include "train/trainer.h"
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/threading.h"
+#include "data/image_io.h"
+#include "optim/adam.h"
+#include "optim/clip.h"
+#include "optim/lamb.h"
+#include "optim/schedule.h"
+#include "optim/sgd.h"
+#include "ops/ops.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/metrics.h"
+#include "train/model.h"
+#include "train/plot.h"
+#include "train/progress.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::shared_ptr<spdlog::logger> make_logger(const std::string& run_dir, bool console) {
+  std::vector<spdlog::sink_ptr> sinks;
+  if (console) sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(
+      (fs::path(run_dir) / "train.log").string(), false));
+  auto logger = std::make_shared<spdlog::logger>("attnforge", sinks.begin(), sinks.end());
+  logger->set_pattern("[%H:%M:%S] %^%l%$ %v");
+  logger->flush_on(spdlog::level::info);
+  return logger;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const Recipe& r, nn::Module& model) {
+  auto groups = optim::param_groups(model, r.number("optimizer.weight_decay"),
+                                    r.boolean("optimizer.no_decay_on_norms_biases"));
+  const double lr = r.number("optimizer.lr");
+  const std::string& name = r.string("optimizer.name");
+  if (name == "sgd") {
+    optim::SGDOptions o;
+    o.momentum = r.number("optimizer.momentum");
+    o.nesterov = r.boolean("optimizer.nesterov");
+    return std::make_unique<optim::SGD>(std::move(groups), lr, o);
+  }
+  if (name == "lamb") {
+    optim::LambOptions o;
+    o.beta1 = r.number("optimizer.beta1");
+    o.beta2 = r.number("optimizer.beta2");
+    o.eps = r.number("optimizer.eps");
+    return std::make_unique<optim::Lamb>(std::move(groups), lr, o);
+  }
+  optim::AdamOptions o;
+  o.beta1 = r.number("optimizer.beta1");
+  o.beta2 = r.number("optimizer.beta2");
+  o.eps = r.number("optimizer.eps");
+  if (name == "adam") return std::make_unique<optim::Adam>(std::move(groups), lr, o);
+  return std::make_unique<optim::AdamW>(std::move(groups), lr, o);
+}
+
+optim::ScheduleConfig make_schedule(const Recipe& r, int64_t total_steps, int64_t steps_per_epoch) {
+  optim::ScheduleConfig s;
+  s.kind = optim::schedule_from_name(r.string("schedule.kind"));
+  s.warmup_steps = r.integer("schedule.warmup_steps");
+  if (s.warmup_steps == 0 && r.number("schedule.warmup_epochs") > 0)
+    s.warmup_steps = static_cast<int64_t>(std::llround(r.number("schedule.warmup_epochs") * steps_per_epoch));
+  s.total_steps = total_steps;
+  s.min_lr_ratio = r.number("schedule.min_lr_ratio");
+  s.step_size = r.integer("schedule.step_size");
+  s.gamma = r.number("schedule.gamma");
+  try {
+    s.validate();
+  } catch (const Error& e) {
+    FORGE_FAIL("recipe: the schedule section does not fit this run ({} steps, warmup {}): {}",
+               total_steps, s.warmup_steps, e.what());
+  }
+  return s;
+}
+
+// Class ids of the largest logit per row of (B, C), and how many equal `labels`.
+int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  const int64_t B = logits.size(0), C = logits.size(1);
+  const int64_t* y = labels.data<int64_t>();
+  int64_t correct = 0;
+  FORGE_DISPATCH_FLOAT(logits.dtype(), "count_correct", [&] {
+    const scalar_t* p = logits.data<scalar_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t best = 0;
+      for (int64_t c = 1; c < C; ++c)
+        if (p[b * C + c] > p[b * C + best]) best = c;
+      correct += best == y[b];
+    }
+  });
+  return correct;
+}
+
+Tensor to_dtype(const Tensor& t, DType dtype) {
+  return t.defined() && is_floating(t.dtype()) && t.dtype() != dtype ? t.to(dtype) : t;
+}
+
+data::Batch cast_batch(data::Batch b, DType dtype) {
+  b.input = to_dtype(b.input, dtype);
+  return b;
+}
+
+Tensor batch_loss(const Tensor& logits, const data::Batch& b, double smoothing) {
+  ops::CrossEntropyOptions o;
+  o.label_smoothing = smoothing;
+  Tensor loss = ops::cross_entropy(logits, b.label, o);
+  if (b.label_mix.defined())
+    loss = ops::add(ops::mul(loss, b.mix_lambda),
+                    ops::mul(ops::cross_entropy(logits, b.label_mix, o), 1.0 - b.mix_lambda));
+  return loss;
+}
+
+EvalResult run_eval(TaskModel& model, data::DataLoader& loader, DType dtype, double smoothing) {
+  nn::Module& m = model.module();
+  const bool was_training = m.is_training();
+  m.eval();
+  NoGradGuard no_grad;
+  EvalResult r;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  const int64_t epoch = 0;
+  for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
+    const data::Batch b = cast_batch(loader.build(epoch, i), dtype);
+    const Tensor logits = model.forward(b);
+    loss_sum += batch_loss(logits, b, smoothing).item() * static_cast<double>(b.size);
+    correct += count_correct(logits, b.label);
+    r.examples += b.size;
+  }
+  m.train(was_training);
+  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(r.examples, 1));
+  r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(r.examples, 1));
+  return r;
+}
+
+json::Value generator_json(const GeneratorState& s) {
+  json::Value v;
+  v["seed"] = s.seed;
+  v["offset"] = s.offset;
+  return v;
+}
+GeneratorState generator_from(const json::Value& v) {
+  return {v.at("seed").as_uint(), v.at("offset").as_uint()};
+}
+
+// The metrics of the steps since the last train record.
+struct Window {
+  double loss_sum = 0, grad_norm_sum = 0, seconds = 0;
+  int64_t correct = 0, examples = 0, tokens = 0, steps = 0;
+
+  json::Value to_json() const {
+    json::Value v;
+    v["loss_sum"] = loss_sum;
+    v["grad_norm_sum"] = grad_norm_sum;
+    v["seconds"] = seconds;
+    v["correct"] = correct;
+    v["examples"] = examples;
+    v["tokens"] = tokens;
+    v["steps"] = steps;
+    return v;
+  }
+  static Window from_json(const json::Value& v) {
+    Window w;
+    w.loss_sum = v.at("loss_sum").as_double();
+    w.grad_norm_sum = v.at("grad_norm_sum").as_double();
+    w.seconds = v.at("seconds").as_double();
+    w.correct = v.at("correct").as_int();
+    w.examples = v.at("examples").as_int();
+    w.tokens = v.at("tokens").as_int();
+    w.steps = v.at("steps").as_int();
+    return w;
+  }
+};
+
+void write_attention_maps(TaskModel& model, data::DataLoader& loader, DType dtype,
+                          const std::string& dir, spdlog::logger& log) {
+  nn::Module& m = model.module();
+  m.eval();
+  NoGradGuard no_grad;
+  const data::Batch b = cast_batch(loader.build(0, 0), dtype);
+  const std::vector<Tensor> maps = model.attention_maps(b);
+  m.train();
+  fs::create_directories(dir);
+  int64_t written = 0;
+  for (size_t layer = 0; layer < maps.size(); ++layer) {
+    if (!maps[layer].defined()) continue;
+    const Tensor a = maps[layer].to(DType::f64);  // (1, H, N, M)
+    const int64_t H = a.size(1), N = a.size(2), M = a.size(3);
+    const double* p = a.data<double>();
+    for (int64_t h = 0; h < H; ++h) {
+      const double* q = p + h * N * M;
+      double peak = 0;
+      for (int64_t i = 0; i < N * M; ++i) peak = std::max(peak, q[i]);
+      data::Image img;
+      img.height = N;
+      img.width = M;
+      img.channels = 1;
+      img.pixels.resize(static_cast<size_t>(N * M));
+      for (int64_t i = 0; i < N * M; ++i)
+        img.pixels[static_cast<size_t>(i)] =
+            static_cast<uint8_t>(std::lround(peak > 0 ? 255.0 * q[i] / peak : 0.0));
+      data::write_png((fs::path(dir) / fmt::format("layer{:02}_head{:02}.png", layer, h)).string(), img);
+      ++written;
+    }
+  }
+  log.info("attention maps: {} images (layer x head, rows = queries) in {}{}", written, dir,
+           written == 0 ? " (no layer has a mechanism with explicit maps)" : "");
+}
+
+DType precision_dtype(const Recipe& r) {
+  return r.string("precision") == "fp64" ? DType::f64 : DType::f32;
+}
+
+}  // namespace
+
+std::string default_run_dir(const Recipe& r) {
+  if (!r.string("output.dir").empty()) return r.string("output.dir");
+  return (fs::path("runs") / r.string("name")).string();
+}
+
+json::Value EvalResult::to_json() const {
+  json::Value v;
+  v["split"] = split;
+  v["step"] = step;
+  v["examples"] = examples;
+  v["loss"] = loss;
+  v["accuracy"] = accuracy;
+  return v;
+}
+
+TrainResult train(Recipe r, const TrainOptions& opt) {
+  const std::string run_dir = opt.run_dir.empty() ? default_run_dir(r) : opt.run_dir;
+  if (opt.resume) {
+    FORGE_CHECK(fs::is_directory(run_dir), "--resume {}: no such run directory", run_dir);
+  } else {
+    FORGE_CHECK(!fs::exists(run_dir) || fs::is_empty(run_dir),
+                "run directory {} already holds a run; continue it with --resume {} or train into "
+                "another directory (--out DIR or --set output.dir=DIR)",
+                run_dir, run_dir);
+    fs::create_directories(run_dir);
+    write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
+  }
+  auto log = make_logger(run_dir, opt.console);
+  const DType dtype = precision_dtype(r);
+  const int64_t threads = r.integer("threads");
+  if (threads > 0) set_num_threads(static_cast<int>(threads));
+  autograd::set_check_nan(opt.check_nan || r.boolean("loop.check_nan"));
+
+  // ---- data, model, optimizer ----
+  TaskData data = build_data(r, (fs::path(run_dir) / "data").string(), "", true,
+                             [&](const std::string& s) { log->info("{}", s); });
+  data::DataLoader train_loader(data.train, loader_options(r, data, true));
+  data::DataLoader eval_loader(data.eval, loader_options(r, data, false));
+  const int64_t accum = r.integer("loop.accumulation");
+  const int64_t steps_per_epoch = train_loader.batches_per_epoch() / accum;
+  FORGE_CHECK(steps_per_epoch > 0 || r.integer("loop.steps") > 0,
+              "recipe: one epoch of {} examples makes {} batches of loop.batch_size {}, fewer than "
+              "loop.accumulation {}; lower them or set loop.steps",
+              data.train->size(), train_loader.batches_per_epoch(), r.integer("loop.batch_size"), accum);
+  const int64_t total_steps =
+      r.integer("loop.steps") > 0 ? r.integer("loop.steps") : r.integer("loop.epochs") * steps_per_epoch;
+  FORGE_CHECK(total_steps > 0, "recipe: nothing to train: loop.steps and loop.epochs are 0");
+
+  Generator gen(static_cast<uint64_t>(r.integer("seed")));
+  std::unique_ptr<TaskModel> task = build_model(r, data.shape, dtype, &gen);
+  nn::Module& model = task->module();
+  model.set_generator(&gen);
+  model.train();
+  auto optimizer = make_optimizer(r, model);
+  const optim::ScheduleConfig schedule = make_schedule(r, total_steps, std::max<int64_t>(steps_per_epoch, 1));
+  const double base_lr = r.number("optimizer.lr");
+  const double clip = r.number("optimizer.clip_grad_norm");
+  const double smoothing = r.number("loop.label_smoothing");
+  const int64_t log_every = r.integer("loop.log_every");
+  const int64_t eval_every = r.integer("loop.eval_every");
+  const int64_t ckpt_every = r.integer("checkpoint.every");
+
+  CheckpointManager ckpts(run_dir, static_cast<int>(r.integer("checkpoint.keep_last")),
+                          r.boolean("checkpoint.keep_best") ? 1 : 0, "eval_accuracy", "max",
+                          [&](const std::string& w) { log->warn("{}", w); });
+
+  // ---- resume ----
+  int64_t step = 0;
+  Window window;
+  double elapsed_before = 0;
+  EvalResult last_eval;
+  if (opt.resume) {
+    const auto latest = ckpts.latest();
+    FORGE_CHECK(latest.has_value(), "--resume {}: the run has no checkpoint to resume from", run_dir);
+    const Checkpoint c = read_checkpoint(*latest);
+    try {
+      model.load_state_dict(c.model);
+      optimizer->load_state_dict(c.optimizer);
+    } catch (const Error& e) {
+      FORGE_FAIL("--resume {}: checkpoint {} does not fit the run's recipe: {}", run_dir, *latest, e.what());
+    }
+    const json::Value& s = c.state;
+    step = s.at("step").as_int();
+    train_loader.seek({s.at("loader").at("epoch").as_int(), s.at("loader").at("batch").as_int()});
+    gen.set_state(generator_from(s.at("generator")));
+    default_generator().set_state(generator_from(s.at("default_generator")));
+    window = Window::from_json(s.at("window"));
+    elapsed_before = s.at("elapsed_s").as_double();
+    if (const json::Value* e = s.find("last_eval")) {
+      last_eval.loss = e->at("loss").as_double();
+      last_eval.accuracy = e->at("accuracy").as_double();
+    }
+    // --set overrides given with --resume become the run's recipe.
+    write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
+    log->info("resuming {} from {} (step {} of {})", run_dir, *latest, step, total_steps);
+  } else {
+    log->info("run directory: {}", run_dir);
+  }
+  MetricsLog metrics(run_dir, opt.resume ? std::optional<int64_t>(step) : std::nullopt);
+
+  log->info("model: {} {} ({} parameters), attention {}, {} steps ({} per epoch, batch {} x {} accumulation), {} threads",
+            r.string("model.type"), r.string("precision"), model.num_parameters(),
+            r.string("model.attention.kind"), total_steps, steps_per_epoch,
+            r.integer("loop.batch_size"), accum, num_threads());
+
+  const auto run_start = Clock::now();
+  auto save = [&](std::optional<double> metric) {
+    Checkpoint c;
+    c.model = model.state_dict();
+    c.optimizer = optimizer->state_dict();
+    c.recipe_yaml = r.to_yaml();
+    json::Value s;
+    s["step"] = step;
+    const data::LoaderPosition pos = train_loader.position();
+    s["epoch"] = pos.epoch;
+    s["loader"]["epoch"] = pos.epoch;
+    s["loader"]["batch"] = pos.batch;
+    s["generator"] = generator_json(gen.state());
+    s["default_generator"] = generator_json(default_generator().state());
+    s["window"] = window.to_json();
+    s["schedule"]["kind"] = r.string("schedule.kind");
+    s["schedule"]["step"] = step;
+    s["schedule"]["lr"] = optimizer->lr();
+    s["elapsed_s"] = elapsed_before + seconds_since(run_start);
+    s["last_eval"]["loss"] = last_eval.loss;
+    s["last_eval"]["accuracy"] = last_eval.accuracy;
+    c.state = s;
+    const std::string path = ckpts.save(step, c, metric);
+    log->info("checkpoint {}", path);
+    return path;
+  };
+
+  auto evaluate = [&]() {
+    const auto t0 = Clock::now();
+    EvalResult e = run_eval(*task, eval_loader, dtype, smoothing);
+    e.step = step;
+    last_eval = e;
+    json::Value rec;
+    rec["step"] = step;
+    rec["split"] = "eval";
+    rec["loss"] = e.loss;
+    rec["accuracy"] = e.accuracy;
+    rec["examples"] = e.examples;
+    rec["seconds"] = seconds_since(t0);
+    metrics.append(rec);
+    log->info("eval  step {:>6}  loss {:.4f}  accuracy {:.2f}%  ({} examples, {})", step, e.loss,
+              100 * e.accuracy, e.examples, format_duration(seconds_since(t0)));
+    return e;
+  };
+
+  // ---- the loop ----
+  TrainResult result;
+  result.run_dir = run_dir;
+  EtaEstimator eta;
+  std::string last_ckpt;
+  int64_t last_ckpt_step = opt.resume ? step : -1;
+  reset_peak_memory();
+  while (step < total_steps) {
+    if (opt.stop_requested && opt.stop_requested(step)) {
+      if (last_ckpt_step != step) last_ckpt = save(std::nullopt);
+      log->warn("stopped at step {} of {}; continue with: attnforge train --resume {}", step,
+                total_steps, run_dir);
+      result.status = TrainResult::Status::interrupted;
+      break;
+    }
+    const auto t0 = Clock::now();
+    const int64_t epoch_before = train_loader.position().epoch;
+    optimizer->set_lr(base_lr * optim::lr_factor(schedule, step));
+    for (int64_t a = 0; a < accum; ++a) {
+      data::Batch b;
+      while (!train_loader.next(b)) {
+      }
+      b = cast_batch(std::move(b), dtype);
+      const Tensor logits = task->forward(b);
+      const Tensor loss = batch_loss(logits, b, smoothing);
+      const double l = loss.item();
+      if (!std::isfinite(l)) {
+        const auto good = ckpts.latest();
+        FORGE_FAIL("step {} (epoch {}, batch {}): the loss is {}; stopping. {}. Rerun with "
+                   "--check-nan to name the first op that produced it, or lower optimizer.lr",
+                   step + 1, train_loader.position().epoch, train_loader.position().batch, l,
+                   good ? "The last good checkpoint is " + *good + " (attnforge train --resume " + run_dir + ")"
+                        : std::string("No checkpoint was written yet"));
+      }
+      autograd::backward(accum == 1 ? loss : ops::mul(loss, 1.0 / static_cast<double>(accum)));
+      window.loss_sum += l * static_cast<double>(b.size);
+      window.correct += count_correct(logits, b.label);
+      window.examples += b.size;
+      window.tokens += b.tokens;
+    }
+    const std::vector<Tensor> params = optimizer->parameters();
+    const double norm = clip > 0 ? optim::clip_grad_norm(params, clip) : optim::grad_norm(params);
+    FORGE_CHECK(std::isfinite(norm),
+                "step {}: the gradient norm is {}; stopping (the last good checkpoint is kept). "
+                "Rerun with --check-nan to name the op whose backward produced it",
+                step + 1, norm);
+    optimizer->step();
+    model.zero_grad();
+    ++step;
+    const double dt = seconds_since(t0);
+    eta.add(dt);
+    window.grad_norm_sum += norm;
+    window.seconds += dt;
+    window.steps += 1;
+
+    const bool last = step == total_steps;
+    if (step % log_every == 0 || last) {
+      const MemoryStats mem = memory_stats();
+      const double epoch_f = static_cast<double>(train_loader.position().epoch) +
+                             static_cast<double>(train_loader.position().batch) /
+                                 static_cast<double>(std::max<int64_t>(train_loader.batches_per_epoch(), 1));
+      json::Value rec;
+      rec["step"] = step;
+      rec["split"] = "train";
+      rec["epoch"] = epoch_f;
+      rec["loss"] = window.loss_sum / static_cast<double>(window.examples);
+      rec["accuracy"] = static_cast<double>(window.correct) / static_cast<double>(window.examples);
+      rec["lr"] = optimizer->lr();
+      rec["grad_norm"] = window.grad_norm_sum / static_cast<double>(window.steps);
+      rec["samples_per_s"] = static_cast<double>(window.examples) / window.seconds;
+      rec["tokens_per_s"] = static_cast<double>(window.tokens) / window.seconds;
+      rec["step_time_ms"] = 1000 * window.seconds / static_cast<double>(window.steps);
+      rec["peak_memory_mb"] = static_cast<double>(mem.peak) / (1 << 20);
+      metrics.append(rec);
+      const double frac = static_cast<double>(step) / static_cast<double>(total_steps);
+      log->info("step {:>6}/{} {} {:3.0f}% ep {:.2f}  loss {:.4f}  acc {:5.2f}%  lr {:.2e}  |g| {:.3f}  "
+                "{}/s  {:.0f} ms/step  mem {:.0f} MB  ETA {}",
+                step, total_steps, progress_bar(frac, 20), 100 * frac, epoch_f,
+                rec.at("loss").as_double(), 100 * rec.at("accuracy").as_double(), optimizer->lr(),
+                rec.at("grad_norm").as_double(),
+                format_count(rec.at("samples_per_s").as_double()),
+                rec.at("step_time_ms").as_double(), rec.at("peak_memory_mb").as_double(),
+                format_duration(eta.eta(total_steps - step)));
+      window = Window{};
+    }
+    const bool epoch_ended = train_loader.position().epoch != epoch_before;
+    const bool eval_now = last || (eval_every > 0 ? step % eval_every == 0 : epoch_ended);
+    std::optional<double> metric;
+    if (eval_now) metric = evaluate().accuracy;
+    const bool ckpt_now = last || (ckpt_every > 0 ? step % ckpt_every == 0 : eval_now);
+    if (ckpt_now) {
+      last_ckpt = save(metric);
+      last_ckpt_step = step;
+    }
+  }
+
+  result.steps = step;
+  result.eval_loss = last_eval.loss;
+  result.eval_accuracy = last_eval.accuracy;
+  result.last_checkpoint = last_ckpt;
+  write_plot(run_dir);
+  if (result.status == TrainResult::Status::finished) {
+    if (r.boolean("output.attention_maps"))
+      write_attention_maps(*task, eval_loader, dtype, (fs::path(run_dir) / "attention_maps").string(), *log);
+    log->info("done: {} steps in {}; eval accuracy {:.2f}%, loss {:.4f}; curves in {}", step,
+              format_duration(seconds_since(run_start)), 100 * last_eval.accuracy, last_eval.loss,
+              (fs::path(run_dir) / "curves.svg").string());
+  }
+  autograd::set_check_nan(false);
+  log->flush();
+  return result;
+}
+
+EvalResult evaluate_checkpoint(const std::string& dir, const std::string& split,
+                               const std::vector<std::string>& overrides) {
+  const Checkpoint c = read_checkpoint(dir);
+  Recipe r = Recipe::from_yaml(c.recipe_yaml, dir + "/model.safetensors (recipe)");
+  for (const std::string& s : overrides) r.set(s);
+  const DType dtype = precision_dtype(r);
+  if (r.integer("threads") > 0) set_num_threads(static_cast<int>(r.integer("threads")));
+  const fs::path run_dir = fs::path(dir).parent_path().parent_path();
+  TaskData data = build_data(r, (run_dir / "data").string(), split, false, [](const std::string&) {});
+  data::DataLoader loader(data.eval, loader_options(r, data, false));
+  Generator gen(static_cast<uint64_t>(r.integer("seed")));
+  std::unique_ptr<TaskModel> task = build_model(r, data.shape, dtype, &gen);
+  try {
+    task->module().load_state_dict(c.model);
+  } catch (const Error& e) {
+    FORGE_FAIL("{}: the weights do not fit the recipe's model: {}", dir, e.what());
+  }
+  EvalResult e = run_eval(*task, loader, dtype, r.number("loop.label_smoothing"));
+  e.split = split.empty() ? r.string("data.eval_split") : split;
+  e.step = c.state.at("step").as_int();
+  return e;
+}
+
+}  // namespace forge::train

@@ -1,0 +1,69 @@
+// The training loop of a recipe: data, model, optimizer and schedule from
+// the recipe; periodic evaluation; metrics to the console (spdlog, with a
+// progress bar and ETA), to train.log and to metrics.jsonl; checkpoints; a
+// plot of the curves at the end.
+//
+// Run directory:
+//   recipe.yaml        the resolved recipe (what --resume reads)
+//   metrics.jsonl      one record per log interval ("train") and evaluation ("eval")
+//   curves.svg         loss and accuracy curves (written at the end)
+//   train.log          the console output
+//   checkpoints/       step-NNNNNNNN/{model,optimizer}.safetensors + state.json; latest; best
+//   attention_maps/    with output.attention_maps
+//
+// Resuming reproduces the uninterrupted run exactly: the state saves the
+// optimizer step, the loader position, the model's random generator, the
+// Performer redraw counters (model buffers) and the partial metric window, and
+// a step's batches, dropout masks and updates depend on nothing else. Timing
+// fields (samples/s, step time) are the only metrics that differ.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "core/json.h"
+#include "train/recipe.h"
+
+namespace forge::train {
+
+struct TrainOptions {
+  std::string run_dir;   // empty: output.dir, or runs/<name>
+  bool resume = false;   // continue the run in run_dir from its latest checkpoint
+  bool check_nan = false;
+  bool console = true;   // log to the console (tests turn it off)
+  // Polled before each optimizer step with the number of steps done; true
+  // writes a checkpoint and stops (SIGINT / SIGTERM, tests).
+  std::function<bool(int64_t step)> stop_requested;
+};
+
+struct TrainResult {
+  enum class Status { finished, interrupted } status = Status::finished;
+  int64_t steps = 0;
+  double eval_loss = 0, eval_accuracy = 0;  // of the last evaluation
+  std::string run_dir;
+  std::string last_checkpoint;
+};
+
+// Trains; throws forge::Error on bad input and on a non-finite loss (after
+// which the last good checkpoint is still whole: nothing is written).
+TrainResult train(Recipe recipe, const TrainOptions& options);
+
+// The run directory a recipe trains into when none is given.
+std::string default_run_dir(const Recipe& recipe);
+
+struct EvalResult {
+  std::string split;
+  int64_t examples = 0;
+  double loss = 0, accuracy = 0;
+  int64_t step = 0;
+  json::Value to_json() const;
+};
+
+// Loads a checkpoint directory (its recipe comes from its model.safetensors)
+// and evaluates it on `split` (empty: the recipe's data.eval_split).
+EvalResult evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& split,
+                               const std::vector<std::string>& overrides);
+
+}  // namespace forge::train
