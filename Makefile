@@ -1,5 +1,5 @@
 # The two commands a new user runs (see README.md):
-#   make train   install missing packages, build, train the default demo
+#   make train   install missing packages, build, train the default recipe
 #   make test    install missing packages, build, run every test
 BUILD    ?= build
 SANITIZE ?= build-sanitize
@@ -22,8 +22,12 @@ build: configure
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
+# The default recipe (a small ViT on Fashion-MNIST) into runs/fmnist_tiny-<time>;
+# RECIPE=... and ARGS="--set key=value ..." choose another.
+RECIPE ?= recipes/vit/fmnist_tiny.yaml
+ARGS   ?=
 train: build
-	$(BUILD)/apps/mlp_demo
+	$(BUILD)/apps/attnforge train $(RECIPE) --out runs/$(basename $(notdir $(RECIPE)))-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 # The CPU code under AddressSanitizer + UndefinedBehaviorSanitizer. The CUDA
 # device slot is left out: the CUDA runtime maps memory where ASan keeps its
