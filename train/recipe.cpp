@@ -308,7 +308,13 @@ std::vector<std::string> Recipe::string_list(const std::string& path) const {
 }
 
 std::string recipe_reference_markdown() {
-  std::string out;
+  std::string out =
+      "# Recipe reference\n\n"
+      "Every key a recipe may hold, generated from the schema in train/recipe_schema.cpp\n"
+      "(`attnforge recipe-reference > docs/RECIPES.md`; a test keeps this file in step).\n"
+      "A recipe gives only the keys it changes; `attnforge train R.yaml --dump-config`\n"
+      "prints all of them as the run will use them. Override any key on the command\n"
+      "line with `--set section.key=value` (a YAML scalar, or a list such as `[a, b]`).\n";
   std::string section = "\x01";
   for (const KeySpec& k : recipe_schema()) {
     const size_t dot = k.path.rfind('.');

@@ -232,3 +232,56 @@ TEST(RecipeReference, ListsEveryKey) {
 
 }  // namespace
 }  // namespace forge::train
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "train/model.h"
+
+namespace forge::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(RecipeReference, DocsRecipesMdIsTheGeneratedReference) {
+  std::ifstream in(fs::path(FORGE_SOURCE_DIR) / "docs" / "RECIPES.md");
+  ASSERT_TRUE(in.good()) << "docs/RECIPES.md is missing";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), recipe_reference_markdown())
+      << "regenerate it: build/apps/attnforge recipe-reference > docs/RECIPES.md";
+}
+
+// Every shipped recipe reads, and builds its model for data of the shape it expects.
+TEST(ShippedRecipes, EveryRecipeReadsAndBuildsItsModel) {
+  int count = 0;
+  for (const auto& e : fs::recursive_directory_iterator(fs::path(FORGE_SOURCE_DIR) / "recipes")) {
+    if (e.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(e.path().string());
+    const Recipe r = Recipe::from_file(e.path().string());
+    DataShape shape;
+    const std::string& kind = r.string("data.dataset");
+    if (kind == "fashion_mnist" || kind == "image_folder") {
+      shape.images = true;
+      shape.classes = kind == "fashion_mnist" ? 10 : 1000;
+      shape.channels = kind == "fashion_mnist" ? 1 : 3;
+      shape.image_size = r.integer("model.image_size");
+    } else {
+      shape.images = false;
+      shape.classes = kind == "listops" ? 10 : 2;
+      shape.vocab_size = kind == "listops" ? 16 : kind == "text" || kind == "retrieval" ? 257 : 256;
+      shape.max_length = r.integer("data.max_length") > 0 ? r.integer("data.max_length")
+                         : kind == "pathfinder"            ? 1024
+                                                           : 784;
+      shape.pairs = kind == "retrieval";
+    }
+    Generator gen(0);
+    EXPECT_NO_THROW(build_model(r, shape, DType::f32, &gen));
+    ++count;
+  }
+  EXPECT_GE(count, 13);
+}
+
+}  // namespace
+}  // namespace forge::train
