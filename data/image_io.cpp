@@ -1,0 +1,461 @@
+// PNG (libpng) and JPEG (libjpeg) decoding and encoding.
+//
+// Both libraries report errors by calling a handler that must not return; ours
+// copy the message into a fixed buffer and longjmp. Every setjmp sits in a
+// small function whose frame holds only pointers and scalars, and the jumps
+// come from libpng/libjpeg's own C frames, so no C++ destructor is ever
+// skipped. The C++ callers own the buffers and the library handles (released
+// by destructors) and throw forge::Error when such a function returns false.
+#include "data/image_io.h"
+
+#include <cerrno>
+#include <csetjmp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+// clang-format off
+#include <png.h>
+#include <jpeglib.h>  // needs <cstdio> first
+#include <jerror.h>   // needs jpeglib.h first
+// clang-format on
+
+#include "core/error.h"
+
+namespace forge::data {
+
+namespace {
+
+constexpr size_t kMessageSize = 512;
+// Decoded images larger than this are refused before allocating (a corrupt
+// header should not ask for terabytes).
+constexpr int64_t kMaxPixelBytes = int64_t{1} << 32;
+
+const uint8_t kPngSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+
+bool has_png_signature(const std::vector<uint8_t>& b) {
+  return b.size() >= 8 && std::memcmp(b.data(), kPngSignature, 8) == 0;
+}
+
+bool has_jpeg_signature(const std::vector<uint8_t>& b) {
+  return b.size() >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff;
+}
+
+std::string leading_bytes(const std::vector<uint8_t>& b) {
+  std::string s;
+  for (size_t i = 0; i < b.size() && i < 8; ++i) s += fmt::format("{}{:02X}", i ? " " : "", b[i]);
+  return s;
+}
+
+void check_encodable(const Image& image, const char* format, int64_t max_side) {
+  FORGE_CHECK(image.channels == 1 || image.channels == 3,
+              "{} encoder: expected 1 (gray) or 3 (RGB) channels, got {}", format, image.channels);
+  FORGE_CHECK(
+      image.height > 0 && image.width > 0 && image.height <= max_side && image.width <= max_side,
+      "{} encoder: image size {}x{} is outside 1..{}", format, image.height, image.width, max_side);
+  FORGE_CHECK(
+      static_cast<int64_t>(image.pixels.size()) == image.height * image.width * image.channels,
+      "{} encoder: {}x{}x{} image needs {} pixel bytes, has {}", format, image.height, image.width,
+      image.channels, image.height * image.width * image.channels, image.pixels.size());
+}
+
+// What a decoder learned from the header: the output layout.
+struct DecodedHeader {
+  int64_t height = 0, width = 0, channels = 0;
+  size_t row_bytes = 0;
+};
+
+// ---------------------------------------------------------------- PNG ----
+
+struct PngState {
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  // Reading: the encoded bytes and the read position.
+  const uint8_t* data = nullptr;
+  size_t size = 0, pos = 0;
+  // Writing: the encoded bytes so far (owned by the C++ caller's object).
+  std::vector<uint8_t>* out = nullptr;
+  bool out_of_memory = false;
+  char message[kMessageSize] = {};
+};
+
+void on_png_error(png_structp png, png_const_charp message) {
+  auto* s = static_cast<PngState*>(png_get_error_ptr(png));
+  std::snprintf(s->message, sizeof s->message, "%s", message);
+  png_longjmp(png, 1);
+}
+
+void on_png_warning(png_structp, png_const_charp) {}  // benign: CRC of an ancillary chunk, ...
+
+void read_png_bytes(png_structp png, png_bytep dst, size_t n) {
+  auto* s = static_cast<PngState*>(png_get_io_ptr(png));
+  if (n > s->size - s->pos) {
+    char message[kMessageSize];
+    std::snprintf(message, sizeof message,
+                  "truncated file (needed %zu more bytes at offset %zu, the data has %zu)", n,
+                  s->pos, s->size);
+    png_error(png, message);
+  }
+  std::memcpy(dst, s->data + s->pos, n);
+  s->pos += n;
+}
+
+void write_png_bytes(png_structp png, png_bytep src, size_t n) {
+  auto* s = static_cast<PngState*>(png_get_io_ptr(png));
+  try {
+    s->out->insert(s->out->end(), src, src + n);
+  } catch (const std::bad_alloc&) {
+    s->out_of_memory = true;
+  }
+  if (s->out_of_memory) png_error(png, "out of memory while encoding");
+}
+
+void flush_png_bytes(png_structp) {}
+
+// Reads the header and sets the conversions to 8-bit gray or RGB. Returns
+// false (message in s->message) when libpng reports an error.
+bool read_png_header(PngState* s, DecodedHeader* h) {
+  if (setjmp(png_jmpbuf(s->png))) return false;
+  png_read_info(s->png, s->info);
+  png_set_scale_16(s->png);
+  png_set_palette_to_rgb(s->png);
+  png_set_expand_gray_1_2_4_to_8(s->png);
+  png_set_strip_alpha(s->png);
+  png_set_interlace_handling(s->png);
+  png_read_update_info(s->png, s->info);
+  h->height = png_get_image_height(s->png, s->info);
+  h->width = png_get_image_width(s->png, s->info);
+  h->channels = png_get_channels(s->png, s->info);
+  h->row_bytes = png_get_rowbytes(s->png, s->info);
+  return true;
+}
+
+bool read_png_pixels(PngState* s, png_bytepp rows) {
+  if (setjmp(png_jmpbuf(s->png))) return false;
+  png_read_image(s->png, rows);
+  png_read_end(s->png, nullptr);
+  return true;
+}
+
+bool encode_png_rows(PngState* s, const Image* image, png_bytepp rows) {
+  if (setjmp(png_jmpbuf(s->png))) return false;
+  png_set_write_fn(s->png, s, write_png_bytes, flush_png_bytes);
+  png_set_IHDR(s->png, s->info, static_cast<png_uint_32>(image->width),
+               static_cast<png_uint_32>(image->height), 8,
+               image->channels == 1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(s->png, s->info);
+  png_write_image(s->png, rows);
+  png_write_end(s->png, nullptr);
+  return true;
+}
+
+class PngReader {
+ public:
+  PngReader(const std::vector<uint8_t>& bytes, const std::string& what) {
+    state_.data = bytes.data();
+    state_.size = bytes.size();
+    state_.png =
+        png_create_read_struct(PNG_LIBPNG_VER_STRING, &state_, on_png_error, on_png_warning);
+    FORGE_CHECK(state_.png != nullptr, "{}: cannot create a PNG decoder (out of memory)", what);
+    state_.info = png_create_info_struct(state_.png);
+    FORGE_CHECK(state_.info != nullptr, "{}: cannot create a PNG decoder (out of memory)", what);
+    png_set_read_fn(state_.png, &state_, read_png_bytes);
+  }
+  ~PngReader() { png_destroy_read_struct(&state_.png, &state_.info, nullptr); }
+  PngReader(const PngReader&) = delete;
+  PngReader& operator=(const PngReader&) = delete;
+
+  PngState* state() { return &state_; }
+
+ private:
+  PngState state_;
+};
+
+class PngWriter {
+ public:
+  explicit PngWriter(std::vector<uint8_t>* out) {
+    state_.out = out;
+    state_.png =
+        png_create_write_struct(PNG_LIBPNG_VER_STRING, &state_, on_png_error, on_png_warning);
+    FORGE_CHECK(state_.png != nullptr, "PNG encoder: cannot create it (out of memory)");
+    state_.info = png_create_info_struct(state_.png);
+    FORGE_CHECK(state_.info != nullptr, "PNG encoder: cannot create it (out of memory)");
+  }
+  ~PngWriter() { png_destroy_write_struct(&state_.png, &state_.info); }
+  PngWriter(const PngWriter&) = delete;
+  PngWriter& operator=(const PngWriter&) = delete;
+
+  PngState* state() { return &state_; }
+
+ private:
+  PngState state_;
+};
+
+std::vector<png_bytep> row_pointers(uint8_t* base, int64_t height, size_t row_bytes) {
+  std::vector<png_bytep> rows(static_cast<size_t>(height));
+  for (size_t y = 0; y < rows.size(); ++y) rows[y] = base + y * row_bytes;
+  return rows;
+}
+
+Image decode_png(const std::vector<uint8_t>& bytes, const std::string& what) {
+  PngReader reader(bytes, what);
+  DecodedHeader h;
+  if (!read_png_header(reader.state(), &h))
+    FORGE_FAIL("{}: invalid PNG: {}", what, reader.state()->message);
+  FORGE_CHECK(h.channels == 1 || h.channels == 3,
+              "{}: PNG decodes to {} channels after conversion, expected 1 or 3", what, h.channels);
+  FORGE_CHECK(h.height * static_cast<int64_t>(h.row_bytes) <= kMaxPixelBytes,
+              "{}: PNG of {}x{} pixels is too large to decode (limit {} bytes)", what, h.height,
+              h.width, kMaxPixelBytes);
+  Image image{h.height, h.width, h.channels, {}};
+  image.pixels.resize(static_cast<size_t>(h.height) * h.row_bytes);
+  std::vector<png_bytep> rows = row_pointers(image.pixels.data(), h.height, h.row_bytes);
+  if (!read_png_pixels(reader.state(), rows.data()))
+    FORGE_FAIL("{}: invalid PNG: {}", what, reader.state()->message);
+  return image;
+}
+
+// --------------------------------------------------------------- JPEG ----
+
+struct JpegError {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[kMessageSize];
+};
+
+void on_jpeg_error(j_common_ptr cinfo) {
+  auto* e = static_cast<JpegError*>(cinfo->client_data);
+  char text[JMSG_LENGTH_MAX];
+  (*cinfo->err->format_message)(cinfo, text);
+  std::snprintf(e->message, sizeof e->message, "%s", text);
+  std::longjmp(e->jump, 1);
+}
+
+// Level -1 is a warning about corrupt data. libjpeg pads data that ends early
+// with an end-of-image marker and only warns; that is a truncated file, an
+// error here. Other warnings (e.g. extraneous bytes before a marker, common in
+// real photo collections) are tolerated, as other decoders do.
+void on_jpeg_message(j_common_ptr cinfo, int level) {
+  if (level == -1 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
+    auto* e = static_cast<JpegError*>(cinfo->client_data);
+    std::snprintf(e->message, sizeof e->message, "truncated file (the data ends early)");
+    std::longjmp(e->jump, 1);
+  }
+  if (level == -1) cinfo->err->num_warnings++;
+}
+
+void no_jpeg_output(j_common_ptr) {}
+
+void init_jpeg_error(JpegError* e) {
+  jpeg_std_error(&e->mgr);
+  e->mgr.error_exit = on_jpeg_error;
+  e->mgr.emit_message = on_jpeg_message;
+  e->mgr.output_message = no_jpeg_output;
+  e->message[0] = '\0';
+}
+
+struct JpegReadState {
+  jpeg_decompress_struct cinfo;
+  JpegError error;
+};
+
+// Reads the header and starts decompression to 8-bit gray or RGB. Returns
+// false (message in s->error.message) on a libjpeg error or a CMYK image.
+bool read_jpeg_header(JpegReadState* s, const uint8_t* data, size_t size, DecodedHeader* h) {
+  if (setjmp(s->error.jump)) return false;
+  jpeg_create_decompress(&s->cinfo);
+  jpeg_mem_src(&s->cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&s->cinfo, TRUE);
+  const J_COLOR_SPACE space = s->cinfo.jpeg_color_space;
+  if (space == JCS_CMYK || space == JCS_YCCK) {
+    std::snprintf(s->error.message, sizeof s->error.message,
+                  "CMYK JPEG is not supported (convert the image to RGB)");
+    return false;
+  }
+  s->cinfo.out_color_space = space == JCS_GRAYSCALE ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_calc_output_dimensions(&s->cinfo);
+  h->height = s->cinfo.output_height;
+  h->width = s->cinfo.output_width;
+  h->channels = s->cinfo.output_components;
+  h->row_bytes = static_cast<size_t>(h->width) * static_cast<size_t>(h->channels);
+  return true;
+}
+
+bool read_jpeg_pixels(JpegReadState* s, uint8_t* out, size_t row_bytes) {
+  if (setjmp(s->error.jump)) return false;
+  jpeg_start_decompress(&s->cinfo);
+  while (s->cinfo.output_scanline < s->cinfo.output_height) {
+    JSAMPROW row = out + static_cast<size_t>(s->cinfo.output_scanline) * row_bytes;
+    jpeg_read_scanlines(&s->cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&s->cinfo);
+  return true;
+}
+
+class JpegReader {
+ public:
+  JpegReader() {
+    std::memset(&state_.cinfo, 0, sizeof state_.cinfo);
+    init_jpeg_error(&state_.error);
+    state_.cinfo.err = &state_.error.mgr;
+    state_.cinfo.client_data = &state_.error;
+  }
+  ~JpegReader() { jpeg_destroy_decompress(&state_.cinfo); }  // safe when never created
+  JpegReader(const JpegReader&) = delete;
+  JpegReader& operator=(const JpegReader&) = delete;
+
+  JpegReadState* state() { return &state_; }
+
+ private:
+  JpegReadState state_;
+};
+
+Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& what) {
+  JpegReader reader;
+  DecodedHeader h;
+  if (!read_jpeg_header(reader.state(), bytes.data(), bytes.size(), &h))
+    FORGE_FAIL("{}: invalid JPEG: {}", what, reader.state()->error.message);
+  FORGE_CHECK(h.channels == 1 || h.channels == 3,
+              "{}: JPEG decodes to {} channels, expected 1 or 3", what, h.channels);
+  FORGE_CHECK(h.height * static_cast<int64_t>(h.row_bytes) <= kMaxPixelBytes,
+              "{}: JPEG of {}x{} pixels is too large to decode (limit {} bytes)", what, h.height,
+              h.width, kMaxPixelBytes);
+  Image image{h.height, h.width, h.channels, {}};
+  image.pixels.resize(static_cast<size_t>(h.height) * h.row_bytes);
+  if (!read_jpeg_pixels(reader.state(), image.pixels.data(), h.row_bytes))
+    FORGE_FAIL("{}: invalid JPEG: {}", what, reader.state()->error.message);
+  return image;
+}
+
+struct JpegWriteState {
+  jpeg_compress_struct cinfo;
+  JpegError error;
+  unsigned char* out = nullptr;  // malloc'd by libjpeg's memory destination
+  unsigned long out_size = 0;
+};
+
+bool encode_jpeg_rows(JpegWriteState* s, const Image* image, int quality) {
+  if (setjmp(s->error.jump)) return false;
+  jpeg_create_compress(&s->cinfo);
+  jpeg_mem_dest(&s->cinfo, &s->out, &s->out_size);
+  s->cinfo.image_width = static_cast<JDIMENSION>(image->width);
+  s->cinfo.image_height = static_cast<JDIMENSION>(image->height);
+  s->cinfo.input_components = static_cast<int>(image->channels);
+  s->cinfo.in_color_space = image->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_set_defaults(&s->cinfo);
+  jpeg_set_quality(&s->cinfo, quality, TRUE);
+  jpeg_start_compress(&s->cinfo, TRUE);
+  const size_t row_bytes = static_cast<size_t>(image->width * image->channels);
+  while (s->cinfo.next_scanline < s->cinfo.image_height) {
+    // libjpeg does not write through the row pointer; its API is not const.
+    JSAMPROW row = const_cast<uint8_t*>(image->pixels.data()) +
+                   static_cast<size_t>(s->cinfo.next_scanline) * row_bytes;
+    jpeg_write_scanlines(&s->cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&s->cinfo);
+  return true;
+}
+
+class JpegWriter {
+ public:
+  JpegWriter() {
+    std::memset(&state_.cinfo, 0, sizeof state_.cinfo);
+    init_jpeg_error(&state_.error);
+    state_.cinfo.err = &state_.error.mgr;
+    state_.cinfo.client_data = &state_.error;
+  }
+  ~JpegWriter() {
+    jpeg_destroy_compress(&state_.cinfo);
+    std::free(state_.out);
+  }
+  JpegWriter(const JpegWriter&) = delete;
+  JpegWriter& operator=(const JpegWriter&) = delete;
+
+  JpegWriteState* state() { return &state_; }
+
+ private:
+  JpegWriteState state_;
+};
+
+// ---------------------------------------------------------------- files ----
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  File f(std::fopen(path.c_str(), "rb"));
+  FORGE_CHECK(f != nullptr, "cannot open image file '{}': {}", path, std::strerror(errno));
+  std::vector<uint8_t> bytes;
+  uint8_t chunk[1 << 16];
+  for (;;) {
+    const size_t n = std::fread(chunk, 1, sizeof chunk, f.get());
+    bytes.insert(bytes.end(), chunk, chunk + n);
+    if (n < sizeof chunk) break;
+  }
+  FORGE_CHECK(!std::ferror(f.get()), "cannot read image file '{}': {}", path, std::strerror(errno));
+  return bytes;
+}
+
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
+  File f(std::fopen(path.c_str(), "wb"));
+  FORGE_CHECK(f != nullptr, "cannot create image file '{}': {}", path, std::strerror(errno));
+  const size_t n = std::fwrite(bytes.data(), 1, bytes.size(), f.get());
+  FORGE_CHECK(n == bytes.size(), "cannot write image file '{}' ({} of {} bytes written): {}", path,
+              n, bytes.size(), std::strerror(errno));
+  FORGE_CHECK(std::fclose(f.release()) == 0, "cannot write image file '{}': {}", path,
+              std::strerror(errno));
+}
+
+}  // namespace
+
+Image decode_image(const std::vector<uint8_t>& bytes, const std::string& what) {
+  if (has_png_signature(bytes)) return decode_png(bytes, what);
+  if (has_jpeg_signature(bytes)) return decode_jpeg(bytes, what);
+  FORGE_CHECK(!bytes.empty(), "{}: not a PNG or JPEG image (the file is empty)", what);
+  FORGE_FAIL(
+      "{}: not a PNG or JPEG image (expected the PNG signature 89 50 4E 47 0D 0A 1A 0A or the "
+      "JPEG marker FF D8 FF, found {})",
+      what, leading_bytes(bytes));
+}
+
+Image read_image(const std::string& path) {
+  return decode_image(read_file(path), path);
+}
+
+std::vector<uint8_t> encode_png(const Image& image) {
+  check_encodable(image, "PNG", PNG_USER_WIDTH_MAX);
+  std::vector<uint8_t> out;
+  PngWriter writer(&out);
+  // libpng reads the rows through non-const pointers but does not modify them.
+  std::vector<png_bytep> rows =
+      row_pointers(const_cast<uint8_t*>(image.pixels.data()), image.height,
+                   static_cast<size_t>(image.width * image.channels));
+  if (!encode_png_rows(writer.state(), &image, rows.data()))
+    FORGE_FAIL("PNG encoder: {}", writer.state()->message);
+  return out;
+}
+
+std::vector<uint8_t> encode_jpeg(const Image& image, int quality) {
+  check_encodable(image, "JPEG", JPEG_MAX_DIMENSION);
+  FORGE_CHECK(quality >= 1 && quality <= 100, "JPEG encoder: quality must be in 1..100, got {}",
+              quality);
+  JpegWriter writer;
+  if (!encode_jpeg_rows(writer.state(), &image, quality))
+    FORGE_FAIL("JPEG encoder: {}", writer.state()->error.message);
+  const JpegWriteState* s = writer.state();
+  return std::vector<uint8_t>(s->out, s->out + s->out_size);
+}
+
+void write_png(const std::string& path, const Image& image) {
+  write_file(path, encode_png(image));
+}
+
+void write_jpeg(const std::string& path, const Image& image, int quality) {
+  write_file(path, encode_jpeg(image, quality));
+}
+
+}  // namespace forge::data

@@ -1,0 +1,378 @@
+// Crop / resize / flip / normalise for images. Every geometric step is one
+// call of `resample`, which reads the source through strides, so the same code
+// serves u8 HWC images (ToTensor fused in) and f32 CHW tensors, and a channel
+// stride of 0 replicates a gray image into three channels.
+#include "data/transforms.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace forge::data {
+
+namespace {
+
+const std::vector<double> kImageNetMean = {0.485, 0.456, 0.406};
+const std::vector<double> kImageNetStd = {0.229, 0.224, 0.225};
+
+// Python's round(): half to even (std::nearbyint in the default rounding mode).
+int64_t round_half_even(double x) {
+  return static_cast<int64_t>(std::nearbyint(x));
+}
+
+// The taps of one axis: output k (0 <= k < n) reads input pixels
+// first[k] .. first[k] + count[k] - 1 with weights[k * taps ...]; count 0 is
+// an output outside the resized image (zero padding).
+struct AxisTaps {
+  int64_t taps = 0;
+  std::vector<int64_t> first, count;
+  std::vector<float> weights;
+};
+
+// Outputs out_start .. out_start + n - 1 of the input interval
+// [box_start, box_start + box_len) of an axis of in_size pixels resized to
+// out_size pixels (mirrored when flip). See transforms.h for the filter.
+AxisTaps axis_taps(int64_t in_size, double box_start, double box_len, int64_t out_size,
+                   int64_t out_start, int64_t n, bool flip) {
+  const double scale = box_len / static_cast<double>(out_size);
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = filter_scale;  // the triangle's radius in input pixels
+  AxisTaps a;
+  a.taps = static_cast<int64_t>(std::ceil(2 * support)) + 1;
+  a.first.assign(static_cast<size_t>(n), 0);
+  a.count.assign(static_cast<size_t>(n), 0);
+  a.weights.assign(static_cast<size_t>(n * a.taps), 0.0f);
+  std::vector<double> w(static_cast<size_t>(a.taps));
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t o = out_start + (flip ? n - 1 - k : k);
+    if (o < 0 || o >= out_size) continue;
+    const double center = box_start + (static_cast<double>(o) + 0.5) * scale;
+    const int64_t lo =
+        std::max<int64_t>(static_cast<int64_t>(std::floor(center - support + 0.5)), 0);
+    const int64_t hi =
+        std::min<int64_t>(static_cast<int64_t>(std::floor(center + support + 0.5)), in_size);
+    FORGE_CHECK(hi > lo && hi - lo <= a.taps,
+                "resample: bad filter window [{}, {}) for output {} (input size {})", lo, hi, o,
+                in_size);
+    double sum = 0;
+    for (int64_t x = lo; x < hi; ++x) {
+      const double t = std::abs((static_cast<double>(x) + 0.5 - center) / filter_scale);
+      w[static_cast<size_t>(x - lo)] = t < 1 ? 1 - t : 0;
+      sum += w[static_cast<size_t>(x - lo)];
+    }
+    FORGE_CHECK(sum > 0, "resample: empty filter window for output {} (input size {})", o, in_size);
+    const auto ks = static_cast<size_t>(k);
+    a.first[ks] = lo;
+    a.count[ks] = hi - lo;
+    for (int64_t x = lo; x < hi; ++x)
+      a.weights[ks * static_cast<size_t>(a.taps) + static_cast<size_t>(x - lo)] =
+          static_cast<float>(w[static_cast<size_t>(x - lo)] / sum);
+  }
+  return a;
+}
+
+// Where the source's elements are: element (c, y, x) is at
+// c * c_stride + y * y_stride + x * x_stride.
+struct SourceLayout {
+  int64_t channels = 0, height = 0, width = 0;
+  int64_t c_stride = 0, y_stride = 0, x_stride = 0;
+};
+
+// out: f32 [channels, ys.n, xs.n], value_scale times the separable filter of
+// the source (horizontal pass over the rows the vertical taps read, then
+// vertical).
+template <typename T>
+void resample(const T* src, const SourceLayout& s, const AxisTaps& ys, const AxisTaps& xs,
+              float value_scale, float* out) {
+  const auto ny = static_cast<int64_t>(ys.first.size());
+  const auto nx = static_cast<int64_t>(xs.first.size());
+  int64_t row_lo = s.height, row_hi = 0;
+  for (int64_t k = 0; k < ny; ++k) {
+    if (ys.count[static_cast<size_t>(k)] == 0) continue;
+    row_lo = std::min(row_lo, ys.first[static_cast<size_t>(k)]);
+    row_hi = std::max(row_hi, ys.first[static_cast<size_t>(k)] + ys.count[static_cast<size_t>(k)]);
+  }
+  const int64_t rows = std::max<int64_t>(row_hi - row_lo, 0);
+  std::vector<float> tmp(static_cast<size_t>(s.channels * rows * nx));  // [C, rows, nx]
+  for (int64_t c = 0; c < s.channels; ++c)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* line = src + c * s.c_stride + (row_lo + r) * s.y_stride;
+      float* dst = tmp.data() + (c * rows + r) * nx;
+      for (int64_t k = 0; k < nx; ++k) {
+        const auto ks = static_cast<size_t>(k);
+        const float* w = xs.weights.data() + ks * static_cast<size_t>(xs.taps);
+        const T* p = line + xs.first[ks] * s.x_stride;
+        float acc = 0;
+        for (int64_t t = 0; t < xs.count[ks]; ++t)
+          acc += w[t] * static_cast<float>(p[t * s.x_stride]);
+        dst[k] = acc;
+      }
+    }
+  for (int64_t c = 0; c < s.channels; ++c)
+    for (int64_t k = 0; k < ny; ++k) {
+      const auto ks = static_cast<size_t>(k);
+      float* dst = out + (c * ny + k) * nx;
+      std::fill(dst, dst + nx, 0.0f);
+      const float* w = ys.weights.data() + ks * static_cast<size_t>(ys.taps);
+      for (int64_t t = 0; t < ys.count[ks]; ++t) {
+        const float* line = tmp.data() + (c * rows + ys.first[ks] - row_lo + t) * nx;
+        for (int64_t x = 0; x < nx; ++x) dst[x] += w[t] * line[x];
+      }
+      for (int64_t x = 0; x < nx; ++x) dst[x] *= value_scale;
+    }
+}
+
+void check_image(const Image& image, const char* what) {
+  FORGE_CHECK(image.channels == 1 || image.channels == 3,
+              "{}: expected an image with 1 or 3 channels, got {}", what, image.channels);
+  FORGE_CHECK(image.height > 0 && image.width > 0, "{}: expected a non-empty image, got {}x{}",
+              what, image.height, image.width);
+  FORGE_CHECK(
+      static_cast<int64_t>(image.pixels.size()) == image.height * image.width * image.channels,
+      "{}: a {}x{}x{} image needs {} pixel bytes, has {}", what, image.height, image.width,
+      image.channels, image.height * image.width * image.channels, image.pixels.size());
+}
+
+// A contiguous f32 [C, H, W] tensor's layout.
+SourceLayout chw_layout(const Tensor& image, const char* what) {
+  FORGE_CHECK(image.defined() && image.dim() == 3 && image.dtype() == DType::f32,
+              "{}: expected an f32 [C, H, W] image tensor, got {} {}", what,
+              image.defined() ? dtype_name(image.dtype()) : "undefined",
+              image.defined() ? shape_str(image.shape()) : "");
+  const int64_t c = image.size(0), h = image.size(1), w = image.size(2);
+  FORGE_CHECK(c > 0 && h > 0 && w > 0, "{}: expected a non-empty image, got shape {}", what,
+              shape_str(image.shape()));
+  return SourceLayout{c, h, w, h * w, w, 1};
+}
+
+// A u8 HWC image's layout, read as `channels` channels (a gray image read as
+// three repeats its one channel).
+SourceLayout hwc_layout(const Image& image, int64_t channels) {
+  return SourceLayout{channels,
+                      image.height,
+                      image.width,
+                      image.channels == channels ? 1 : 0,
+                      image.width * image.channels,
+                      image.channels};
+}
+
+void check_box(const CropBox& box, int64_t height, int64_t width, const char* what) {
+  FORGE_CHECK(box.height > 0 && box.width > 0 && box.top >= 0 && box.left >= 0 &&
+                  box.top + box.height <= height && box.left + box.width <= width,
+              "{}: crop box (top {}, left {}, height {}, width {}) is not inside the {}x{} image",
+              what, box.top, box.left, box.height, box.width, height, width);
+}
+
+std::vector<double> resolve_stat(const std::vector<double>& given,
+                                 const std::vector<double>& imagenet, bool grayscale) {
+  if (!given.empty()) return given;
+  if (!grayscale) return imagenet;
+  return {(imagenet[0] + imagenet[1] + imagenet[2]) / 3};
+}
+
+}  // namespace
+
+void check_image_transform_options(const ImageTransformOptions& o) {
+  FORGE_CHECK(o.size > 0, "image transform: size must be positive, got {}", o.size);
+  FORGE_CHECK(o.scale_min > 0 && o.scale_min <= o.scale_max,
+              "image transform: expected 0 < scale_min <= scale_max, got scale [{}, {}]",
+              o.scale_min, o.scale_max);
+  FORGE_CHECK(o.ratio_min > 0 && o.ratio_min <= o.ratio_max,
+              "image transform: expected 0 < ratio_min <= ratio_max, got ratio [{}, {}]",
+              o.ratio_min, o.ratio_max);
+  FORGE_CHECK(o.hflip >= 0 && o.hflip <= 1, "image transform: hflip must be in [0, 1], got {}",
+              o.hflip);
+  FORGE_CHECK(o.crop_pct > 0 && o.crop_pct <= 1,
+              "image transform: crop_pct must be in (0, 1], got {}", o.crop_pct);
+  const size_t channels = o.grayscale ? 1 : 3;
+  for (const auto* stat : {&o.mean, &o.std}) {
+    const char* name = stat == &o.mean ? "mean" : "std";
+    FORGE_CHECK(stat->empty() || stat->size() == 1 || stat->size() == channels,
+                "image transform: {} needs {} values (or 1), got {}", name, channels, stat->size());
+  }
+  for (double s : o.std)
+    FORGE_CHECK(s > 0, "image transform: std values must be positive, got {}", s);
+}
+
+CropBox random_resized_crop_box(int64_t height, int64_t width, double scale_min, double scale_max,
+                                double ratio_min, double ratio_max, Rng& rng) {
+  FORGE_CHECK(height > 0 && width > 0, "random_resized_crop_box: empty image {}x{}", height, width);
+  const double area = static_cast<double>(height * width);
+  const double log_lo = std::log(ratio_min), log_hi = std::log(ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * rng.uniform(scale_min, scale_max);
+    const double aspect = std::exp(rng.uniform(log_lo, log_hi));
+    const int64_t w = round_half_even(std::sqrt(target_area * aspect));
+    const int64_t h = round_half_even(std::sqrt(target_area / aspect));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      const int64_t top = rng.randint(0, height - h);
+      const int64_t left = rng.randint(0, width - w);
+      return {top, left, h, w};
+    }
+  }
+  const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
+  int64_t w = width, h = height;
+  if (in_ratio < ratio_min) {
+    h = round_half_even(static_cast<double>(w) / ratio_min);
+  } else if (in_ratio > ratio_max) {
+    w = round_half_even(static_cast<double>(h) * ratio_max);
+  }
+  return {(height - h) / 2, (width - w) / 2, h, w};
+}
+
+std::pair<int64_t, int64_t> shorter_side_size(int64_t height, int64_t width, int64_t shorter) {
+  FORGE_CHECK(height > 0 && width > 0 && shorter > 0,
+              "shorter_side_size: expected positive sizes, got {}x{} -> {}", height, width,
+              shorter);
+  if (width <= height) return {shorter * height / width, shorter};
+  return {shorter, shorter * width / height};
+}
+
+Tensor to_tensor(const Image& image) {
+  check_image(image, "to_tensor");
+  Tensor out = Tensor::empty({image.channels, image.height, image.width});
+  float* o = out.data<float>();
+  const int64_t hw = image.height * image.width;
+  for (int64_t p = 0; p < hw; ++p)
+    for (int64_t c = 0; c < image.channels; ++c)
+      o[c * hw + p] =
+          static_cast<float>(image.pixels[static_cast<size_t>(p * image.channels + c)]) / 255.0f;
+  return out;
+}
+
+Image to_grayscale(const Image& image) {
+  check_image(image, "to_grayscale");
+  if (image.channels == 1) return image;
+  Image out{image.height, image.width, 1,
+            std::vector<uint8_t>(static_cast<size_t>(image.height * image.width))};
+  for (size_t p = 0; p < out.pixels.size(); ++p) {
+    const uint8_t* rgb = image.pixels.data() + 3 * p;
+    const double luma = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2];
+    out.pixels[p] = static_cast<uint8_t>(std::min(std::lround(luma), 255L));
+  }
+  return out;
+}
+
+Tensor resized_crop(const Tensor& image, const CropBox& box, int64_t out_h, int64_t out_w) {
+  const SourceLayout s = chw_layout(image, "resized_crop");
+  check_box(box, s.height, s.width, "resized_crop");
+  FORGE_CHECK(out_h > 0 && out_w > 0, "resized_crop: expected a positive output size, got {}x{}",
+              out_h, out_w);
+  const AxisTaps ys = axis_taps(s.height, static_cast<double>(box.top),
+                                static_cast<double>(box.height), out_h, 0, out_h, false);
+  const AxisTaps xs = axis_taps(s.width, static_cast<double>(box.left),
+                                static_cast<double>(box.width), out_w, 0, out_w, false);
+  Tensor out = Tensor::empty({s.channels, out_h, out_w});
+  resample(image.data<float>(), s, ys, xs, 1.0f, out.data<float>());
+  return out;
+}
+
+Tensor resize(const Tensor& image, int64_t out_h, int64_t out_w) {
+  chw_layout(image, "resize");
+  return resized_crop(image, CropBox{0, 0, image.size(1), image.size(2)}, out_h, out_w);
+}
+
+Tensor resize_shorter_side(const Tensor& image, int64_t shorter) {
+  chw_layout(image, "resize_shorter_side");
+  const auto [h, w] = shorter_side_size(image.size(1), image.size(2), shorter);
+  return resize(image, h, w);
+}
+
+namespace {
+
+// torchvision's CenterCrop offset: half the excess rounded half to even, or
+// minus half the shortfall (rounded down) when the image is padded.
+int64_t center_offset(int64_t in, int64_t size) {
+  if (size > in) return -((size - in) / 2);
+  return round_half_even(static_cast<double>(in - size) / 2.0);
+}
+
+}  // namespace
+
+Tensor center_crop(const Tensor& image, int64_t size) {
+  const SourceLayout s = chw_layout(image, "center_crop");
+  FORGE_CHECK(size > 0, "center_crop: size must be positive, got {}", size);
+  const int64_t top = center_offset(s.height, size), left = center_offset(s.width, size);
+  Tensor out = Tensor::zeros({s.channels, size, size});
+  const float* src = image.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t c = 0; c < s.channels; ++c)
+    for (int64_t y = 0; y < size; ++y) {
+      const int64_t sy = top + y;
+      if (sy < 0 || sy >= s.height) continue;
+      for (int64_t x = 0; x < size; ++x) {
+        const int64_t sx = left + x;
+        if (sx >= 0 && sx < s.width)
+          dst[(c * size + y) * size + x] = src[(c * s.height + sy) * s.width + sx];
+      }
+    }
+  return out;
+}
+
+Tensor hflip(const Tensor& image) {
+  const SourceLayout s = chw_layout(image, "hflip");
+  Tensor out = Tensor::empty(image.shape());
+  const float* src = image.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t row = 0; row < s.channels * s.height; ++row)
+    std::reverse_copy(src + row * s.width, src + (row + 1) * s.width, dst + row * s.width);
+  return out;
+}
+
+Tensor random_horizontal_flip(const Tensor& image, double p, Rng& rng) {
+  return rng.bernoulli(p) ? hflip(image) : image;
+}
+
+void normalize_(Tensor& image, const std::vector<double>& mean, const std::vector<double>& std) {
+  const SourceLayout s = chw_layout(image, "normalize");
+  const auto c = static_cast<size_t>(s.channels);
+  FORGE_CHECK((mean.size() == c || mean.size() == 1) && (std.size() == c || std.size() == 1),
+              "normalize: mean and std need {} values (or 1) for a {}-channel image, got {} and {}",
+              c, c, mean.size(), std.size());
+  float* x = image.data<float>();
+  const int64_t hw = s.height * s.width;
+  for (size_t k = 0; k < c; ++k) {
+    const double m = mean[mean.size() == 1 ? 0 : k], sd = std[std.size() == 1 ? 0 : k];
+    FORGE_CHECK(sd > 0, "normalize: std[{}] must be positive, got {}", k, sd);
+    const auto fm = static_cast<float>(m), inv = static_cast<float>(1.0 / sd);
+    float* p = x + static_cast<int64_t>(k) * hw;
+    for (int64_t i = 0; i < hw; ++i) p[i] = (p[i] - fm) * inv;
+  }
+}
+
+Tensor transform_image(const Image& input, const ImageTransformOptions& options, Rng* rng) {
+  check_image_transform_options(options);
+  check_image(input, "transform_image");
+  const int64_t channels = options.grayscale ? 1 : 3;
+  const Image gray = options.grayscale && input.channels == 3 ? to_grayscale(input) : Image{};
+  const Image& image = gray.channels ? gray : input;
+  const SourceLayout s = hwc_layout(image, channels);
+  const int64_t size = options.size;
+  AxisTaps ys, xs;
+  if (rng != nullptr && options.train) {
+    const CropBox box =
+        random_resized_crop_box(image.height, image.width, options.scale_min, options.scale_max,
+                                options.ratio_min, options.ratio_max, *rng);
+    const bool flip = rng->bernoulli(options.hflip);
+    ys = axis_taps(image.height, static_cast<double>(box.top), static_cast<double>(box.height),
+                   size, 0, size, false);
+    xs = axis_taps(image.width, static_cast<double>(box.left), static_cast<double>(box.width), size,
+                   0, size, flip);
+  } else {
+    const auto resize_to =
+        static_cast<int64_t>(std::floor(static_cast<double>(size) / options.crop_pct));
+    const auto [h, w] = shorter_side_size(image.height, image.width, resize_to);
+    ys = axis_taps(image.height, 0, static_cast<double>(image.height), h, center_offset(h, size),
+                   size, false);
+    xs = axis_taps(image.width, 0, static_cast<double>(image.width), w, center_offset(w, size),
+                   size, false);
+  }
+  Tensor out = Tensor::empty({channels, size, size});
+  resample(image.pixels.data(), s, ys, xs, 1.0f / 255.0f, out.data<float>());
+  normalize_(out, resolve_stat(options.mean, kImageNetMean, options.grayscale),
+             resolve_stat(options.std, kImageNetStd, options.grayscale));
+  return out;
+}
+
+}  // namespace forge::data

@@ -1,0 +1,350 @@
+// PNG/JPEG decoding and encoding: exact PNG round trips, JPEG within a
+// tolerance, the libpng conversions (16-bit, palette, low bit depths, alpha,
+// tRNS, interlacing) on files made here with libpng's low-level writer, and
+// the errors for missing, empty, foreign, corrupt and truncated files.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csetjmp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+// clang-format off
+#include <png.h>
+#include <jpeglib.h>
+// clang-format on
+
+#include "core/error.h"
+#include "data/image_io.h"
+#include "tests/test_util.h"
+
+namespace forge::data {
+namespace {
+
+namespace fs = std::filesystem;
+using forge::testing::expect_error;
+
+// A fresh directory per test, removed afterwards.
+class ImageIoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(::testing::TempDir()) /
+           (std::string("forge_image_io_") + info->name() + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+};
+
+// A deterministic h x w x c image with varied values (exact round trips).
+Image pattern_image(int64_t h, int64_t w, int64_t c) {
+  Image im{h, w, c, std::vector<uint8_t>(static_cast<size_t>(h * w * c))};
+  for (int64_t i = 0; i < h * w * c; ++i) im.pixels[static_cast<size_t>(i)] = (i * 37 + 11) % 256;
+  return im;
+}
+
+// A smooth image (JPEG keeps it within a few levels).
+Image smooth_image(int64_t h, int64_t w, int64_t c) {
+  Image im{h, w, c, std::vector<uint8_t>(static_cast<size_t>(h * w * c))};
+  for (int64_t y = 0; y < h; ++y)
+    for (int64_t x = 0; x < w; ++x)
+      for (int64_t k = 0; k < c; ++k)
+        im.pixels[static_cast<size_t>((y * w + x) * c + k)] =
+            static_cast<uint8_t>(40 + 2 * x + 3 * y + 30 * k);
+  return im;
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// ---- a low-level libpng writer for the formats the encoder does not make ----
+
+struct RawPng {
+  uint32_t width = 0, height = 0;
+  int bit_depth = 8, color_type = PNG_COLOR_TYPE_GRAY;
+  bool interlaced = false;
+  std::vector<uint8_t> rows;  // height rows of packed samples (16-bit big-endian)
+  std::vector<png_color> palette;
+  std::vector<uint8_t> trns_alpha;  // palette tRNS
+  bool gray_trns = false;           // gray tRNS of value 0
+};
+
+void append_bytes(png_structp png, png_bytep src, size_t n) {
+  auto* out = static_cast<std::vector<uint8_t>*>(png_get_io_ptr(png));
+  out->insert(out->end(), src, src + n);
+}
+
+void no_flush(png_structp) {}
+
+// The setjmp frame holds no C++ objects (libpng longjmps on error).
+bool write_raw_png(png_structp png, png_infop info, const RawPng* p, png_bytepp rows) {
+  if (setjmp(png_jmpbuf(png))) return false;
+  png_set_IHDR(png, info, p->width, p->height, p->bit_depth, p->color_type,
+               p->interlaced ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  if (!p->palette.empty())
+    png_set_PLTE(png, info, p->palette.data(), static_cast<int>(p->palette.size()));
+  if (!p->trns_alpha.empty())
+    png_set_tRNS(png, info, p->trns_alpha.data(), static_cast<int>(p->trns_alpha.size()), nullptr);
+  png_color_16 gray_key{};
+  if (p->gray_trns) png_set_tRNS(png, info, nullptr, 0, &gray_key);
+  png_write_info(png, info);
+  png_write_image(png, rows);
+  png_write_end(png, nullptr);
+  return true;
+}
+
+std::vector<uint8_t> encode_raw_png(const RawPng& p) {
+  std::vector<uint8_t> out;
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  png_set_write_fn(png, &out, append_bytes, no_flush);
+  const size_t row_bytes = p.rows.size() / p.height;
+  std::vector<png_bytep> rows(p.height);
+  for (size_t y = 0; y < p.height; ++y)
+    rows[y] = const_cast<uint8_t*>(p.rows.data()) + y * row_bytes;
+  const bool ok = write_raw_png(png, info, &p, rows.data());
+  png_destroy_write_struct(&png, &info);
+  EXPECT_TRUE(ok) << "the test's own PNG writer failed";
+  return out;
+}
+
+void expect_pixels(const Image& im, int64_t h, int64_t w, int64_t c,
+                   const std::vector<uint8_t>& expected) {
+  EXPECT_EQ(im.height, h);
+  EXPECT_EQ(im.width, w);
+  ASSERT_EQ(im.channels, c);
+  EXPECT_EQ(im.pixels, expected);
+}
+
+// ---- round trips ----
+
+TEST_F(ImageIoTest, PngRoundTripIsExact) {
+  for (int64_t c : {1, 3}) {
+    const Image im = pattern_image(5, 7, c);
+    const std::string p = path("im" + std::to_string(c) + ".png");
+    write_png(p, im);
+    expect_pixels(read_image(p), 5, 7, c, im.pixels);
+    expect_pixels(decode_image(encode_png(im), "memory"), 5, 7, c, im.pixels);
+  }
+}
+
+TEST_F(ImageIoTest, JpegRoundTripWithinTolerance) {
+  for (int64_t c : {1, 3}) {
+    const Image im = smooth_image(24, 32, c);
+    const std::string p = path("im" + std::to_string(c) + ".jpg");
+    write_jpeg(p, im, 95);
+    const Image back = read_image(p);
+    ASSERT_EQ(back.height, 24);
+    ASSERT_EQ(back.width, 32);
+    ASSERT_EQ(back.channels, c);
+    double total = 0;
+    int max_diff = 0;
+    for (size_t i = 0; i < im.pixels.size(); ++i) {
+      const int d = std::abs(int(back.pixels[i]) - int(im.pixels[i]));
+      max_diff = std::max(max_diff, d);
+      total += d;
+    }
+    EXPECT_LE(max_diff, 8) << "channels " << c;
+    EXPECT_LE(total / static_cast<double>(im.pixels.size()), 2.0) << "channels " << c;
+  }
+}
+
+TEST_F(ImageIoTest, JpegQualityChangesTheSize) {
+  const Image im = pattern_image(32, 32, 3);
+  EXPECT_LT(encode_jpeg(im, 10).size(), encode_jpeg(im, 95).size());
+}
+
+TEST_F(ImageIoTest, FormatComesFromTheBytesNotTheName) {
+  const Image im = pattern_image(3, 4, 3);
+  write_png(path("really_png.jpg"), im);
+  expect_pixels(read_image(path("really_png.jpg")), 3, 4, 3, im.pixels);
+  write_jpeg(path("really_jpeg.png"), smooth_image(8, 8, 1));
+  EXPECT_EQ(read_image(path("really_jpeg.png")).channels, 1);
+}
+
+// ---- PNG conversions ----
+
+TEST_F(ImageIoTest, Png16BitIsScaledTo8Bits) {
+  // v -> round(v * 255 / 65535)
+  const std::vector<uint16_t> values = {0, 65535, 257 * 100, 1000, 40000, 128};
+  const std::vector<uint8_t> expected = {0, 255, 100, 4, 156, 0};
+  RawPng p;
+  p.width = 3;
+  p.height = 2;
+  p.bit_depth = 16;
+  p.color_type = PNG_COLOR_TYPE_GRAY;
+  for (uint16_t v : values) p.rows.insert(p.rows.end(), {uint8_t(v >> 8), uint8_t(v & 0xff)});
+  expect_pixels(decode_image(encode_raw_png(p), "gray16"), 2, 3, 1, expected);
+
+  p.width = 2;
+  p.height = 1;
+  p.color_type = PNG_COLOR_TYPE_RGB;
+  expect_pixels(decode_image(encode_raw_png(p), "rgb16"), 1, 2, 3, expected);
+}
+
+TEST_F(ImageIoTest, PalettePngBecomesRgb) {
+  RawPng p;
+  p.width = 4;
+  p.height = 2;
+  p.color_type = PNG_COLOR_TYPE_PALETTE;
+  p.palette = {{255, 0, 0}, {0, 255, 0}, {0, 0, 255}, {10, 20, 30}};
+  p.trns_alpha = {0, 128};  // transparency is dropped, the colours stay
+  const std::vector<uint8_t> index = {0, 1, 2, 3, 3, 2, 1, 0};
+  std::vector<uint8_t> expected;
+  for (uint8_t i : index)
+    expected.insert(expected.end(), {p.palette[i].red, p.palette[i].green, p.palette[i].blue});
+
+  p.bit_depth = 8;
+  p.rows = index;
+  expect_pixels(decode_image(encode_raw_png(p), "palette8"), 2, 4, 3, expected);
+
+  p.bit_depth = 2;  // four 2-bit indices per byte, first pixel in the high bits
+  p.rows = {0b00011011, 0b11100100};
+  expect_pixels(decode_image(encode_raw_png(p), "palette2"), 2, 4, 3, expected);
+}
+
+TEST_F(ImageIoTest, LowBitDepthGrayIsScaled) {
+  RawPng p;
+  p.width = 8;
+  p.height = 1;
+  p.bit_depth = 1;
+  p.rows = {0b10110001};
+  expect_pixels(decode_image(encode_raw_png(p), "gray1"), 1, 8, 1,
+                {255, 0, 255, 255, 0, 0, 0, 255});
+  p.width = 4;
+  p.bit_depth = 4;
+  p.rows = {0x0f, 0x58};
+  expect_pixels(decode_image(encode_raw_png(p), "gray4"), 1, 4, 1, {0, 255, 85, 136});
+}
+
+TEST_F(ImageIoTest, AlphaIsDropped) {
+  RawPng p;
+  p.width = 2;
+  p.height = 1;
+  p.color_type = PNG_COLOR_TYPE_RGBA;
+  p.rows = {1, 2, 3, 0, 200, 100, 50, 255};
+  expect_pixels(decode_image(encode_raw_png(p), "rgba"), 1, 2, 3, {1, 2, 3, 200, 100, 50});
+
+  p.color_type = PNG_COLOR_TYPE_GRAY_ALPHA;
+  p.rows = {7, 0, 250, 30};
+  expect_pixels(decode_image(encode_raw_png(p), "gray_alpha"), 1, 2, 1, {7, 250});
+
+  p.color_type = PNG_COLOR_TYPE_GRAY;  // a transparent gray key is dropped too
+  p.gray_trns = true;
+  p.rows = {0, 9};
+  expect_pixels(decode_image(encode_raw_png(p), "gray_trns"), 1, 2, 1, {0, 9});
+}
+
+TEST_F(ImageIoTest, InterlacedPngMatchesPlain) {
+  const Image im = pattern_image(9, 11, 3);
+  RawPng p;
+  p.width = 11;
+  p.height = 9;
+  p.color_type = PNG_COLOR_TYPE_RGB;
+  p.interlaced = true;
+  p.rows = im.pixels;
+  expect_pixels(decode_image(encode_raw_png(p), "adam7"), 9, 11, 3, im.pixels);
+}
+
+// ---- errors ----
+
+TEST_F(ImageIoTest, MissingFileNamesThePath) {
+  const std::string p = path("does_not_exist.png");
+  expect_error([&] { read_image(p); }, {"cannot open", p});
+}
+
+TEST_F(ImageIoTest, ForeignOrEmptyFilesAreNotImages) {
+  const std::string text = path("notes.png");
+  write_bytes(text, {'G', 'I', 'F', '8', '9', 'a', 0, 0});
+  expect_error([&] { read_image(text); }, {text, "not a PNG or JPEG", "47 49 46 38 39 61"});
+  const std::string empty = path("empty.jpg");
+  write_bytes(empty, {});
+  expect_error([&] { read_image(empty); }, {empty, "empty"});
+}
+
+TEST_F(ImageIoTest, TruncatedFilesAreErrors) {
+  const std::vector<uint8_t> png = encode_png(pattern_image(16, 16, 3));
+  const std::vector<uint8_t> jpeg = encode_jpeg(pattern_image(16, 16, 3));
+  for (double fraction : {0.1, 0.5, 0.95}) {
+    const std::string p = path("cut.png");
+    write_bytes(p, std::vector<uint8_t>(png.begin(), png.begin() + long(fraction * png.size())));
+    expect_error([&] { read_image(p); }, {p, "truncated"});
+    const std::string j = path("cut.jpg");
+    write_bytes(j, std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + long(fraction * jpeg.size())));
+    expect_error([&] { read_image(j); }, {j, "truncated"});
+  }
+}
+
+TEST_F(ImageIoTest, CorruptFilesAreErrors) {
+  // A flipped byte inside a PNG chunk fails its CRC.
+  std::vector<uint8_t> png = encode_png(pattern_image(16, 16, 3));
+  png[png.size() / 2] ^= 0x55;
+  const std::string p = path("corrupt.png");
+  write_bytes(p, png);
+  expect_error([&] { read_image(p); }, {p, "invalid PNG"});
+
+  // A JPEG whose body after the start marker is noise.
+  std::vector<uint8_t> jpeg = {0xff, 0xd8, 0xff};
+  for (int i = 0; i < 200; ++i) jpeg.push_back(static_cast<uint8_t>(i * 73 + 5));
+  const std::string j = path("corrupt.jpg");
+  write_bytes(j, jpeg);
+  expect_error([&] { read_image(j); }, {j, "invalid JPEG"});
+}
+
+// A 4-component (CMYK) JPEG made with libjpeg directly.
+std::vector<uint8_t> cmyk_jpeg() {
+  jpeg_compress_struct cinfo;
+  jpeg_error_mgr err;
+  cinfo.err = jpeg_std_error(&err);
+  jpeg_create_compress(&cinfo);
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&cinfo, &out, &size);
+  cinfo.image_width = 4;
+  cinfo.image_height = 2;
+  cinfo.input_components = 4;
+  cinfo.in_color_space = JCS_CMYK;
+  jpeg_set_defaults(&cinfo);
+  jpeg_start_compress(&cinfo, TRUE);
+  std::vector<uint8_t> row(16, 100);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW r = row.data();
+    jpeg_write_scanlines(&cinfo, &r, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  std::vector<uint8_t> bytes(out, out + size);
+  jpeg_destroy_compress(&cinfo);
+  std::free(out);
+  return bytes;
+}
+
+TEST_F(ImageIoTest, CmykJpegIsRejected) {
+  const std::string p = path("cmyk.jpg");
+  write_bytes(p, cmyk_jpeg());
+  expect_error([&] { read_image(p); }, {p, "CMYK"});
+}
+
+TEST_F(ImageIoTest, EncoderChecksTheImage) {
+  Image two{2, 2, 2, std::vector<uint8_t>(8)};
+  expect_error([&] { encode_png(two); }, {"1 (gray) or 3 (RGB)", "got 2"});
+  Image short_pixels{2, 2, 3, std::vector<uint8_t>(5)};
+  expect_error([&] { encode_jpeg(short_pixels); }, {"needs 12 pixel bytes, has 5"});
+  expect_error([&] { encode_jpeg(pattern_image(2, 2, 3), 0); }, {"quality", "got 0"});
+  expect_error([&] { write_png(path("no_dir/x.png"), pattern_image(2, 2, 1)); },
+               {"cannot create", "no_dir/x.png"});
+}
+
+}  // namespace
+}  // namespace forge::data
