@@ -83,11 +83,7 @@ std::string listops_file(const Recipe& r, const std::string& data_dir, const std
       log(fmt::format("generating ListOps into {} ({} train, {} val, {} test; lengths in ({}, {}))",
                       root, g.num_train, g.num_val, g.num_test, g.min_length, g.max_length));
       const data::ListOpsSplits s = data::generate_listops(g, static_cast<uint64_t>(r.integer("seed")));
-      fs::create_directories(root);
-      // The test split last: its presence marks a complete set.
-      data::write_listops_tsv((fs::path(root) / "basic_train.tsv").string(), s.train);
-      data::write_listops_tsv((fs::path(root) / "basic_val.tsv").string(), s.val);
-      data::write_listops_tsv((fs::path(root) / "basic_test.tsv").string(), s.test);
+      data::write_listops_splits(root, s);  // the test split last: its presence marks a complete set
     }
   }
   return (fs::path(root) / ("basic_" + split + ".tsv")).string();
