@@ -1,0 +1,71 @@
+// Adam and AdamW's per-parameter update (see adam.h), in the parameter's dtype
+// and in the order of PyTorch's single-tensor implementation; coefficients such
+// as 1 - beta1 are formed in f64 and then rounded, as PyTorch's Python scalars.
+#include "optim/adam.h"
+
+#include <cmath>
+
+#include "optim/kernels.h"
+
+namespace forge::optim {
+namespace {
+
+template <typename T>
+void adam_update(T* p, const T* grad, T* m, T* v, int64_t n, T l2, T beta1, T one_minus_beta1,
+                 T beta2, T one_minus_beta2, T bias_correction2_sqrt, T eps, T step_size) {
+  detail::elementwise(n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      T g = grad[i];
+      if (l2 != T(0)) g = g + l2 * p[i];
+      m[i] = m[i] * beta1 + one_minus_beta1 * g;
+      v[i] = v[i] * beta2 + one_minus_beta2 * g * g;
+      const T denom = std::sqrt(v[i]) / bias_correction2_sqrt + eps;
+      p[i] = p[i] + (-step_size) * (m[i] / denom);
+    }
+  });
+}
+
+}  // namespace
+
+void check_adam_options(const AdamOptions& o, const char* who) {
+  FORGE_CHECK(o.beta1 >= 0 && o.beta1 < 1, "{}: expected beta1 in [0, 1), got {}", who, o.beta1);
+  FORGE_CHECK(o.beta2 >= 0 && o.beta2 < 1, "{}: expected beta2 in [0, 1), got {}", who, o.beta2);
+  FORGE_CHECK(std::isfinite(o.eps) && o.eps >= 0, "{}: expected a finite eps >= 0, got {}", who,
+              o.eps);
+}
+
+Adam::Adam(std::vector<ParamGroup> groups, double lr, const AdamOptions& options)
+    : Adam(std::move(groups), lr, options, false) {}
+
+Adam::Adam(std::vector<ParamGroup> groups, double lr, const AdamOptions& options, bool decoupled)
+    : Optimizer(std::move(groups), lr, {"exp_avg", "exp_avg_sq"}),
+      options_(options),
+      decoupled_(decoupled) {
+  check_adam_options(options_, decoupled_ ? "AdamW" : "Adam");
+}
+
+void Adam::update(const Update& u) {
+  const double t = static_cast<double>(u.step);
+  const double bias_correction1 = 1 - std::pow(options_.beta1, t);
+  const double bias_correction2 = 1 - std::pow(options_.beta2, t);
+  const double step_size = u.lr / bias_correction1;
+  FORGE_DISPATCH_FLOAT(u.param.dtype(), "Adam", [&] {
+    using T = scalar_t;
+    T* p = u.param.data<T>();
+    const int64_t n = u.param.numel();
+    if (decoupled_ && u.weight_decay != 0) {
+      const T keep = static_cast<T>(1 - u.lr * u.weight_decay);
+      detail::elementwise(n, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) p[i] = p[i] * keep;
+      });
+    }
+    adam_update<T>(p, u.grad.data<T>(), u.slots[0].data<T>(), u.slots[1].data<T>(), n,
+                   static_cast<T>(decoupled_ ? 0.0 : u.weight_decay),
+                   static_cast<T>(options_.beta1), static_cast<T>(1 - options_.beta1),
+                   static_cast<T>(options_.beta2), static_cast<T>(1 - options_.beta2),
+                   static_cast<T>(std::sqrt(bias_correction2)), static_cast<T>(options_.eps),
+                   static_cast<T>(step_size));
+  });
+}
+
+}  // namespace forge::optim

@@ -1,0 +1,113 @@
+// Optimizer: the base of SGD, Adam / AdamW and LAMB. It holds parameter
+// groups (each with its weight decay and lr scale), one state per parameter
+// (a step count and the subclass's slots, e.g. Adam's moments) and the base
+// learning rate that a schedule sets before each step.
+//
+// step() reads each parameter's grad() and writes the parameter's data in place,
+// outside autograd; a parameter without a grad is skipped (its state does not
+// advance, as in PyTorch). Gradients are never written: autograd may hand a
+// leaf a tensor that other tensors share, so the optimizer only reads them.
+//
+// Gradient accumulation needs nothing from the optimizer: the trainer scales
+// the loss by 1 / accum, lets backward add up the grads of accum micro-batches,
+// then calls step() and zero_grad() once.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "nn/module.h"
+
+namespace forge::optim {
+
+struct ParamGroup {
+  std::vector<std::pair<std::string, Tensor>> params;  // (name, parameter)
+  double weight_decay = 0;
+  double lr_scale = 1;  // this group's lr = lr() * lr_scale
+};
+
+// True when a parameter is exempt from weight decay under the usual rule
+// (timm's, BERT's): it has ndim <= 1 (biases, LayerNorm weights, ScaleNorm and
+// ReZero's g, attention's tau), or a component of its dotted name is one of the
+// embedding tables of nn/models.h: "token_emb" (token embedding, also the tied
+// output weight), "pos_emb" (learned or axial positions), "pos_embed" (ViT's
+// positions) or "cls_token".
+bool is_no_decay(const std::string& name, const Tensor& param);
+
+// The model's parameters (named_parameters order) in groups. Without the
+// exclusion: one group, all at `weight_decay`. With it: group 0 holds the
+// parameters that decay (at `weight_decay`), group 1 those that is_no_decay()
+// picks (at 0); either may be empty.
+std::vector<ParamGroup> param_groups(const nn::Module& model, double weight_decay,
+                                     bool exclude_norms_biases_embeddings);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual std::string name() const = 0;  // "sgd", "adam", "adamw", "lamb"
+
+  // One update of every parameter that has a grad. Every grad is checked
+  // (shape, dtype) before any parameter changes.
+  void step();
+  // Drops the grads of the optimizer's parameters.
+  void zero_grad();
+
+  double lr() const { return lr_; }
+  void set_lr(double lr);
+  int64_t steps() const { return steps_; }  // step() calls so far
+
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  std::vector<Tensor> parameters() const;  // every group's, in order
+
+  // A copy of the state:
+  //   "steps"              0-dim i64, step() calls so far
+  //   "lr"                 0-dim f64, the current base lr
+  //   "step.<param>"       0-dim i64, updates this parameter received
+  //   "<slot>.<param>"     the subclass's slots, the parameter's shape and dtype
+  //                        (e.g. "exp_avg.transformer.layers.0.attn.to_q.weight")
+  std::map<std::string, Tensor> state_dict() const;
+  // Strict: any missing, unexpected or wrongly shaped / typed entry throws a
+  // forge::Error listing all of them, and nothing changes. Values are copied.
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+
+ protected:
+  // `slot_names`: the per-parameter tensors the subclass keeps, each starting
+  // as zeros of the parameter's shape and dtype. Parameters must be defined,
+  // f32 or f64 CPU tensors, each listed once, with unique names.
+  Optimizer(std::vector<ParamGroup> groups, double lr, std::vector<std::string> slot_names);
+
+  struct Update {
+    const std::string& name;
+    const Tensor& param;         // written in place
+    const Tensor& grad;          // same shape and dtype; read only
+    std::vector<Tensor>& slots;  // in slot_names order
+    int64_t step;                // this parameter's update count, 1 on its first
+    double lr;                   // lr() * the group's lr_scale
+    double weight_decay;         // the group's
+  };
+  virtual void update(const Update& u) = 0;
+
+ private:
+  struct State {
+    std::string name;
+    Tensor param;
+    size_t group;
+    int64_t step = 0;
+    std::vector<Tensor> slots;
+  };
+
+  std::vector<ParamGroup> groups_;
+  std::vector<std::string> slot_names_;
+  std::vector<State> states_;
+  double lr_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace forge::optim
