@@ -1,0 +1,677 @@
+// Checkpoint directories: the atomic write (temp directory, fsyncs, one
+// rename), the validating read, and the run's CheckpointManager.
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
+
+// The suffixes of what a write leaves beside its target until it finishes:
+// the directory being built, an old directory renamed aside, one being deleted.
+constexpr std::string_view kTmpMark = ".tmp-", kOldMark = ".old-", kDelMark = ".del-";
+
+std::string errno_str() {
+  return std::strerror(errno);
+}
+
+std::string pid_suffix() {
+  return std::to_string(::getpid());
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// ---- fault injection ----
+
+// A crash simulated by the test hook: unlike a real error, nothing is cleaned up.
+class InjectedFault : public Error {
+ public:
+  using Error::Error;
+};
+
+std::atomic<int64_t> g_fault_countdown{0};
+std::atomic<bool> g_rename_exchange{true};
+std::once_flag g_fault_env_once;
+
+void arm_fault_from_env() {
+  std::call_once(g_fault_env_once, [] {
+    const char* s = std::getenv("FORGE_CHECKPOINT_FAULT");
+    if (s == nullptr || *s == '\0') return;
+    int64_t n = 0;
+    const char* end = s + std::strlen(s);
+    const auto [p, ec] = std::from_chars(s, end, n);
+    FORGE_CHECK(ec == std::errc() && p == end,
+                "FORGE_CHECKPOINT_FAULT: expected the integer number of the write step to fail "
+                "at, found \"{}\"",
+                s);
+    g_fault_countdown.store(n);
+  });
+}
+
+// True when the armed fault fires at this step (once).
+bool fault_due() {
+  arm_fault_from_env();
+  int64_t c = g_fault_countdown.load();
+  while (c > 0 && !g_fault_countdown.compare_exchange_weak(c, c - 1)) {
+  }
+  return c == 1;
+}
+
+[[noreturn]] void crash(std::string_view what) {
+  throw InjectedFault(fmt::format("checkpoint fault injection: simulated crash at \"{}\"", what));
+}
+
+void step(std::string_view what) {
+  if (fault_due()) crash(what);
+}
+
+// ---- files ----
+
+void write_all(int fd, std::string_view bytes, const std::string& path) {
+  const char* p = bytes.data();
+  size_t n = bytes.size();
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0 && errno == EINTR) continue;
+    FORGE_CHECK(w > 0, "{}: write failed: {}", path, errno_str());
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// Writes `bytes` to `path` (created or truncated) and fsyncs it. A fault here
+// leaves the first half of the bytes, as a kill during the write would.
+void write_durable(const std::string& path, std::string_view bytes, bool faultable) {
+  const bool fault = faultable && fault_due();
+  Fd out{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  FORGE_CHECK(out.fd >= 0, "{}: cannot create: {}", path, errno_str());
+  if (fault) {
+    write_all(out.fd, bytes.substr(0, bytes.size() / 2), path);
+    crash("write " + fs::path(path).filename().string());
+  }
+  write_all(out.fd, bytes, path);
+  FORGE_CHECK(::fsync(out.fd) == 0, "{}: fsync failed: {}", path, errno_str());
+  const int fd = out.fd;
+  out.fd = -1;
+  FORGE_CHECK(::close(fd) == 0, "{}: close failed: {}", path, errno_str());
+}
+
+// Makes renames and creations inside `dir` durable. Some filesystems cannot
+// fsync a directory (EINVAL); only real I/O errors count.
+void fsync_dir(const fs::path& dir) {
+  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  FORGE_CHECK(d.fd >= 0, "{}: cannot open the directory to fsync it: {}", dir.string(),
+              errno_str());
+  FORGE_CHECK(::fsync(d.fd) == 0 || errno == EINVAL, "{}: fsync of the directory failed: {}",
+              dir.string(), errno_str());
+}
+
+std::string read_whole(const std::string& path) {
+  Fd in{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  FORGE_CHECK(in.fd >= 0, "{}: cannot open: {}", path, errno_str());
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t r = ::read(in.fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    FORGE_CHECK(r >= 0, "{}: read failed: {}", path, errno_str());
+    if (r == 0) break;
+    out.append(buf, static_cast<size_t>(r));
+  }
+  return out;
+}
+
+void write_atomic(const fs::path& path, std::string_view bytes, bool faultable) {
+  const std::string tmp = path.string() + std::string(kTmpMark) + pid_suffix();
+  try {
+    write_durable(tmp, bytes, faultable);
+    if (faultable) step("rename " + path.filename().string());
+    FORGE_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}: {}", tmp,
+                path.string(), errno_str());
+  } catch (const InjectedFault&) {
+    throw;
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (faultable) step("fsync the directory of " + path.filename().string());
+  fsync_dir(path.has_parent_path() ? path.parent_path() : fs::path("."));
+}
+
+bool exists_no_follow(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(p, ec));
+}
+
+// Whether `name` is BASE + mark + pid; sets `base` and `mark`.
+bool split_leftover(const std::string& name, std::string& base, std::string_view& mark) {
+  for (const std::string_view m : {kTmpMark, kOldMark, kDelMark}) {
+    const size_t pos = name.rfind(m);
+    if (pos == std::string::npos || pos == 0) continue;
+    const std::string_view pid = std::string_view(name).substr(pos + m.size());
+    if (pid.empty() ||
+        !std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    base = name.substr(0, pos);
+    mark = m;
+    return true;
+  }
+  return false;
+}
+
+// Removes what interrupted writes left in `parent` (those of target `only`,
+// or of every target when `only` is empty). An old directory renamed aside
+// whose target is missing was interrupted between its two renames: it is the
+// last whole checkpoint, so it is renamed back.
+void clean_leftovers(const fs::path& parent, const std::string& only) {
+  std::error_code ec;
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(parent, ec)) found.push_back(e.path());
+  std::sort(found.begin(), found.end());
+  for (const fs::path& p : found) {
+    std::string base;
+    std::string_view mark;
+    if (!split_leftover(p.filename().string(), base, mark)) continue;
+    if (!only.empty() && base != only) continue;
+    if (mark == kOldMark && !exists_no_follow(parent / base)) {
+      FORGE_CHECK(
+          ::rename(p.c_str(), (parent / base).c_str()) == 0,
+          "cannot restore {} (a checkpoint renamed aside by an interrupted write) to {}: {}",
+          p.string(), (parent / base).string(), errno_str());
+      continue;
+    }
+    fs::remove_all(p, ec);
+  }
+}
+
+// Moves the finished `tmp` to `dir`, replacing an existing `dir` only now.
+void commit(const fs::path& tmp, const fs::path& dir) {
+  if (!exists_no_follow(dir)) {
+    step("rename the temp directory into place");
+    FORGE_CHECK(::rename(tmp.c_str(), dir.c_str()) == 0, "cannot rename {} to {}: {}", tmp.string(),
+                dir.string(), errno_str());
+    return;
+  }
+  std::error_code ec;
+  FORGE_CHECK(fs::is_directory(fs::symlink_status(dir, ec)),
+              "{}: exists and is not a directory; a checkpoint is a directory", dir.string());
+  if (g_rename_exchange.load()) {
+    step("exchange the temp directory with the old checkpoint");
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+      step("remove the old checkpoint");
+      fs::remove_all(tmp, ec);
+      return;
+    }
+    FORGE_CHECK(errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP,
+                "cannot exchange {} with {}: {}", tmp.string(), dir.string(), errno_str());
+  }
+  const fs::path aside = dir.string() + std::string(kOldMark) + pid_suffix();
+  step("rename the old checkpoint aside");
+  FORGE_CHECK(::rename(dir.c_str(), aside.c_str()) == 0, "cannot rename {} aside to {}: {}",
+              dir.string(), aside.string(), errno_str());
+  step("rename the temp directory into place");
+  if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+    const std::string why = errno_str();
+    ::rename(aside.c_str(), dir.c_str());
+    FORGE_FAIL("cannot rename {} to {}: {}", tmp.string(), dir.string(), why);
+  }
+  step("remove the old checkpoint");
+  fs::remove_all(aside, ec);
+}
+
+void write_tensors(const fs::path& path, const std::map<std::string, Tensor>& tensors,
+                   const std::map<std::string, std::string>& metadata) {
+  if (fault_due()) {
+    const std::string bytes = safetensors::serialize(tensors, metadata);
+    write_durable(path.string(), std::string_view(bytes).substr(0, bytes.size() / 2), false);
+    crash("write " + path.filename().string());
+  }
+  safetensors::save(path.string(), tensors, metadata);
+}
+
+void write_checkpoint_impl(const std::string& dir_arg, const std::map<std::string, Tensor>& model,
+                           const std::map<std::string, Tensor>& optimizer,
+                           const std::string& recipe_yaml, const json::Value& state) {
+  FORGE_CHECK(state.is_null() || state.is_object(),
+              "write_checkpoint {}: the state must be a JSON object, found {}", dir_arg,
+              json::type_name(state.type()));
+  fs::path dir = fs::path(dir_arg).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();
+  FORGE_CHECK(!dir.empty() && dir.filename() != "." && dir.filename() != "..",
+              "write_checkpoint: \"{}\" does not name a directory to write", dir_arg);
+  const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  const std::string name = dir.filename().string();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  FORGE_CHECK(!ec, "write_checkpoint: cannot create {}: {}", parent.string(), ec.message());
+
+  // Everything that can fail without touching the disk comes first.
+  const std::string state_text =
+      json::dump(state.is_null() ? json::Value(json::Object{}) : state, 2) + "\n";
+  clean_leftovers(parent, name);
+
+  const fs::path tmp = parent / (name + std::string(kTmpMark) + pid_suffix());
+  try {
+    step("create the temp directory");
+    FORGE_CHECK(::mkdir(tmp.c_str(), 0755) == 0, "cannot create {}: {}", tmp.string(), errno_str());
+    write_tensors(tmp / kFiles[0], model, {{"format", kCheckpointFormat}, {"recipe", recipe_yaml}});
+    write_tensors(tmp / kFiles[1], optimizer, {{"format", kCheckpointFormat}});
+    write_durable((tmp / kFiles[2]).string(), state_text, true);
+    step("fsync the temp directory");
+    fsync_dir(tmp);
+    commit(tmp, dir);
+    step("fsync the parent directory");
+    fsync_dir(parent);
+  } catch (const InjectedFault&) {
+    throw;
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+void check_format(const safetensors::File& f, const std::string& path) {
+  const auto it = f.metadata.find("format");
+  FORGE_CHECK(it != f.metadata.end(),
+              "{}: __metadata__ has no \"format\" (expected \"{}\"): not an attnforge checkpoint "
+              "file",
+              path, kCheckpointFormat);
+  FORGE_CHECK(it->second == kCheckpointFormat,
+              "{}: format tag is \"{}\", expected \"{}\" (written by another version?)", path,
+              it->second, kCheckpointFormat);
+}
+
+// "step-00001234" -> 1234; nullopt for anything else.
+std::optional<int64_t> parse_name(std::string_view name) {
+  constexpr std::string_view prefix = "step-";
+  if (name.substr(0, prefix.size()) != prefix) return std::nullopt;
+  const std::string_view digits = name.substr(prefix.size());
+  if (digits.empty() || digits.size() > 18) return std::nullopt;
+  int64_t step = 0;
+  const auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (ec != std::errc() || p != digits.data() + digits.size()) return std::nullopt;
+  return step;
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+}  // namespace
+
+void set_checkpoint_fault(int64_t n) {
+  arm_fault_from_env();
+  g_fault_countdown.store(std::max<int64_t>(n, 0));
+}
+
+void set_checkpoint_rename_exchange(bool enabled) {
+  g_rename_exchange.store(enabled);
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  write_atomic(path, bytes, false);
+}
+
+void write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
+  write_checkpoint_impl(dir, ckpt.model, ckpt.optimizer, ckpt.recipe_yaml, ckpt.state);
+}
+
+Checkpoint read_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    std::string hint;
+    const fs::path d = fs::path(dir).lexically_normal();
+    const fs::path parent = d.has_parent_path() ? d.parent_path() : fs::path(".");
+    for (const auto& e : fs::directory_iterator(parent, ec)) {
+      std::string base;
+      std::string_view mark;
+      if (split_leftover(e.path().filename().string(), base, mark) && mark == kOldMark &&
+          base == d.filename().string()) {
+        hint = fmt::format(
+            "; an interrupted write left the previous checkpoint at {}, which the next write to "
+            "this place restores",
+            e.path().string());
+      }
+    }
+    FORGE_FAIL(
+        "checkpoint {}: not found or not a directory (expected a directory holding "
+        "model.safetensors, optimizer.safetensors and state.json){}",
+        dir, hint);
+  }
+  for (const char* name : kFiles) {
+    const fs::path p = fs::path(dir) / name;
+    FORGE_CHECK(fs::is_regular_file(p, ec),
+                "checkpoint {}: missing {} (a checkpoint holds model.safetensors, "
+                "optimizer.safetensors and state.json)",
+                dir, p.string());
+  }
+  Checkpoint c;
+  const std::string model_path = (fs::path(dir) / kFiles[0]).string();
+  safetensors::File model = safetensors::load(model_path);
+  check_format(model, model_path);
+  const auto recipe = model.metadata.find("recipe");
+  FORGE_CHECK(recipe != model.metadata.end(),
+              "{}: __metadata__ has no \"recipe\" (every checkpoint stores its resolved recipe)",
+              model_path);
+  c.recipe_yaml = recipe->second;
+  c.model = std::move(model.tensors);
+
+  const std::string optimizer_path = (fs::path(dir) / kFiles[1]).string();
+  safetensors::File optimizer = safetensors::load(optimizer_path);
+  check_format(optimizer, optimizer_path);
+  c.optimizer = std::move(optimizer.tensors);
+
+  const std::string state_path = (fs::path(dir) / kFiles[2]).string();
+  c.state = json::parse(read_whole(state_path), state_path);
+  FORGE_CHECK(c.state.is_object(), "{}: expected a JSON object, found {}", state_path,
+              json::type_name(c.state.type()));
+  return c;
+}
+
+// ---- CheckpointManager ----
+
+CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int keep_best,
+                                     std::string metric_name, std::string mode, Warn on_warning)
+    : dir_((fs::path(run_dir) / "checkpoints").string()),
+      keep_last_(keep_last),
+      keep_best_(keep_best),
+      metric_name_(std::move(metric_name)),
+      maximize_(mode == "max"),
+      warn_(std::move(on_warning)) {
+  FORGE_CHECK(keep_last >= 1,
+              "CheckpointManager: keep_last must be at least 1 (the latest checkpoint is always "
+              "kept), found {}",
+              keep_last);
+  FORGE_CHECK(keep_best >= 0, "CheckpointManager: keep_best must be 0 or more, found {}",
+              keep_best);
+  FORGE_CHECK(mode == "max" || mode == "min",
+              "CheckpointManager: mode must be \"max\" or \"min\", found \"{}\"", mode);
+
+  std::error_code ec;
+  std::vector<int64_t> steps;
+  if (fs::is_directory(dir_, ec)) {
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      if (!e.is_directory(ec)) continue;
+      if (const auto s = parse_name(e.path().filename().string())) steps.push_back(*s);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+
+  const auto readable = [&](int64_t s, std::string& why) {
+    try {
+      read_checkpoint(path_of(s));
+      return true;
+    } catch (const Error& e) {
+      why = e.what();
+      return false;
+    }
+  };
+  const auto read_pointer = [&](const char* file) -> std::optional<int64_t> {
+    const fs::path p = fs::path(dir_) / file;
+    if (!exists_no_follow(p)) return std::nullopt;
+    try {
+      const std::string text = trim(read_whole(p.string()));
+      if (const auto s = parse_name(text)) return s;
+      warn(fmt::format("{}: holds \"{}\", not a checkpoint name like step-00001234", p.string(),
+                       text));
+    } catch (const Error& e) {
+      warn(e.what());
+    }
+    return std::nullopt;
+  };
+
+  const fs::path latest_file = fs::path(dir_) / "latest";
+  const std::optional<int64_t> named = read_pointer("latest");
+  std::string why;
+  if (named) {
+    if (!std::binary_search(steps.begin(), steps.end(), *named)) {
+      warn(
+          fmt::format("{} names {}, which does not exist; falling back to the newest readable "
+                      "checkpoint",
+                      latest_file.string(), name_of(*named)));
+    } else if (readable(*named, why)) {
+      latest_ = named;
+    } else {
+      warn(
+          fmt::format("{} names {}, which cannot be read ({}); falling back to the newest "
+                      "readable checkpoint",
+                      latest_file.string(), name_of(*named), why));
+    }
+  } else if (!steps.empty()) {
+    warn(fmt::format("{} is missing or unreadable; falling back to the newest readable checkpoint",
+                     latest_file.string()));
+  }
+  if (!latest_) {
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+      if (named && *it == *named) continue;
+      if (readable(*it, why)) {
+        latest_ = *it;
+        warn(fmt::format("using {} as the latest checkpoint", path_of(*it)));
+        break;
+      }
+      warn(fmt::format("skipping {}: {}", path_of(*it), why));
+    }
+  }
+
+  for (int64_t s : steps) {
+    if (latest_ && s > *latest_) {
+      abandoned_.push_back(s);
+      continue;
+    }
+    Entry e{s, std::nullopt};
+    if (!metric_name_.empty()) {
+      try {
+        const fs::path state = fs::path(path_of(s)) / kFiles[2];
+        const json::Value v = json::parse(read_whole(state.string()), state.string());
+        const json::Value* m = v.is_object() ? v.find("checkpoint_metric") : nullptr;
+        if (m && m->is_object()) {
+          const json::Value* n = m->find("name");
+          const json::Value* x = m->find("value");
+          if (n && n->is_string() && n->as_string() == metric_name_ && x && x->is_number())
+            e.metric = x->as_double();
+        }
+      } catch (const Error&) {
+        // Unreadable: it has no metric and is never the best.
+      }
+    }
+    entries_.push_back(e);
+  }
+  if (!abandoned_.empty()) {
+    warn(
+        fmt::format("{} checkpoint(s) newer than {} belong to an interrupted run and will be "
+                    "deleted by the next save",
+                    abandoned_.size(), path_of(*latest_)));
+  }
+  // The best one must be readable too.
+  while (const auto b = best_index()) {
+    if (latest_ && entries_[*b].step == *latest_) break;
+    if (readable(entries_[*b].step, why)) break;
+    warn(fmt::format("best checkpoint candidate {} cannot be read ({}); ignoring it",
+                     path_of(entries_[*b].step), why));
+    entries_[*b].metric.reset();
+  }
+  best_on_disk_ = read_pointer("best");
+}
+
+std::string CheckpointManager::name_of(int64_t step) {
+  return fmt::format("step-{:08d}", step);
+}
+
+std::string CheckpointManager::path_of(int64_t step) const {
+  return (fs::path(dir_) / name_of(step)).string();
+}
+
+void CheckpointManager::warn(const std::string& message) {
+  warnings_.push_back(message);
+  if (warn_) {
+    warn_(message);
+  } else {
+    spdlog::warn("{}", message);
+  }
+}
+
+bool CheckpointManager::better(double a, double b) const {
+  return maximize_ ? a > b : a < b;
+}
+
+std::optional<size_t> CheckpointManager::best_index() const {
+  std::optional<size_t> best;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (!entries_[i].metric) continue;
+    if (!best || better(*entries_[i].metric, *entries_[*best].metric)) best = i;
+  }
+  return best;
+}
+
+std::optional<std::string> CheckpointManager::latest() const {
+  if (!latest_) return std::nullopt;
+  return path_of(*latest_);
+}
+
+std::optional<std::string> CheckpointManager::best() const {
+  const auto b = best_index();
+  if (!b) return std::nullopt;
+  return path_of(entries_[*b].step);
+}
+
+std::vector<std::string> CheckpointManager::list() const {
+  std::vector<std::string> out;
+  for (const Entry& e : entries_) out.push_back(path_of(e.step));
+  return out;
+}
+
+std::string CheckpointManager::save(int64_t step_number, const Checkpoint& ckpt,
+                                    std::optional<double> metric) {
+  FORGE_CHECK(step_number >= 0, "CheckpointManager::save: step must be non-negative, found {}",
+              step_number);
+  FORGE_CHECK(!metric || !metric_name_.empty(),
+              "CheckpointManager::save: a metric value was given but this manager tracks no "
+              "metric (its metric_name is empty)");
+  FORGE_CHECK(ckpt.state.is_null() || ckpt.state.is_object(),
+              "CheckpointManager::save: the state must be a JSON object, found {}",
+              json::type_name(ckpt.state.type()));
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  FORGE_CHECK(!ec, "CheckpointManager: cannot create {}: {}", dir_, ec.message());
+  clean_leftovers(dir_, "");
+
+  json::Value state = ckpt.state.is_null() ? json::Value(json::Object{}) : ckpt.state;
+  const bool finite = metric && std::isfinite(*metric);
+  if (metric) {
+    json::Object m;
+    m.emplace_back("name", json::Value(metric_name_));
+    m.emplace_back("value", finite ? json::Value(*metric) : json::Value());
+    state["checkpoint_metric"] = json::Value(std::move(m));
+  } else {
+    // A state carried over from a loaded checkpoint must not lend this one its metric.
+    std::erase_if(state.as_object(),
+                  [](const auto& kv) { return kv.first == "checkpoint_metric"; });
+  }
+  const std::string path = path_of(step_number);
+  write_checkpoint_impl(path, ckpt.model, ckpt.optimizer, ckpt.recipe_yaml, state);
+
+  // Whole on disk: record it, then commit it through `latest`.
+  std::erase(abandoned_, step_number);
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), step_number,
+                             [](const Entry& e, int64_t s) { return e.step < s; });
+  const Entry entry{step_number, finite ? metric : std::nullopt};
+  if (it != entries_.end() && it->step == step_number) {
+    *it = entry;
+  } else {
+    entries_.insert(it, entry);
+  }
+  write_atomic(fs::path(dir_) / "latest", name_of(step_number) + "\n", true);
+  latest_ = step_number;
+
+  const auto b = best_index();
+  const std::optional<int64_t> best_step =
+      b ? std::optional<int64_t>(entries_[*b].step) : std::nullopt;
+  if (best_step != best_on_disk_) {
+    const fs::path best_file = fs::path(dir_) / "best";
+    if (best_step) {
+      write_atomic(best_file, name_of(*best_step) + "\n", true);
+    } else {
+      step("remove best");
+      fs::remove(best_file, ec);
+    }
+    best_on_disk_ = best_step;
+  }
+  prune();
+  return path;
+}
+
+void CheckpointManager::prune() {
+  std::vector<int64_t> keep;
+  if (latest_) keep.push_back(*latest_);
+  for (size_t i = entries_.size() > static_cast<size_t>(keep_last_)
+                      ? entries_.size() - static_cast<size_t>(keep_last_)
+                      : 0;
+       i < entries_.size(); ++i) {
+    keep.push_back(entries_[i].step);
+  }
+  std::vector<const Entry*> ranked;
+  for (const Entry& e : entries_) {
+    if (e.metric) ranked.push_back(&e);
+  }
+  // Best first; among equals the earlier one, which reached the value first.
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [&](const Entry* a, const Entry* b) { return better(*a->metric, *b->metric); });
+  if (!ranked.empty()) keep.push_back(ranked.front()->step);
+  for (size_t i = 0; i < ranked.size() && i < static_cast<size_t>(keep_best_); ++i)
+    keep.push_back(ranked[i]->step);
+
+  std::vector<int64_t> victims = abandoned_;
+  for (const Entry& e : entries_) {
+    if (std::find(keep.begin(), keep.end(), e.step) == keep.end()) victims.push_back(e.step);
+  }
+  for (int64_t s : victims) {
+    // Renamed first, so a crash mid-delete leaves a leftover, never a half checkpoint.
+    const std::string path = path_of(s);
+    const std::string doomed = path + std::string(kDelMark) + pid_suffix();
+    step("rename " + name_of(s) + " for deletion");
+    if (::rename(path.c_str(), doomed.c_str()) != 0) {
+      warn(fmt::format("cannot delete old checkpoint {}: rename to {} failed: {}", path, doomed,
+                       errno_str()));
+      continue;
+    }
+    std::erase_if(entries_, [s](const Entry& e) { return e.step == s; });
+    std::erase(abandoned_, s);
+    step("remove " + name_of(s));
+    std::error_code ec;
+    fs::remove_all(doomed, ec);
+    if (ec) warn(fmt::format("cannot delete old checkpoint {}: {}", doomed, ec.message()));
+  }
+}
+
+}  // namespace forge::train

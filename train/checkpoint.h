@@ -1,0 +1,129 @@
+// Checkpoints: a directory per checkpoint, written so that a crash at any
+// instant leaves either the previous or the new checkpoint whole.
+//
+//   DIR/model.safetensors      the model state dict; __metadata__ holds
+//                              "format": kCheckpointFormat and "recipe": the
+//                              resolved recipe YAML
+//   DIR/optimizer.safetensors  the optimizer state dict ("format" as above)
+//   DIR/state.json             a JSON object the trainer fills (step, epoch,
+//                              RNG states, data position, counters, metrics)
+//
+// A write builds DIR.tmp-<pid> beside DIR, fsyncs every file and the directory,
+// then swaps it in with one rename (renameat2 RENAME_EXCHANGE where the
+// filesystem has it; otherwise the old DIR is renamed aside to DIR.old-<pid>
+// first) and fsyncs the parent. Leftovers of an interrupted write are cleaned
+// (or an aside DIR restored) by the next write to the same place. One writer
+// per directory at a time.
+//
+// CheckpointManager keeps RUN/checkpoints/step-00001234 directories, the
+// `latest` and `best` pointer files (one name and a newline, replaced by
+// rename; not symlinks) and prunes old checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/json.h"
+#include "core/tensor.h"
+
+namespace forge::train {
+
+inline constexpr const char* kCheckpointFormat = "attnforge-checkpoint-1";
+
+struct Checkpoint {
+  std::map<std::string, Tensor> model;
+  std::map<std::string, Tensor> optimizer;
+  std::string recipe_yaml;
+  json::Value state;  // an object (null is written as {})
+};
+
+// Writes `dir` atomically (see above); its parent directories are created.
+void write_checkpoint(const std::string& dir, const Checkpoint& ckpt);
+
+// Reads and validates every file; any problem (missing file, truncated or
+// corrupt safetensors, unparsable state.json, wrong format tag) is a
+// forge::Error naming the file. Never modifies anything on disk.
+Checkpoint read_checkpoint(const std::string& dir);
+
+// Replaces the file `path` whole: writes path.tmp-<pid>, fsyncs it, renames it
+// over `path` and fsyncs the directory. For the run directory's small files.
+void write_file_atomic(const std::string& path, std::string_view bytes);
+
+class CheckpointManager {
+ public:
+  using Warn = std::function<void(const std::string&)>;
+
+  // Manages `run_dir`/checkpoints. Keeps the `keep_last` newest checkpoints
+  // (>= 1) and the `keep_best` best by `metric_name` (mode "max" or "min";
+  // an empty name tracks no metric); the latest and the best one are never
+  // deleted. Construction only reads: it finds the latest whole checkpoint
+  // (the one `latest` names, or, when that is missing or unreadable, the
+  // newest readable one) and the best one, and reports each fallback through
+  // `on_warning` (default: spdlog) and warnings(). Checkpoints newer than the
+  // latest whole one belong to an abandoned run; the next save() deletes them.
+  CheckpointManager(std::string run_dir, int keep_last, int keep_best, std::string metric_name,
+                    std::string mode, Warn on_warning = {});
+
+  // Writes checkpoints/step-<step, 8 digits> (replacing one of the same step),
+  // then updates `latest` (the commit point) and `best` (when `metric`, a
+  // value of metric_name, improves strictly on the best so far), then prunes.
+  // The metric is recorded in the checkpoint's state.json as
+  // "checkpoint_metric": {"name": ..., "value": ...} (removed from a state
+  // without a metric; the key is the manager's). Pruning starts only after
+  // the commit, so a save that throws before it has deleted nothing, and
+  // whenever it throws `latest` names a whole checkpoint. Returns the new
+  // checkpoint's directory.
+  std::string save(int64_t step, const Checkpoint& ckpt, std::optional<double> metric);
+
+  // Directories (run_dir/checkpoints/NAME), not names.
+  std::optional<std::string> latest() const;
+  std::optional<std::string> best() const;
+  std::vector<std::string> list() const;  // oldest first
+
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  const std::string& dir() const { return dir_; }
+
+  static std::string name_of(int64_t step);  // "step-00001234"
+
+ private:
+  struct Entry {
+    int64_t step;
+    std::optional<double> metric;
+  };
+  bool better(double a, double b) const;
+  std::optional<size_t> best_index() const;
+  void warn(const std::string& message);
+  std::string path_of(int64_t step) const;
+  void prune();
+
+  std::string dir_;
+  int keep_last_;
+  int keep_best_;
+  std::string metric_name_;
+  bool maximize_;
+  Warn warn_;
+  std::vector<std::string> warnings_;
+  std::vector<Entry> entries_;  // by step, ascending
+  std::optional<int64_t> latest_;
+  std::vector<int64_t> abandoned_;       // newer than the latest whole checkpoint
+  std::optional<int64_t> best_on_disk_;  // what the `best` file names
+};
+
+// ---- test hooks (process-wide) ----
+// Makes the n-th checkpoint write step from now (counted across every
+// write_checkpoint and CheckpointManager::save: creating the temp directory,
+// writing each file, fsyncs, renames, removals) throw a forge::Error as a
+// crash there would leave things: a file being written is left half written,
+// nothing is cleaned up. It fires once; n <= 0 disarms it. The environment
+// variable FORGE_CHECKPOINT_FAULT=n arms it at the first checkpoint write.
+void set_checkpoint_fault(int64_t n);
+// Off: replace an existing directory by renaming it aside instead of with
+// RENAME_EXCHANGE (the path taken on filesystems without it).
+void set_checkpoint_rename_exchange(bool enabled);
+
+}  // namespace forge::train

@@ -1,0 +1,138 @@
+// MetricsLog and read_metrics: the run's JSON-lines metrics file.
+#include "train/metrics.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "core/error.h"
+#include "train/checkpoint.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+// Checks what every record holds; `where` is "file:line" or "MetricsLog".
+void check_record(const json::Value& r, const std::string& where) {
+  FORGE_CHECK(r.is_object(), "{}: expected a JSON object (a metrics record), found {}", where,
+              json::type_name(r.type()));
+  const json::Value* step = r.find("step");
+  FORGE_CHECK(step && step->is_int() && step->as_double() >= 0,
+              "{}: expected an integer \"step\" >= 0, found {}", where,
+              step ? json::dump(*step) : std::string("none"));
+  const json::Value* split = r.find("split");
+  FORGE_CHECK(split && split->is_string(),
+              "{}: expected a string \"split\" (\"train\" or \"eval\"), found {}", where,
+              split ? json::dump(*split) : std::string("none"));
+}
+
+json::Value parse_line(std::string_view line, const std::string& path, size_t number) {
+  const std::string where = fmt::format("{}:{}", path, number);
+  json::Value r = json::parse(line, where);
+  check_record(r, where);
+  return r;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  FORGE_CHECK(in.is_open(), "{}: cannot open: {}", path, std::strerror(errno));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  FORGE_CHECK(!in.bad(), "{}: read failed", path);
+  return text;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& run_dir, std::optional<int64_t> resume_step)
+    : path_((fs::path(run_dir) / "metrics.jsonl").string()) {
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  FORGE_CHECK(!ec, "MetricsLog: cannot create {}: {}", run_dir, ec.message());
+  int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC;
+  if (!resume_step) {
+    flags |= O_TRUNC;
+  } else if (fs::exists(path_, ec)) {
+    // Keep the whole lines up to the resumed step; a last line without its
+    // newline was torn by the crash.
+    const std::string text = read_text(path_);
+    std::string kept;
+    size_t pos = 0;
+    for (size_t number = 1; pos < text.size(); ++number) {
+      const size_t nl = text.find('\n', pos);
+      if (nl == std::string::npos) break;
+      const std::string_view line = std::string_view(text).substr(pos, nl - pos);
+      pos = nl + 1;
+      if (blank(line)) continue;
+      if (parse_line(line, path_, number).at("step").as_int() <= *resume_step) {
+        kept.append(line);
+        kept.push_back('\n');
+      }
+    }
+    if (kept != text) write_file_atomic(path_, kept);
+  }
+  fd_ = ::open(path_.c_str(), flags, 0644);
+  FORGE_CHECK(fd_ >= 0, "{}: cannot open for writing: {}", path_, std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MetricsLog::append(const json::Value& record) {
+  check_record(record, "MetricsLog " + path_);
+  json::Object out;
+  for (const auto& [key, v] : record.as_object()) {
+    for (const auto& [seen, unused] : out) {
+      FORGE_CHECK(seen != key, "MetricsLog {}: the record has \"{}\" twice", path_, key);
+    }
+    const bool non_finite = v.is_number() && !std::isfinite(v.as_double());
+    out.emplace_back(key, non_finite ? json::Value() : v);
+  }
+  const std::string line = json::dump(json::Value(std::move(out))) + "\n";
+  const char* p = line.data();
+  size_t n = line.size();
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    FORGE_CHECK(w > 0, "{}: write failed: {}", path_, std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void MetricsLog::log(int64_t step, const std::string& split,
+                     const std::vector<std::pair<std::string, double>>& values) {
+  json::Object r;
+  r.emplace_back("step", json::Value(step));
+  r.emplace_back("split", json::Value(split));
+  for (const auto& [name, value] : values) r.emplace_back(name, json::Value(value));
+  append(json::Value(std::move(r)));
+}
+
+std::vector<json::Value> read_metrics(const std::string& path) {
+  const std::string text = read_text(path);
+  std::vector<json::Value> out;
+  size_t pos = 0;
+  for (size_t number = 1; pos < text.size(); ++number) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    const std::string_view line = std::string_view(text).substr(pos, nl - pos);
+    pos = nl + 1;
+    if (!blank(line)) out.push_back(parse_line(line, path, number));
+  }
+  return out;
+}
+
+}  // namespace forge::train
