@@ -52,7 +52,7 @@ model:
     kind: softmax
 data:
   dataset: fashion_mnist
-  limit_train: 1024
+  limit_train: 2048
   limit_eval: 256
   workers: 2
 optimizer:
@@ -82,6 +82,7 @@ TrainOptions quiet(const std::string& dir) {
 
 std::map<std::string, std::string> file_bytes(const std::string& dir) {
   std::map<std::string, std::string> out;
+  if (!fs::exists(dir)) return out;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
     if (!e.is_regular_file()) continue;
     std::ifstream in(e.path(), std::ios::binary);
@@ -125,7 +126,7 @@ TEST(Trainer, TinyRecipeLearns) {
   const std::string dir = fresh_dir("learns");
   const TrainResult r = train(tiny_recipe(), quiet(dir));
   EXPECT_EQ(r.status, TrainResult::Status::finished);
-  EXPECT_EQ(r.steps, 3 * (1024 / 32));
+  EXPECT_EQ(r.steps, 3 * (2048 / 32));
   const auto records = read_metrics((fs::path(dir) / "metrics.jsonl").string());
   std::vector<double> train_loss;
   for (const auto& rec : records)
@@ -211,6 +212,7 @@ TEST(Trainer, RefusesToTrainIntoAnExistingRun) {
   Recipe r = tiny_recipe();
   r.set("loop.epochs=0");
   r.set("loop.steps=2");
+  r.set("schedule.warmup_steps=1");
   const std::string dir = fresh_dir("exists");
   train(r, quiet(dir));
   const auto before = file_bytes(dir);
@@ -228,6 +230,7 @@ TEST(Trainer, ResumeWithAnotherModelShapeIsAnErrorAndChangesNothing) {
   Recipe r = tiny_recipe();
   r.set("loop.epochs=0");
   r.set("loop.steps=4");
+  r.set("schedule.warmup_steps=1");
   r.set("checkpoint.every=2");
   const std::string dir = fresh_dir("shape");
   train(r, quiet(dir));
