@@ -11,9 +11,10 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
+#include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -32,12 +33,13 @@ struct Batch {
   // the loss is lam * CE(label) + (1 - lam) * CE(label_mix).
   Tensor label_mix;  // i64 [B]; undefined when the batch is not mixed
   double mix_lambda = 1.0;
-  int64_t size = 0;    // B
-  int64_t tokens = 0;  // real tokens over the batch (sequences), pixels for images
+  int64_t size = 0;              // B
+  int64_t tokens = 0;            // real tokens over the batch (sequences), pixels for images
   std::vector<int64_t> indices;  // dataset index of each row
 };
 
-// Runs on a collated batch (mixup, cutmix); draws only from `rng`.
+// Runs on a collated batch (mixup, cutmix); draws only from `rng`. Called from
+// several worker threads at once, so it must not mutate shared state.
 using BatchTransform = std::function<void(Batch&, Rng& rng)>;
 
 struct LoaderOptions {
@@ -48,9 +50,10 @@ struct LoaderOptions {
   int workers = 0;   // threads building batches; 0: built in the caller's thread
   int prefetch = 2;  // batches built ahead of the consumer per worker
   int64_t pad_id = 0;
-  int64_t pad_to = 0;     // sequences: 0 pads to the batch's longest; > 0 pads every batch to this length
-  bool augment = true;    // false: Dataset::get(i, nullptr) (evaluation)
-  BatchTransform transform;  // optional
+  int64_t pad_to =
+      0;  // sequences: 0 pads to the batch's longest; > 0 pads every batch to this length
+  bool augment = true;       // false: Dataset::get(i, nullptr) (evaluation)
+  BatchTransform transform;  // optional; applied only when `augment`
 };
 
 // Where the loader is: the next batch to be returned is batch `batch` of `epoch`.
@@ -63,7 +66,7 @@ struct LoaderPosition {
 class DataLoader {
  public:
   DataLoader(DatasetPtr dataset, LoaderOptions options);
-  ~DataLoader();  // stops and joins the workers
+  ~DataLoader();  // stops and joins the workers (a batch being built is finished first)
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
@@ -71,27 +74,64 @@ class DataLoader {
   const Dataset& dataset() const { return *dataset_; }
   const LoaderOptions& options() const { return options_; }
 
-  // Positions the loader at `pos` (drops any prefetched batches).
+  // Positions the loader at `pos` (drops any prefetched batches); pos.batch
+  // may be batches_per_epoch() (the end of that epoch).
   void seek(LoaderPosition pos);
   LoaderPosition position() const { return position_; }
 
   // The batch at position(), then advances; returns false (and moves to batch
-  // 0 of the next epoch) when the current epoch has no batch left.
+  // 0 of the next epoch) when the current epoch has no batch left. An error
+  // while building the batch (in a worker or here) is thrown from here, with
+  // the dataset index it came from; the position stays at that batch.
   bool next(Batch& out);
 
   // The batch (epoch, b) built directly in the caller's thread; what next()
   // returns at that position (tests compare the two).
   Batch build(int64_t epoch, int64_t b) const;
 
+  // The order in which epoch `epoch` visits the dataset.
+  std::shared_ptr<const std::vector<int64_t>> permutation(int64_t epoch) const;
+
  private:
-  // ... implementation state: permutation cache, worker threads, a queue of
-  // prefetched batches keyed by (epoch, batch), mutex + condition variables.
+  // A prefetched batch, or the error building it threw.
+  struct Slot {
+    Batch batch;
+    std::exception_ptr error;
+  };
+
+  Batch build_linear(int64_t g) const;  // batch g of the stream epoch 0, 1, ... back to back
+  void start_workers();
+  void worker_loop();
+  void restart_at(int64_t g);  // under mu_: drops prefetched work, next claim is g
+
   DatasetPtr dataset_;
   LoaderOptions options_;
   LoaderPosition position_;
+  int64_t batches_per_epoch_ = 0;
+
+  // Permutations of the epochs in use (a few, shared with the workers).
+  mutable std::mutex perm_mu_;
+  mutable std::map<int64_t, std::shared_ptr<const std::vector<int64_t>>> perms_;
+
+  // Workers claim linear batch indices in order, at most `capacity_` ahead of
+  // the consumer, and file their results in `ready_`; the consumer takes them
+  // in order. A seek bumps `generation_` so that stale results are dropped.
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;   // workers wait for room or a stop
+  std::condition_variable ready_cv_;  // the consumer waits for its batch
+  std::map<int64_t, Slot> ready_;
+  int64_t next_claim_ = 0;  // the next linear batch a worker builds
+  int64_t consumer_ = 0;    // the linear batch the consumer takes next
+  int64_t capacity_ = 1;    // workers * prefetch
+  uint64_t generation_ = 0;
+  bool stop_ = false;
 };
 
-// Collates examples into a batch (padding sequences as `options` says).
+// Collates examples into a batch (padding sequences as `options` says): f32
+// images of one shape [C, H, W] are stacked into [B, C, H, W]; i64 [N] token
+// sequences are padded with pad_id to [B, max N] (or [B, pad_to]) with a bool
+// mask. Errors name the dataset index (from `indices`) of the odd example.
 Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
               const LoaderOptions& options);
 

@@ -1,0 +1,279 @@
+#include "data/loader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <utility>
+
+#include "core/error.h"
+
+namespace forge::data {
+
+namespace {
+
+constexpr size_t kPermutationsKept = 4;
+
+// A tensor's dtype and shape as text, for errors.
+std::string shape_of(const Tensor& t) {
+  return t.defined() ? fmt::format("{} {}", dtype_name(t.dtype()), shape_str(t.shape()))
+                     : std::string("undefined");
+}
+
+// Stacks same-shape f32 images into [B, ...shape].
+Tensor stack_images(const std::vector<Example>& examples, const std::vector<int64_t>& indices) {
+  const Shape& first = examples[0].input.shape();
+  for (size_t k = 0; k < examples.size(); ++k) {
+    const Tensor& x = examples[k].input;
+    FORGE_CHECK(x.dtype() == DType::f32 && x.shape() == first && x.device().is_cpu(),
+                "collate: example {} (dataset index {}) is {}, but example 0 (dataset index {}) "
+                "is f32 {}; images in a batch must share one shape",
+                k, indices[k], shape_of(x), indices[0], shape_str(first));
+  }
+  Shape shape = first;
+  shape.insert(shape.begin(), static_cast<int64_t>(examples.size()));
+  Tensor out = Tensor::empty(shape, DType::f32);
+  const size_t bytes = examples[0].input.nbytes();
+  char* dst = static_cast<char*>(out.raw_data());
+  for (size_t k = 0; k < examples.size(); ++k)
+    if (bytes) std::memcpy(dst + k * bytes, examples[k].input.raw_data(), bytes);
+  return out;
+}
+
+// Pads i64 [N_k] sequences (example field `field`) into ids [B, N] and mask
+// [B, N]; returns the number of real tokens.
+int64_t pad_sequences(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
+                      Tensor Example::*field, const char* name, const LoaderOptions& options,
+                      Tensor& ids, Tensor& mask) {
+  const int64_t B = static_cast<int64_t>(examples.size());
+  int64_t longest = 0;
+  for (size_t k = 0; k < examples.size(); ++k) {
+    const Tensor& x = examples[k].*field;
+    FORGE_CHECK(x.defined() && x.dtype() == DType::i64 && x.dim() == 1 && x.device().is_cpu(),
+                "collate: {} of example {} (dataset index {}) should be i64 [N] tokens, got {}",
+                name, k, indices[k], shape_of(x));
+    FORGE_CHECK(options.pad_to <= 0 || x.numel() <= options.pad_to,
+                "collate: {} of dataset index {} has {} tokens, more than pad_to = {}; raise "
+                "pad_to or truncate the sequences",
+                name, indices[k], x.numel(), options.pad_to);
+    longest = std::max(longest, x.numel());
+  }
+  const int64_t N = options.pad_to > 0 ? options.pad_to : longest;
+  ids = Tensor::empty({B, N}, DType::i64);
+  mask = Tensor::zeros({B, N}, DType::boolean);
+  int64_t* id = ids.data<int64_t>();
+  std::fill(id, id + B * N, options.pad_id);
+  bool* m = mask.data<bool>();
+  int64_t real = 0;
+  for (int64_t k = 0; k < B; ++k) {
+    const Tensor& x = examples[static_cast<size_t>(k)].*field;
+    const int64_t n = x.numel();
+    if (n) std::memcpy(id + k * N, x.raw_data(), static_cast<size_t>(n) * sizeof(int64_t));
+    std::fill(m + k * N, m + k * N + n, true);
+    real += n;
+  }
+  return real;
+}
+
+}  // namespace
+
+Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
+              const LoaderOptions& options) {
+  FORGE_CHECK(!examples.empty(), "collate: no examples");
+  FORGE_CHECK(indices.size() == examples.size(), "collate: {} examples but {} indices",
+              examples.size(), indices.size());
+  const int64_t B = static_cast<int64_t>(examples.size());
+  Batch batch;
+  batch.size = B;
+  batch.indices = indices;
+  const Tensor& first = examples[0].input;
+  FORGE_CHECK(first.defined() && (first.dtype() == DType::f32 || first.dtype() == DType::i64),
+              "collate: example 0 (dataset index {}) should be a f32 image or i64 tokens, got {}",
+              indices[0], shape_of(first));
+  if (first.dtype() == DType::f32) {
+    batch.input = stack_images(examples, indices);
+    const int64_t channels = first.dim() == 3 ? first.size(0) : 1;
+    batch.tokens = B * (first.numel() / std::max<int64_t>(channels, 1));
+  } else {
+    batch.tokens = pad_sequences(examples, indices, &Example::input, "input", options, batch.input,
+                                 batch.mask);
+    const bool pairs = examples[0].input2.defined();
+    for (size_t k = 0; k < examples.size(); ++k)
+      FORGE_CHECK(examples[k].input2.defined() == pairs,
+                  "collate: example {} (dataset index {}) {} a second document but example 0 "
+                  "(dataset index {}) {}",
+                  k, indices[k], pairs ? "lacks" : "has", indices[0], pairs ? "has" : "does not");
+    if (pairs)
+      batch.tokens += pad_sequences(examples, indices, &Example::input2, "input2", options,
+                                    batch.input2, batch.mask2);
+  }
+  batch.label = Tensor::empty({B}, DType::i64);
+  int64_t* label = batch.label.data<int64_t>();
+  for (int64_t k = 0; k < B; ++k) label[k] = examples[static_cast<size_t>(k)].label;
+  return batch;
+}
+
+DataLoader::DataLoader(DatasetPtr dataset, LoaderOptions options)
+    : dataset_(std::move(dataset)), options_(std::move(options)) {
+  FORGE_CHECK(dataset_ != nullptr, "DataLoader: dataset is null");
+  FORGE_CHECK(options_.batch_size > 0, "DataLoader: batch_size must be positive, got {}",
+              options_.batch_size);
+  FORGE_CHECK(options_.workers >= 0, "DataLoader: workers must be >= 0, got {}", options_.workers);
+  FORGE_CHECK(options_.prefetch >= 1, "DataLoader: prefetch must be >= 1, got {}",
+              options_.prefetch);
+  FORGE_CHECK(options_.pad_to >= 0, "DataLoader: pad_to must be >= 0, got {}", options_.pad_to);
+  const int64_t n = dataset_->size(), bs = options_.batch_size;
+  batches_per_epoch_ = options_.drop_last ? n / bs : (n + bs - 1) / bs;
+  capacity_ = std::max<int64_t>(1, int64_t{options_.workers} * options_.prefetch);
+}
+
+DataLoader::~DataLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+int64_t DataLoader::batches_per_epoch() const {
+  return batches_per_epoch_;
+}
+
+std::shared_ptr<const std::vector<int64_t>> DataLoader::permutation(int64_t epoch) const {
+  FORGE_CHECK(epoch >= 0, "DataLoader: epoch must be >= 0, got {}", epoch);
+  {
+    std::lock_guard<std::mutex> lock(perm_mu_);
+    if (auto it = perms_.find(epoch); it != perms_.end()) return it->second;
+  }
+  auto perm = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(dataset_->size()));
+  std::iota(perm->begin(), perm->end(), int64_t{0});
+  if (options_.shuffle) {
+    Rng rng(Rng::mix({options_.seed, static_cast<uint64_t>(epoch)}));
+    rng.shuffle(*perm);
+  }
+  std::lock_guard<std::mutex> lock(perm_mu_);
+  std::shared_ptr<const std::vector<int64_t>> kept = perms_.emplace(epoch, perm).first->second;
+  // Keep the newest epochs: workers run ahead, never far behind.
+  while (perms_.size() > kPermutationsKept) perms_.erase(perms_.begin());
+  return kept;
+}
+
+Batch DataLoader::build(int64_t epoch, int64_t b) const {
+  FORGE_CHECK(b >= 0 && b < batches_per_epoch_,
+              "DataLoader: batch {} out of range; an epoch has {} batches", b, batches_per_epoch_);
+  const auto perm = permutation(epoch);
+  const int64_t n = dataset_->size(), begin = b * options_.batch_size;
+  const int64_t end = std::min(n, begin + options_.batch_size);
+  std::vector<int64_t> indices(perm->begin() + begin, perm->begin() + end);
+  std::vector<Example> examples;
+  examples.reserve(indices.size());
+  const uint64_t seed = options_.seed, e = static_cast<uint64_t>(epoch);
+  for (int64_t i : indices) {
+    try {
+      if (options_.augment) {
+        Rng rng(Rng::mix({seed, e, static_cast<uint64_t>(i), 1}));
+        examples.push_back(dataset_->get(i, &rng));
+      } else {
+        examples.push_back(dataset_->get(i, nullptr));
+      }
+    } catch (const std::exception& err) {
+      FORGE_FAIL("DataLoader: loading dataset index {} (epoch {}, batch {}) failed: {}", i, epoch,
+                 b, err.what());
+    }
+  }
+  Batch batch = collate(examples, indices, options_);
+  if (options_.augment && options_.transform) {
+    Rng rng(Rng::mix({seed, e, static_cast<uint64_t>(b), 2}));
+    options_.transform(batch, rng);
+  }
+  return batch;
+}
+
+Batch DataLoader::build_linear(int64_t g) const {
+  return build(g / batches_per_epoch_, g % batches_per_epoch_);
+}
+
+void DataLoader::start_workers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    restart_at(position_.epoch * batches_per_epoch_ + position_.batch);
+  }
+  threads_.reserve(static_cast<size_t>(options_.workers));
+  for (int w = 0; w < options_.workers; ++w) threads_.emplace_back([this] { worker_loop(); });
+}
+
+void DataLoader::restart_at(int64_t g) {
+  ++generation_;
+  ready_.clear();
+  next_claim_ = g;
+  consumer_ = g;
+}
+
+void DataLoader::worker_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [this] { return stop_ || next_claim_ < consumer_ + capacity_; });
+    if (stop_) return;
+    const int64_t g = next_claim_++;
+    const uint64_t generation = generation_;
+    lock.unlock();
+    Slot slot;
+    try {
+      slot.batch = build_linear(g);
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+    lock.lock();
+    if (generation != generation_) continue;  // a seek made this batch stale
+    ready_.emplace(g, std::move(slot));
+    ready_cv_.notify_all();
+  }
+}
+
+void DataLoader::seek(LoaderPosition pos) {
+  FORGE_CHECK(pos.epoch >= 0 && pos.batch >= 0 && pos.batch <= batches_per_epoch_,
+              "DataLoader::seek: position (epoch {}, batch {}) out of range; an epoch has {} "
+              "batches",
+              pos.epoch, pos.batch, batches_per_epoch_);
+  if (pos == position_) return;
+  position_ = pos;
+  if (threads_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    restart_at(pos.epoch * batches_per_epoch_ + pos.batch);
+  }
+  work_cv_.notify_all();
+}
+
+bool DataLoader::next(Batch& out) {
+  if (position_.batch >= batches_per_epoch_) {
+    position_ = {position_.epoch + 1, 0};
+    return false;
+  }
+  if (options_.workers == 0) {
+    out = build(position_.epoch, position_.batch);
+  } else {
+    if (threads_.empty()) start_workers();
+    const int64_t g = position_.epoch * batches_per_epoch_ + position_.batch;
+    Slot slot;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      ready_cv_.wait(lock, [&] { return ready_.count(g) > 0; });
+      auto it = ready_.find(g);
+      slot = std::move(it->second);
+      ready_.erase(it);
+      if (slot.error) {
+        restart_at(g);  // a retry builds this batch again
+      } else {
+        consumer_ = g + 1;
+      }
+    }
+    work_cv_.notify_all();
+    if (slot.error) std::rethrow_exception(slot.error);
+    out = std::move(slot.batch);
+  }
+  ++position_.batch;
+  return true;
+}
+
+}  // namespace forge::data

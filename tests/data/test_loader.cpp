@@ -1,0 +1,454 @@
+// DataLoader and collate: batches depend only on (seed, epoch, batch) whatever
+// the number of workers, every index once per epoch, drop_last, seeking to a
+// saved position across an epoch boundary, errors from worker threads, clean
+// shutdown while workers are busy, the bounded prefetch queue, and padding.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "data/loader.h"
+#include "tests/test_util.h"
+
+namespace forge::data {
+namespace {
+
+using forge::testing::expect_error;
+
+// f32 [C, H, W] images, element k of image i = 1000 i + k; element 0 also
+// gets rng->uniform() so that the augmentation stream shows in the batch.
+class ImageSet : public Dataset {
+ public:
+  ImageSet(int64_t n, Shape shape = {1, 2, 3}) : n_(n), shape_(std::move(shape)) {}
+  int64_t size() const override { return n_; }
+  Example get(int64_t i, Rng* rng) const override {
+    gets_.fetch_add(1);
+    Example ex;
+    ex.input = Tensor::empty(shape_, DType::f32);
+    float* p = ex.input.data<float>();
+    for (int64_t k = 0; k < ex.input.numel(); ++k) p[k] = static_cast<float>(1000 * i + k);
+    if (rng) p[0] += static_cast<float>(rng->uniform());
+    ex.label = i % 7;
+    return ex;
+  }
+  int64_t num_classes() const override { return 7; }
+  std::string describe() const override { return "test images"; }
+  int64_t gets() const { return gets_.load(); }
+
+ private:
+  int64_t n_;
+  Shape shape_;
+  mutable std::atomic<int64_t> gets_{0};
+};
+
+// i64 token sequences of length 1 + i % 5, tokens 100 i + k + 1; pairs add a
+// second document of length 1 + i % 3.
+class SequenceSet : public Dataset {
+ public:
+  SequenceSet(int64_t n, bool pairs = false) : n_(n), pairs_(pairs) {}
+  int64_t size() const override { return n_; }
+  Example get(int64_t i, Rng*) const override {
+    Example ex;
+    ex.input = tokens(i, 1 + i % 5);
+    if (pairs_) ex.input2 = tokens(i + 50, 1 + i % 3);
+    ex.label = i % 2;
+    return ex;
+  }
+  int64_t num_classes() const override { return 2; }
+  std::string describe() const override { return "test sequences"; }
+  static Tensor tokens(int64_t i, int64_t len) {
+    std::vector<int64_t> t(static_cast<size_t>(len));
+    for (int64_t k = 0; k < len; ++k) t[static_cast<size_t>(k)] = 100 * i + k + 1;
+    return Tensor::from_vector(t);
+  }
+
+ private:
+  int64_t n_;
+  bool pairs_;
+};
+
+// Fails on one index, as a corrupt file would.
+class ThrowingSet : public ImageSet {
+ public:
+  ThrowingSet(int64_t n, int64_t bad) : ImageSet(n), bad_(bad) {}
+  Example get(int64_t i, Rng* rng) const override {
+    FORGE_CHECK(i != bad_, "corrupt file 'img_{}.png': bad CRC", i);
+    return ImageSet::get(i, rng);
+  }
+
+ private:
+  int64_t bad_;
+};
+
+// Takes a while per example.
+class SlowSet : public ImageSet {
+ public:
+  using ImageSet::ImageSet;
+  Example get(int64_t i, Rng* rng) const override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return ImageSet::get(i, rng);
+  }
+};
+
+bool same_tensor(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+void expect_same_batch(const Batch& a, const Batch& b) {
+  EXPECT_TRUE(same_tensor(a.input, b.input));
+  EXPECT_TRUE(same_tensor(a.mask, b.mask));
+  EXPECT_TRUE(same_tensor(a.input2, b.input2));
+  EXPECT_TRUE(same_tensor(a.mask2, b.mask2));
+  EXPECT_TRUE(same_tensor(a.label, b.label));
+  EXPECT_TRUE(same_tensor(a.label_mix, b.label_mix));
+  EXPECT_EQ(a.mix_lambda, b.mix_lambda);
+  EXPECT_EQ(a.size, b.size);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.indices, b.indices);
+}
+
+// Every batch of `epochs` epochs, in order.
+std::vector<Batch> run_epochs(DataLoader& loader, int epochs) {
+  std::vector<Batch> out;
+  for (int e = 0; e < epochs; ++e) {
+    Batch b;
+    while (loader.next(b)) out.push_back(std::move(b));
+  }
+  return out;
+}
+
+LoaderOptions options(int64_t batch_size, uint64_t seed, int workers) {
+  LoaderOptions o;
+  o.batch_size = batch_size;
+  o.seed = seed;
+  o.workers = workers;
+  return o;
+}
+
+TEST(DataLoader, SameSeedSameBatchesForAnyNumberOfWorkers) {
+  auto data = std::make_shared<ImageSet>(53);
+  DataLoader reference(data, options(8, 42, 0));
+  const auto expected = run_epochs(reference, 3);
+  ASSERT_EQ(expected.size(), 3u * 7u);
+  for (int workers : {0, 1, 3}) {
+    SCOPED_TRACE(workers);
+    DataLoader loader(data, options(8, 42, workers));
+    const auto got = run_epochs(loader, 3);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t k = 0; k < got.size(); ++k) expect_same_batch(got[k], expected[k]);
+    EXPECT_EQ(loader.position(), (LoaderPosition{3, 0}));
+  }
+  // build(e, b) is what next() returned there.
+  for (int64_t e = 0; e < 3; ++e)
+    for (int64_t b = 0; b < 7; ++b) expect_same_batch(reference.build(e, b), expected[e * 7 + b]);
+}
+
+TEST(DataLoader, DifferentSeedsAndEpochsGiveDifferentOrders) {
+  auto data = std::make_shared<ImageSet>(40);
+  DataLoader a(data, options(40, 1, 0)), b(data, options(40, 2, 0));
+  const Batch a0 = a.build(0, 0), a1 = a.build(1, 0), b0 = b.build(0, 0);
+  EXPECT_NE(a0.indices, b0.indices);
+  EXPECT_NE(a0.indices, a1.indices);
+  EXPECT_EQ(*a.permutation(1), a1.indices);
+  // Old epochs fall out of the permutation cache and are drawn again the same.
+  for (int64_t e = 2; e < 10; ++e) a.build(e, 0);
+  EXPECT_EQ(a.build(0, 0).indices, a0.indices);
+  EXPECT_EQ(*a.permutation(1), a1.indices);
+}
+
+TEST(DataLoader, EveryIndexExactlyOncePerEpochAndTheLastBatchIsKept) {
+  auto data = std::make_shared<ImageSet>(103);
+  DataLoader loader(data, options(10, 7, 2));
+  EXPECT_EQ(loader.batches_per_epoch(), 11);
+  std::vector<int64_t> all(103);
+  std::iota(all.begin(), all.end(), 0);
+  std::set<std::vector<int64_t>> orders;
+  for (int e = 0; e < 3; ++e) {
+    std::vector<int64_t> seen;
+    Batch b;
+    int64_t count = 0;
+    while (loader.next(b)) {
+      EXPECT_EQ(b.size, ++count == 11 ? 3 : 10);
+      EXPECT_EQ(b.input.shape(), (Shape{b.size, 1, 2, 3}));
+      EXPECT_EQ(b.tokens, b.size * 6);  // pixels: H * W per image
+      const auto labels = b.label.to_vector<int64_t>();
+      for (int64_t r = 0; r < b.size; ++r) {
+        const int64_t i = b.indices[static_cast<size_t>(r)];
+        EXPECT_EQ(labels[static_cast<size_t>(r)], i % 7);
+        EXPECT_EQ(b.input.data<float>()[r * 6 + 1], 1000.0f * static_cast<float>(i) + 1);
+      }
+      seen.insert(seen.end(), b.indices.begin(), b.indices.end());
+    }
+    EXPECT_EQ(count, 11);
+    orders.insert(seen);
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(seen, all);
+  }
+  EXPECT_EQ(orders.size(), 3u);
+}
+
+TEST(DataLoader, DropLastDropsThePartialBatch) {
+  auto data = std::make_shared<ImageSet>(103);
+  LoaderOptions o = options(10, 7, 1);
+  o.drop_last = true;
+  DataLoader loader(data, o);
+  EXPECT_EQ(loader.batches_per_epoch(), 10);
+  const auto batches = run_epochs(loader, 1);
+  ASSERT_EQ(batches.size(), 10u);
+  for (const auto& b : batches) EXPECT_EQ(b.size, 10);
+
+  o.batch_size = 200;  // larger than the dataset: no batch at all
+  DataLoader empty(data, o);
+  EXPECT_EQ(empty.batches_per_epoch(), 0);
+  Batch b;
+  EXPECT_FALSE(empty.next(b));
+  EXPECT_EQ(empty.position(), (LoaderPosition{1, 0}));
+}
+
+TEST(DataLoader, WithoutShuffleTheOrderIsTheIdentity) {
+  auto data = std::make_shared<ImageSet>(12);
+  LoaderOptions o = options(5, 3, 0);
+  o.shuffle = false;
+  DataLoader loader(data, o);
+  EXPECT_EQ(loader.build(4, 1).indices, (std::vector<int64_t>{5, 6, 7, 8, 9}));
+  EXPECT_EQ(loader.build(0, 2).indices, (std::vector<int64_t>{10, 11}));
+}
+
+TEST(DataLoader, NextReportsTheEndOfEachEpoch) {
+  auto data = std::make_shared<ImageSet>(6);
+  DataLoader loader(data, options(4, 0, 0));
+  Batch b;
+  EXPECT_TRUE(loader.next(b));
+  EXPECT_TRUE(loader.next(b));
+  EXPECT_EQ(loader.position(), (LoaderPosition{0, 2}));
+  EXPECT_FALSE(loader.next(b));
+  EXPECT_EQ(loader.position(), (LoaderPosition{1, 0}));
+  EXPECT_TRUE(loader.next(b));
+}
+
+TEST(DataLoader, SeekToASavedPositionReproducesTheUninterruptedRun) {
+  auto data = std::make_shared<ImageSet>(29);
+  for (int workers : {0, 2}) {
+    SCOPED_TRACE(workers);
+    DataLoader uninterrupted(data, options(4, 11, workers));  // 8 batches per epoch
+    Batch b;
+    for (int k = 0; k < 6; ++k) ASSERT_TRUE(uninterrupted.next(b));
+    const LoaderPosition saved = uninterrupted.position();
+    EXPECT_EQ(saved, (LoaderPosition{0, 6}));
+    // The rest of epoch 0, the epoch end, and into epoch 1.
+    std::vector<Batch> expected;
+    std::vector<bool> flags;
+    for (int k = 0; k < 6; ++k) {
+      Batch x;
+      flags.push_back(uninterrupted.next(x));
+      expected.push_back(std::move(x));
+    }
+    EXPECT_EQ(flags, (std::vector<bool>{true, true, false, true, true, true}));
+
+    for (int restart_workers : {0, 3}) {
+      DataLoader resumed(data, options(4, 11, restart_workers));
+      resumed.seek(saved);
+      for (size_t k = 0; k < flags.size(); ++k) {
+        Batch x;
+        ASSERT_EQ(resumed.next(x), flags[k]);
+        if (flags[k]) expect_same_batch(x, expected[k]);
+      }
+    }
+    // Seeking back on a running loader drops what it had prefetched.
+    uninterrupted.seek(saved);
+    for (size_t k = 0; k < flags.size(); ++k) {
+      Batch x;
+      ASSERT_EQ(uninterrupted.next(x), flags[k]);
+      if (flags[k]) expect_same_batch(x, expected[k]);
+    }
+    uninterrupted.seek({5, 8});  // the end of epoch 5
+    EXPECT_FALSE(uninterrupted.next(b));
+    ASSERT_TRUE(uninterrupted.next(b));
+    expect_same_batch(b, uninterrupted.build(6, 0));
+  }
+  DataLoader loader(data, options(4, 11, 0));
+  expect_error([&] { loader.seek({0, 9}); }, {"batch 9", "8 batches"});
+  expect_error([&] { loader.build(0, 8); }, {"batch 8", "8 batches"});
+}
+
+TEST(DataLoader, ExampleAndTransformStreamsAreSeededAsDocumented) {
+  auto data = std::make_shared<ImageSet>(10);
+  LoaderOptions o = options(3, 99, 2);
+  o.transform = [](Batch& batch, Rng& rng) { batch.mix_lambda = rng.uniform(); };
+  DataLoader loader(data, o);
+  Batch b;
+  ASSERT_TRUE(loader.next(b));
+  ASSERT_TRUE(loader.next(b));  // epoch 0, batch 1
+  EXPECT_EQ(b.mix_lambda, Rng(Rng::mix({99, 0, 1, 2})).uniform());
+  for (int64_t r = 0; r < b.size; ++r) {
+    const int64_t i = b.indices[static_cast<size_t>(r)];
+    const float expected =
+        static_cast<float>(1000 * i) +
+        static_cast<float>(Rng(Rng::mix({99, 0, static_cast<uint64_t>(i), 1})).uniform());
+    EXPECT_EQ(b.input.data<float>()[r * 6], expected);
+  }
+
+  o.augment = false;  // evaluation: get(i, nullptr), no transform
+  DataLoader eval(data, o);
+  const Batch e = eval.build(0, 1);
+  EXPECT_EQ(e.mix_lambda, 1.0);
+  for (int64_t r = 0; r < e.size; ++r)
+    EXPECT_EQ(e.input.data<float>()[r * 6],
+              static_cast<float>(1000 * e.indices[static_cast<size_t>(r)]));
+}
+
+TEST(DataLoader, AnErrorInAWorkerSurfacesFromNext) {
+  auto data = std::make_shared<ThrowingSet>(40, 37);
+  for (int workers : {0, 1, 3}) {
+    SCOPED_TRACE(workers);
+    LoaderOptions o = options(4, 5, workers);
+    o.shuffle = false;
+    DataLoader loader(data, o);
+    Batch b;
+    for (int k = 0; k < 9; ++k) ASSERT_TRUE(loader.next(b));
+    for (int attempt = 0; attempt < 2; ++attempt) {  // the position stays at the failing batch
+      expect_error([&] { loader.next(b); },
+                   {"corrupt file 'img_37.png': bad CRC", "dataset index 37", "batch 9"});
+      EXPECT_EQ(loader.position(), (LoaderPosition{0, 9}));
+    }
+    loader.seek({1, 0});
+    ASSERT_TRUE(loader.next(b));
+    EXPECT_EQ(b.indices, (std::vector<int64_t>{0, 1, 2, 3}));
+  }
+}
+
+TEST(DataLoader, DestructionWhileWorkersAreBusyDoesNotHang) {
+  auto data = std::make_shared<SlowSet>(400);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    LoaderOptions o = options(8, 0, 3);
+    o.prefetch = 4;
+    DataLoader loader(data, o);
+    Batch b;
+    ASSERT_TRUE(loader.next(b));  // workers are now filling 12 slots, 16 ms a batch
+  }
+  { DataLoader never_started(data, options(8, 0, 2)); }
+  {
+    DataLoader loader(data, options(8, 0, 2));
+    Batch b;
+    ASSERT_TRUE(loader.next(b));
+    loader.seek({3, 2});
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 2.0);
+}
+
+TEST(DataLoader, WorkersStayWithinThePrefetchBound) {
+  auto data = std::make_shared<ImageSet>(1000);
+  LoaderOptions o = options(10, 0, 2);
+  o.prefetch = 1;  // room for 2 batches beyond the consumer's
+  DataLoader loader(data, o);
+  Batch b;
+  ASSERT_TRUE(loader.next(b));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Batch 0 (consumed) plus batches 1 and 2.
+  EXPECT_EQ(data->gets(), 30);
+}
+
+TEST(Collate, PadsSequencesAndMasksTheRealTokens) {
+  auto data = std::make_shared<SequenceSet>(10);
+  LoaderOptions o = options(3, 0, 0);
+  o.shuffle = false;
+  o.pad_id = -1;
+  DataLoader loader(data, o);
+  const Batch b = loader.build(0, 1);  // indices 3, 4, 5: lengths 4, 5, 1
+  ASSERT_EQ(b.input.shape(), (Shape{3, 5}));
+  EXPECT_EQ(b.input.dtype(), DType::i64);
+  EXPECT_EQ(b.mask.dtype(), DType::boolean);
+  EXPECT_EQ(
+      b.input.to_vector<int64_t>(),
+      (std::vector<int64_t>{301, 302, 303, 304, -1, 401, 402, 403, 404, 405, 501, -1, -1, -1, -1}));
+  EXPECT_EQ(b.mask.to_vector<uint8_t>(),
+            (std::vector<uint8_t>{1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(b.tokens, 10);
+  EXPECT_EQ(b.label.to_vector<int64_t>(), (std::vector<int64_t>{1, 0, 1}));
+  EXPECT_FALSE(b.input2.defined());
+  EXPECT_FALSE(b.mask2.defined());
+
+  o.pad_to = 7;
+  DataLoader fixed(data, o);
+  const Batch f = fixed.build(0, 0);  // lengths 1, 2, 3
+  ASSERT_EQ(f.input.shape(), (Shape{3, 7}));
+  EXPECT_EQ(f.input.to_vector<int64_t>()[7 + 1], 102);
+  EXPECT_EQ(f.input.to_vector<int64_t>()[7 + 2], -1);
+  EXPECT_EQ(f.mask.to_vector<uint8_t>(), (std::vector<uint8_t>{1, 0, 0, 0, 0, 0, 0,  //
+                                                               1, 1, 0, 0, 0, 0, 0,  //
+                                                               1, 1, 1, 0, 0, 0, 0}));
+}
+
+TEST(Collate, PadToRejectsALongerExampleNamingIt) {
+  auto data = std::make_shared<SequenceSet>(10);
+  LoaderOptions o = options(5, 0, 0);
+  o.shuffle = false;
+  o.pad_to = 3;
+  DataLoader loader(data, o);
+  expect_error([&] { loader.build(0, 0); }, {"dataset index 3", "4 tokens", "pad_to = 3"});
+}
+
+TEST(Collate, PairsGetSecondInputsAndMasks) {
+  auto data = std::make_shared<SequenceSet>(6, true);
+  LoaderOptions o = options(3, 0, 0);
+  o.shuffle = false;
+  DataLoader loader(data, o);
+  const Batch b = loader.build(0, 0);  // input lengths 1, 2, 3; input2 lengths 1, 2, 3
+  ASSERT_EQ(b.input2.shape(), (Shape{3, 3}));
+  EXPECT_EQ(b.input2.to_vector<int64_t>(),
+            (std::vector<int64_t>{5001, 0, 0, 5101, 5102, 0, 5201, 5202, 5203}));
+  EXPECT_EQ(b.mask2.to_vector<uint8_t>(), (std::vector<uint8_t>{1, 0, 0, 1, 1, 0, 1, 1, 1}));
+  EXPECT_EQ(b.tokens, 12);
+
+  std::vector<Example> mixed = {data->get(0, nullptr), SequenceSet(1).get(0, nullptr)};
+  expect_error([&] { collate(mixed, {0, 8}, o); }, {"dataset index 8", "lacks a second document"});
+}
+
+TEST(Collate, ImagesOfDifferentShapesAreAnErrorNamingBoth) {
+  std::vector<Example> ex = {ImageSet(1, {1, 2, 3}).get(0, nullptr),
+                             ImageSet(1, {1, 3, 2}).get(0, nullptr)};
+  expect_error(
+      [&] {
+        collate(ex, {12, 30}, LoaderOptions{});
+      },
+      {"dataset index 30", "[1, 3, 2]", "dataset index 12", "[1, 2, 3]"});
+  ex[1] = SequenceSet(1).get(0, nullptr);
+  expect_error([&] { collate(ex, {12, 30}, LoaderOptions{}); }, {"dataset index 30", "i64"});
+}
+
+TEST(Collate, StacksABatchOfFashionMnistSizedImagesQuickly) {
+  ImageSet data(256, {1, 28, 28});
+  std::vector<Example> ex;
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < 256; ++i) {
+    ex.push_back(data.get(i, nullptr));
+    idx.push_back(i);
+  }
+  double best = 1e9;
+  Batch b;
+  for (int rep = 0; rep < 10; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    b = collate(ex, idx, LoaderOptions{});
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  ASSERT_EQ(b.input.shape(), (Shape{256, 1, 28, 28}));
+  EXPECT_EQ(b.input.data<float>()[255 * 784 + 783], 255000.0f + 783);
+  EXPECT_EQ(b.tokens, 256 * 784);
+  RecordProperty("collate_256_images_us", static_cast<int>(best * 1e6));
+  EXPECT_LT(best, 0.02) << "collating 256 28x28 images took " << best * 1e3 << " ms";
+}
+
+}  // namespace
+}  // namespace forge::data
