@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/threading.h"
 
 namespace forge::data {
 
@@ -210,6 +211,10 @@ void DataLoader::restart_at(int64_t g) {
 }
 
 void DataLoader::worker_loop() {
+  // Serial inside a worker: an OpenMP region started from this thread would get
+  // a thread team of its own, and its spinning threads would take the cores
+  // from the training step's team.
+  set_num_threads(1);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     work_cv_.wait(lock, [this] { return stop_ || next_claim_ < consumer_ + capacity_; });
