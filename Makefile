@@ -26,7 +26,8 @@ test: build
 # RECIPE=... and ARGS="--set key=value ..." choose another.
 RECIPE ?= recipes/vit/fmnist_tiny.yaml
 ARGS   ?=
-train: build
+train: configure
+	cmake --build $(BUILD) -j$(JOBS) --target attnforge
 	$(BUILD)/apps/attnforge train $(RECIPE) --out runs/$(basename $(notdir $(RECIPE)))-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 # The CPU code under AddressSanitizer + UndefinedBehaviorSanitizer. The CUDA
@@ -34,7 +35,7 @@ train: build
 # shadow, and there is no GPU code to check in this build.
 test-sanitize: deps
 	cmake -S . -B $(SANITIZE) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFORGE_SANITIZE=ON -DFORGE_CUDA=OFF $(CMAKE_FLAGS)
-	cmake --build $(SANITIZE) -j$(JOBS) --target test_core test_autograd test_ops test_attention test_nn test_optim test_data test_train
+	cmake --build $(SANITIZE) -j$(JOBS) --target test_core test_autograd test_ops test_attention test_nn test_optim test_data test_train attnforge
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir $(SANITIZE) --output-on-failure -j$(JOBS)
 

@@ -160,6 +160,7 @@ std::vector<KeySpec> build_schema() {
   s.number("momentum", 0.9, 0, 1, "sgd: momentum.");
   s.boolean("nesterov", false, "sgd: Nesterov momentum.");
   s.number("clip_grad_norm", 0.0, 0, kInf, "Clip the global gradient norm to this; 0: off.");
+  s.string_list("freeze", {}, "Parameters left out of the optimizer: name prefixes, e.g. [transformer.projections] keeps Linformer's E/F at their random init.");
 
   s.section = "schedule.";
   s.choice("kind", "cosine", {"constant", "linear_warmup", "cosine", "step", "rsqrt", "linear_decay"}, "Learning-rate schedule (rsqrt: LRA's constant * linear_warmup * rsqrt_decay).");

@@ -55,6 +55,15 @@ std::shared_ptr<spdlog::logger> make_logger(const std::string& run_dir, bool con
 std::unique_ptr<optim::Optimizer> make_optimizer(const Recipe& r, nn::Module& model) {
   auto groups = optim::param_groups(model, r.number("optimizer.weight_decay"),
                                     r.boolean("optimizer.no_decay_on_norms_biases"));
+  for (const std::string& prefix : r.string_list("optimizer.freeze")) {
+    size_t frozen = 0;
+    for (optim::ParamGroup& g : groups)
+      frozen += std::erase_if(g.params, [&](const auto& p) { return p.first.rfind(prefix, 0) == 0; });
+    FORGE_CHECK(frozen > 0,
+                "recipe: optimizer.freeze: no parameter name starts with '{}' (names look like "
+                "'transformer.layers.0.attn.to_q.weight')",
+                prefix);
+  }
   const double lr = r.number("optimizer.lr");
   const std::string& name = r.string("optimizer.name");
   if (name == "sgd") {
@@ -229,6 +238,13 @@ void write_attention_maps(TaskModel& model, data::DataLoader& loader, DType dtyp
            written == 0 ? " (no layer has a mechanism with explicit maps)" : "");
 }
 
+// Epochs whose every batch has been drawn (the loader moves to the next epoch
+// only when asked for a batch past the end).
+int64_t completed_epochs(const data::DataLoader& loader) {
+  const data::LoaderPosition p = loader.position();
+  return p.epoch + (p.batch >= loader.batches_per_epoch() ? 1 : 0);
+}
+
 DType precision_dtype(const Recipe& r) {
   return r.string("precision") == "fp64" ? DType::f64 : DType::f32;
 }
@@ -401,7 +417,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       break;
     }
     const auto t0 = Clock::now();
-    const int64_t epoch_before = train_loader.position().epoch;
+    const int64_t epochs_before = completed_epochs(train_loader);
     optimizer->set_lr(base_lr * optim::lr_factor(schedule, step));
     for (int64_t a = 0; a < accum; ++a) {
       data::Batch b;
@@ -470,7 +486,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
                 format_duration(eta.eta(total_steps - step)));
       window = Window{};
     }
-    const bool epoch_ended = train_loader.position().epoch != epoch_before;
+    const bool epoch_ended = completed_epochs(train_loader) != epochs_before;
     const bool eval_now = last || (eval_every > 0 ? step % eval_every == 0 : epoch_ended);
     std::optional<double> metric;
     if (eval_now) metric = evaluate().accuracy;

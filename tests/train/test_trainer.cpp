@@ -18,6 +18,8 @@
 #include "core/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
+#include "train/model.h"
+#include "data/image_io.h"
 
 namespace forge::train {
 namespace {
@@ -264,6 +266,86 @@ TEST(Trainer, EvalOfTheLastCheckpointReproducesTheLastEvaluation) {
   EXPECT_EQ(e.loss, t.eval_loss);
   EXPECT_EQ(e.examples, 256);
   EXPECT_EQ(e.step, t.steps);
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, EvaluatesAtTheEndOfEachEpochNotAStepLater) {
+  Recipe r = tiny_recipe();
+  r.set("data.limit_train=320");  // 10 batches of 32 per epoch
+  const std::string dir = fresh_dir("epochs");
+  train(r, quiet(dir));
+  std::vector<int64_t> eval_steps;
+  for (const auto& rec : read_metrics((fs::path(dir) / "metrics.jsonl").string()))
+    if (rec.at("split").as_string() == "eval") eval_steps.push_back(rec.at("step").as_int());
+  EXPECT_EQ(eval_steps, (std::vector<int64_t>{10, 20, 30}));
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, FrozenParametersDoNotMove) {
+  Recipe r = tiny_recipe();
+  r.set("model.attention.kind=linformer");
+  r.set("model.attention.k=4");
+  r.set("optimizer.freeze=[transformer.projections, head.bias]");
+  r.set("loop.epochs=0");
+  r.set("loop.steps=6");
+  r.set("schedule.warmup_steps=1");
+  const std::string dir = fresh_dir("freeze");
+  const TrainResult t = train(r, quiet(dir));
+  const auto trained = read_checkpoint(t.last_checkpoint).model;
+  // The same model freshly built: what the weights were at step 0.
+  Generator gen(static_cast<uint64_t>(r.integer("seed")));
+  DataShape shape;
+  shape.classes = 10;
+  shape.channels = 1;
+  shape.image_size = 28;
+  auto fresh = build_model(r, shape, DType::f32, &gen);
+  int frozen = 0, moved = 0;
+  for (const auto& [name, t0] : fresh->module().state_dict()) {
+    const Tensor& t1 = trained.at(name);
+    const bool same = std::memcmp(t0.raw_data(), t1.raw_data(), t0.nbytes()) == 0;
+    if (name.rfind("transformer.projections", 0) == 0 || name == "head.bias") {
+      EXPECT_TRUE(same) << name << " is frozen but moved";
+      ++frozen;
+    } else if (!same) {
+      ++moved;
+    }
+  }
+  EXPECT_GE(frozen, 3);
+  EXPECT_GT(moved, 10);
+  r.set("optimizer.freeze=[nothing.like.this]");
+  try {
+    train(r, quiet(fresh_dir("freeze_bad")));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.freeze: no parameter name starts with 'nothing.like.this'"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+  fs::remove_all(fresh_dir("freeze_bad"));
+}
+
+TEST(Trainer, AttentionMapsAreWrittenPerLayerAndHead) {
+  Recipe r = tiny_recipe();
+  r.set("loop.epochs=0");
+  r.set("loop.steps=2");
+  r.set("schedule.warmup_steps=1");
+  r.set("output.attention_maps=true");
+  const std::string dir = fresh_dir("maps");
+  train(r, quiet(dir));
+  // depth 2 x heads 2; 16 patches + CLS = 17 tokens.
+  for (int layer = 0; layer < 2; ++layer)
+    for (int head = 0; head < 2; ++head) {
+      const fs::path png = fs::path(dir) / "attention_maps" /
+                           fmt::format("layer{:02}_head{:02}.png", layer, head);
+      ASSERT_TRUE(fs::exists(png)) << png;
+      const data::Image img = data::read_image(png.string());
+      EXPECT_EQ(img.height, 17);
+      EXPECT_EQ(img.width, 17);
+      EXPECT_EQ(img.channels, 1);
+      // Each map is scaled to its maximum: some pixel is 255.
+      EXPECT_EQ(*std::max_element(img.pixels.begin(), img.pixels.end()), 255);
+    }
   fs::remove_all(dir);
 }
 

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The attnforge command end to end: help texts, bad command lines and recipes
+# (clear message, non-zero status), --dump-config, a run stopped by SIGINT
+# that writes a checkpoint and resumes to completion, eval, gradcheck, info.
+#   tests/cli/test_cli.sh PATH/TO/attnforge
+set -uo pipefail
+bin="$1"
+work="$(mktemp -d "${TMPDIR:-/tmp}/attnforge_cli.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# expect STATUS PATTERN -- command...: the exit status and a line of its output.
+expect() {
+  local want="$1" pattern="$2"
+  shift 3
+  local out status
+  out="$("$@" 2>&1)"
+  status=$?
+  [ "$status" -eq "$want" ] || fail "$* exited $status, expected $want; output: $out"
+  grep -qE -- "$pattern" <<<"$out" || fail "$* did not print /$pattern/; output: $out"
+}
+
+cat >"$work/tiny.yaml" <<'EOF'
+name: cli
+threads: 2
+model: {type: vit, image_size: 28, patch_size: 7, dim: 32, depth: 1, heads: 2, mlp_ratio: 2}
+data: {dataset: fashion_mnist, limit_train: 2048, limit_eval: 128, workers: 1}
+schedule: {kind: cosine, warmup_steps: 5}
+loop: {epochs: 0, steps: 400, batch_size: 32, log_every: 5, eval_every: 200}
+checkpoint: {every: 100}
+EOF
+
+# ---- help and bad command lines ----
+expect 0 "commands:" -- "$bin" --help
+for cmd in train eval gradcheck bench info; do
+  expect 0 "usage: attnforge $cmd" -- "$bin" "$cmd" --help
+done
+expect 2 "unknown command 'trian'" -- "$bin" trian
+expect 2 "train: unknown option --bogus" -- "$bin" train "$work/tiny.yaml" --bogus
+expect 2 "give a recipe file, or --resume" -- "$bin" train
+expect 2 "--set needs a value" -- "$bin" train "$work/tiny.yaml" --set
+
+# ---- bad recipes: status 1, the key named ----
+printf 'model:\n  dimm: 3\n' >"$work/bad.yaml"
+expect 1 "unknown key 'model.dimm'" -- "$bin" train "$work/bad.yaml" --out "$work/bad_run"
+[ ! -e "$work/bad_run" ] || fail "a bad recipe created its run directory"
+expect 1 "'loop.batch_size' = 0 is out of range" -- "$bin" train "$work/tiny.yaml" --set loop.batch_size=0
+expect 1 "cannot open the file" -- "$bin" train "$work/missing.yaml"
+
+# ---- --dump-config: the resolved recipe, with the override ----
+expect 0 "kind: linformer" -- "$bin" train "$work/tiny.yaml" --set model.attention.kind=linformer --dump-config
+
+# ---- SIGINT writes a checkpoint; --resume finishes the run ----
+run="$work/run"
+"$bin" train "$work/tiny.yaml" --out "$run" >"$work/train1.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  grep -q "step .*/400" "$work/train1.log" 2>/dev/null && break
+  sleep 0.1
+done
+kill -INT "$pid"
+wait "$pid"
+status=$?
+[ "$status" -eq 130 ] || fail "SIGINT: exit status $status, expected 130; log: $(cat "$work/train1.log")"
+grep -q "continue with: attnforge train --resume" "$work/train1.log" || fail "SIGINT: no resume hint"
+[ -f "$run/checkpoints/latest" ] || fail "SIGINT: no checkpoint written"
+expect 0 "done: 400 steps" -- "$bin" train --resume "$run"
+expect 1 "already holds a run" -- "$bin" train "$work/tiny.yaml" --out "$run"
+
+# ---- eval prints and writes JSON ----
+ckpt="$run/checkpoints/$(cat "$run/checkpoints/latest")"
+expect 0 '"accuracy"' -- "$bin" eval "$ckpt" --split test
+ls "$run"/eval-step-00000400-test.json >/dev/null 2>&1 || fail "eval wrote no JSON file"
+expect 1 "no such|missing|cannot" -- "$bin" eval "$work/nope"
+
+# ---- gradcheck, info ----
+expect 0 "cases: [0-9]+ passed, 0 failed" -- "$bin" gradcheck linear/plain linear/causal
+expect 0 "TaylorShift direct vs efficient" -- "$bin" gradcheck taylorshift/direct
+expect 2 "no case matches" -- "$bin" gradcheck nosuchop
+expect 0 "BLAS" -- "$bin" info
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all CLI checks passed"
