@@ -72,7 +72,7 @@ expect 1 "already holds a run" -- "$bin" train "$work/tiny.yaml" --out "$run"
 ckpt="$run/checkpoints/$(cat "$run/checkpoints/latest")"
 expect 0 '"accuracy"' -- "$bin" eval "$ckpt" --split test
 ls "$run"/eval-step-00000400-test.json >/dev/null 2>&1 || fail "eval wrote no JSON file"
-expect 1 "no such|missing|cannot" -- "$bin" eval "$work/nope"
+expect 1 "nope: not found" -- "$bin" eval "$work/nope"
 
 # ---- gradcheck, info ----
 expect 0 "cases: [0-9]+ passed, 0 failed" -- "$bin" gradcheck linear/plain linear/causal
