@@ -3,9 +3,16 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "autograd/gradcheck.h"
@@ -59,6 +66,52 @@ void expect_error(F&& f, const std::vector<std::string>& parts) {
     return;
   }
   ADD_FAILURE() << "expected a forge::Error";
+}
+
+// ---- files ----
+
+// A fresh empty directory for one test (named after the test, the process and
+// a counter), removed with everything in it at the end of the scope.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = std::filesystem::path(::testing::TempDir()) /
+            ("forge_" + std::string(info ? info->name() : "test") + "_" +
+             std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+  static inline int counter_ = 0;
+};
+
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline void write_file(const std::filesystem::path& path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Every file under `dir` (relative path -> bytes), to check that an operation
+// changed nothing on disk; empty when `dir` does not exist.
+inline std::map<std::string, std::string> snapshot(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> out;
+  if (!std::filesystem::exists(dir)) return out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[std::filesystem::relative(e.path(), dir).string()] = read_file(e.path());
+  return out;
 }
 
 }  // namespace forge::testing

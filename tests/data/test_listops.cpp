@@ -17,25 +17,8 @@ namespace forge::data {
 namespace {
 
 using forge::testing::expect_error;
+using forge::testing::TempDir;
 namespace fs = std::filesystem;
-
-// A fresh directory under the test temp dir, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) /
-            fmt::format("forge_listops_{}_{}_{}", info->name(), ::getpid(), counter_++);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
-};
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

@@ -14,25 +14,8 @@ namespace forge::data {
 namespace {
 
 using forge::testing::expect_error;
+using forge::testing::TempDir;
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::path(::testing::TempDir()) /
-            fmt::format("forge_pathfinder_{}_{}_{}", info->name(), ::getpid(), counter_++);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string str() const { return path_.string(); }
-  fs::path path() const { return path_; }
-
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
-};
 
 // Component ids of the lit pixels, linking lit pixels within Chebyshev
 // distance `radius`; 0 for dark pixels.

@@ -20,25 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using forge::testing::expect_error;
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_file(const fs::path& path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// Every file under `dir` (relative path -> bytes): "hashing" a directory exactly.
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_file(e.path());
-  }
-  return out;
-}
+using forge::testing::read_file;
+using forge::testing::snapshot;
+using forge::testing::write_file;
 
 std::set<std::string> names_in(const fs::path& dir) {
   std::set<std::string> out;

@@ -16,16 +16,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using forge::testing::expect_error;
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_file(const fs::path& path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using forge::testing::read_file;
+using forge::testing::write_file;
 
 class MetricsLogTest : public ::testing::Test {
  protected:

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "tests/test_util.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/model.h"
@@ -25,6 +26,7 @@ namespace forge::train {
 namespace {
 
 namespace fs = std::filesystem;
+using forge::testing::snapshot;
 
 std::string fresh_dir(const std::string& name) {
   const fs::path p = fs::temp_directory_path() /
@@ -80,19 +82,6 @@ TrainOptions quiet(const std::string& dir) {
   o.run_dir = dir;
   o.console = false;
   return o;
-}
-
-std::map<std::string, std::string> file_bytes(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  if (!fs::exists(dir)) return out;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::ifstream in(e.path(), std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    out[fs::relative(e.path(), dir).string()] = ss.str();
-  }
-  return out;
 }
 
 // The deterministic fields of every metrics record (timings left out).
@@ -194,7 +183,7 @@ TEST(Trainer, DivergingRunStopsWithAClearMessageAndKeepsItsCheckpoints) {
     TrainOptions o = quiet(dir);
     // Snapshot the run directory before each step: the failing step must not touch it.
     o.stop_requested = [&](int64_t) {
-      before = file_bytes((fs::path(dir) / "checkpoints").string());
+      before = snapshot((fs::path(dir) / "checkpoints").string());
       return false;
     };
     train(r, o);
@@ -206,7 +195,7 @@ TEST(Trainer, DivergingRunStopsWithAClearMessageAndKeepsItsCheckpoints) {
         << m;
     EXPECT_NE(m.find("--check-nan"), std::string::npos) << m;
   }
-  EXPECT_EQ(file_bytes((fs::path(dir) / "checkpoints").string()), before);
+  EXPECT_EQ(snapshot((fs::path(dir) / "checkpoints").string()), before);
   fs::remove_all(dir);
 }
 
@@ -217,14 +206,14 @@ TEST(Trainer, RefusesToTrainIntoAnExistingRun) {
   r.set("schedule.warmup_steps=1");
   const std::string dir = fresh_dir("exists");
   train(r, quiet(dir));
-  const auto before = file_bytes(dir);
+  const auto before = snapshot(dir);
   try {
     train(r, quiet(dir));
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("already holds a run"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(file_bytes(dir), before);
+  EXPECT_EQ(snapshot(dir), before);
   fs::remove_all(dir);
 }
 
@@ -236,7 +225,7 @@ TEST(Trainer, ResumeWithAnotherModelShapeIsAnErrorAndChangesNothing) {
   r.set("checkpoint.every=2");
   const std::string dir = fresh_dir("shape");
   train(r, quiet(dir));
-  auto before = file_bytes(dir);
+  auto before = snapshot(dir);
   Recipe other = Recipe::from_file((fs::path(dir) / "recipe.yaml").string());
   other.set("model.dim=48");
   other.set("loop.steps=8");
@@ -248,7 +237,7 @@ TEST(Trainer, ResumeWithAnotherModelShapeIsAnErrorAndChangesNothing) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
   }
-  auto after = file_bytes(dir);
+  auto after = snapshot(dir);
   // train.log gains the lines of the refused attempt; nothing else changes.
   before.erase("train.log");
   after.erase("train.log");
