@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -336,6 +337,65 @@ TEST(Trainer, AttentionMapsAreWrittenPerLayerAndHead) {
       EXPECT_EQ(*std::max_element(img.pixels.begin(), img.pixels.end()), 255);
     }
   fs::remove_all(dir);
+}
+
+// Every shipped recipe trains a few steps end to end, shrunk by --set-style
+// overrides, on small data made here (image folders, text files) or by the
+// generators (ListOps, Pathfinder), and Fashion-MNIST.
+TEST(ShippedRecipes, EveryRecipeTrainsAFewSteps) {
+  const testing::TempDir tmp;
+  // An image folder with train / val / test splits of 3 classes.
+  for (const char* split : {"train", "val", "test"})
+    for (int c = 0; c < 3; ++c) {
+      const fs::path dir = tmp.path() / "images" / split / fmt::format("class{}", c);
+      fs::create_directories(dir);
+      for (int i = 0; i < 4; ++i) {
+        data::Image img;
+        img.height = 30 + i;
+        img.width = 36;
+        img.channels = 3;
+        img.pixels.assign(static_cast<size_t>(img.height * img.width * 3), static_cast<uint8_t>(60 * c + 5 * i));
+        data::write_png((dir / fmt::format("{}.png", i)).string(), img);
+      }
+    }
+  // Text classification and document pairs.
+  fs::create_directories(tmp.path() / "text");
+  fs::create_directories(tmp.path() / "pairs");
+  for (const char* split : {"train", "test"}) {
+    std::string text, pairs;
+    for (int i = 0; i < 16; ++i) {
+      text += fmt::format("{}\treview {} says {}\n", i % 2, i, i % 2 ? "good" : "bad");
+      pairs += fmt::format("{}\tpaper {}\tpaper {}\n", i % 2, i, i % 2 ? i : i + 1);
+    }
+    testing::write_file(tmp.path() / "text" / (std::string(split) + ".tsv"), text);
+    testing::write_file(tmp.path() / "pairs" / (std::string(split) + ".tsv"), pairs);
+  }
+  int count = 0;
+  for (const auto& e : fs::recursive_directory_iterator(fs::path(FORGE_SOURCE_DIR) / "recipes")) {
+    if (e.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(e.path().string());
+    Recipe r = Recipe::from_file(e.path().string());
+    for (const char* s : {"model.dim=32", "model.depth=1", "model.heads=2", "model.mlp_dim=32",
+                          "loop.epochs=0", "loop.steps=3", "loop.batch_size=4",
+                          "loop.eval_batch_size=8", "loop.accumulation=1", "loop.eval_every=0",
+                          "schedule.warmup_steps=1", "schedule.warmup_epochs=0",
+                          "data.limit_train=64", "data.limit_eval=16", "data.generate_train=24",
+                          "data.generate_eval=8", "threads=2"})
+      r.set(s);
+    const std::string& kind = r.string("data.dataset");
+    if (kind == "image_folder" || (kind == "pixels" && r.string("data.pixel_source") == "image_folder"))
+      r.set("data.root=" + (tmp.path() / "images").string());
+    if (kind == "image_folder") r.set("model.image_size=32");
+    if (kind == "text") r.set("data.root=" + (tmp.path() / "text").string());
+    if (kind == "retrieval") r.set("data.root=" + (tmp.path() / "pairs").string());
+    if (kind == "listops" || kind == "text" || kind == "retrieval") r.set("data.max_length=256");
+    if (r.string("model.attention.kind") == "linformer") r.set("model.attention.k=8");
+    const TrainResult t = train(r, quiet((tmp.path() / ("run_" + e.path().stem().string())).string()));
+    EXPECT_EQ(t.steps, 3);
+    EXPECT_TRUE(std::isfinite(t.eval_loss));
+    ++count;
+  }
+  EXPECT_GE(count, 14);
 }
 
 }  // namespace
