@@ -41,7 +41,12 @@ namespace fs = std::filesystem;
 using forge::train::Recipe;
 
 std::atomic<int> g_signal{0};
-extern "C" void on_signal(int sig) { g_signal.store(sig); }
+// The first SIGINT / SIGTERM asks the trainer to checkpoint and stop after the
+// current step; a second one ends the process at once (the default action).
+extern "C" void on_signal(int sig) {
+  g_signal.store(sig);
+  std::signal(sig, SIG_DFL);
+}
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
