@@ -6,7 +6,7 @@ SANITIZE ?= build-sanitize
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train test-sanitize bench bench-attention bench-stack bench-torch format clean
+.PHONY: all deps configure build test train test-sanitize bench bench-attention bench-stack bench-torch bench-vit format clean
 
 all: build
 
@@ -48,6 +48,12 @@ bench-attention: build
 # One training step of a depth-12 stack at N = 4096 under C0, C1, C2 and reversible.
 bench-stack: build
 	$(BUILD)/bench/bench_stack
+
+# One training step of the default recipe's ViT, ours against eager PyTorch, same run.
+bench-vit: build
+	@dpkg-query -W -f='$${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch)
+	/usr/bin/python3 bench/torch_vit_step.py --ours $(BUILD)/bench/bench_vit_step --threads $(JOBS)
 
 # Our attention ops against eager PyTorch (Debian's python3-torch), same run.
 bench-torch: build
