@@ -245,6 +245,27 @@ int64_t completed_epochs(const data::DataLoader& loader) {
   return p.epoch + (p.batch >= loader.batches_per_epoch() ? 1 : 0);
 }
 
+// A resume refuses a damaged latest checkpoint rather than silently going back
+// to an older one (whose next save would delete the damaged one): the user
+// decides. One moved out of the way is the user's decision, and the run then
+// continues from the newest whole checkpoint before it.
+void check_latest_checkpoint(const std::string& run_dir) {
+  const fs::path pointer = fs::path(run_dir) / "checkpoints" / "latest";
+  if (!fs::exists(pointer)) return;
+  std::ifstream in(pointer);
+  std::string name;
+  in >> name;
+  const fs::path named = pointer.parent_path() / name;
+  if (name.empty() || !fs::exists(named)) return;
+  try {
+    read_checkpoint(named.string());
+  } catch (const Error& e) {
+    FORGE_FAIL("--resume {}: the latest checkpoint {} is damaged: {}. Nothing was changed. To "
+               "resume from the newest whole checkpoint before it, move {} out of {}",
+               run_dir, named.string(), e.what(), named.string(), pointer.parent_path().string());
+  }
+}
+
 DType precision_dtype(const Recipe& r) {
   return r.string("precision") == "fp64" ? DType::f64 : DType::f32;
 }
@@ -270,6 +291,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   const std::string run_dir = opt.run_dir.empty() ? default_run_dir(r) : opt.run_dir;
   if (opt.resume) {
     FORGE_CHECK(fs::is_directory(run_dir), "--resume {}: no such run directory", run_dir);
+    check_latest_checkpoint(run_dir);
   } else {
     FORGE_CHECK(!fs::exists(run_dir) || fs::is_empty(run_dir),
                 "run directory {} already holds a run; continue it with --resume {} or train into "

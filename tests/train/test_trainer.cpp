@@ -246,6 +246,46 @@ TEST(Trainer, ResumeWithAnotherModelShapeIsAnErrorAndChangesNothing) {
   fs::remove_all(dir);
 }
 
+TEST(Trainer, ResumeRefusesADamagedLatestCheckpointAndChangesNothing) {
+  Recipe r = tiny_recipe();
+  r.set("loop.epochs=0");
+  r.set("loop.steps=6");
+  r.set("schedule.warmup_steps=1");
+  r.set("checkpoint.every=2");
+  r.set("checkpoint.keep_last=3");
+  const std::string dir = fresh_dir("damaged");
+  TrainOptions stop = quiet(dir);
+  stop.stop_requested = [](int64_t step) { return step == 4; };
+  train(r, stop);
+  const fs::path ckpts = fs::path(dir) / "checkpoints";
+  const fs::path latest = ckpts / CheckpointManager::name_of(4);
+  // Truncate the latest checkpoint's weights, as a damaged disk would.
+  const std::string model = testing::read_file(latest / "model.safetensors");
+  testing::write_file(latest / "model.safetensors", model.substr(0, model.size() / 2));
+  auto before = snapshot(dir);
+  TrainOptions resume = quiet(dir);
+  resume.resume = true;
+  try {
+    train(r, resume);
+    FAIL() << "resumed from a damaged checkpoint";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("is damaged"), std::string::npos) << m;
+    EXPECT_NE(m.find("step-00000004"), std::string::npos) << m;
+    EXPECT_NE(m.find("model.safetensors"), std::string::npos) << m;
+  }
+  auto after = snapshot(dir);
+  before.erase("train.log");
+  after.erase("train.log");
+  EXPECT_EQ(after, before);
+  // Moved aside by the user: the run continues from step 2 and finishes.
+  fs::rename(latest, fs::path(dir) / "damaged-step-4");
+  const TrainResult t = train(r, resume);
+  EXPECT_EQ(t.status, TrainResult::Status::finished);
+  EXPECT_EQ(t.steps, 6);
+  fs::remove_all(dir);
+}
+
 TEST(Trainer, EvalOfTheLastCheckpointReproducesTheLastEvaluation) {
   Recipe r = tiny_recipe();
   r.set("loop.epochs=1");
