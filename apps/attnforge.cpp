@@ -25,6 +25,7 @@
 #include "bench/attention.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/json.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
@@ -206,7 +207,7 @@ int cmd_eval(const std::vector<std::string>& args) {
     const fs::path run = (dir.filename().empty() ? dir.parent_path() : dir).parent_path().parent_path();
     out = (run / fmt::format("eval-{}-{}.json", name.string(), r.split)).string();
   }
-  forge::train::write_file_atomic(out, text);
+  forge::io::write_file_atomic(out, text);
   std::fprintf(stderr, "wrote %s\n", out.c_str());
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/file_io.h"
 #include "core/json.h"
 
 namespace forge::safetensors {
@@ -254,41 +255,18 @@ void check_bools(const Tensor& t, const std::string& name, std::string_view what
   }
 }
 
-std::string errno_str() {
-  return std::strerror(errno);
-}
-
-// Closes a file descriptor on every path out of a scope.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 void pread_full(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& path) {
   auto* p = static_cast<char*>(dst);
   while (n > 0) {
     const ssize_t r = ::pread(fd, p, std::min<uint64_t>(n, 1u << 30), static_cast<off_t>(offset));
     if (r < 0 && errno == EINTR) continue;
-    FORGE_CHECK(r >= 0, "{}: read failed at byte {}: {}", path, offset, errno_str());
+    FORGE_CHECK(r >= 0, "{}: read failed at byte {}: {}", path, offset, io::errno_message());
     FORGE_CHECK(r > 0,
                 "{}: the file ended at byte {} while reading (was it truncated while being read?)",
                 path, offset);
     p += r;
     n -= static_cast<uint64_t>(r);
     offset += static_cast<uint64_t>(r);
-  }
-}
-
-void write_full(int fd, const void* src, uint64_t n, const std::string& path) {
-  const auto* p = static_cast<const char*>(src);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<uint64_t>(n, 1u << 30));
-    if (w < 0 && errno == EINTR) continue;
-    FORGE_CHECK(w > 0, "{}: write failed: {}", path, errno_str());
-    p += w;
-    n -= static_cast<uint64_t>(w);
   }
 }
 
@@ -329,39 +307,29 @@ void save(const std::string& path, const std::map<std::string, Tensor>& tensors,
           const std::map<std::string, std::string>& metadata) {
   const Layout l = make_layout(tensors, metadata);
   const std::string tmp = path + ".tmp";
-  Fd out{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  FORGE_CHECK(out.fd >= 0, "safetensors: cannot create {}: {}", tmp, errno_str());
+  io::Fd out{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  FORGE_CHECK(out.fd >= 0, "safetensors: cannot create {}: {}", tmp, io::errno_message());
   try {
-    write_full(out.fd, l.header.data(), l.header.size(), tmp);
+    io::write_all(out.fd, l.header.data(), l.header.size(), tmp);
     for (const Tensor& t : l.tensors) {
-      if (t.nbytes()) write_full(out.fd, t.raw_data(), t.nbytes(), tmp);
+      if (t.nbytes()) io::write_all(out.fd, t.raw_data(), t.nbytes(), tmp);
     }
-    FORGE_CHECK(::fsync(out.fd) == 0, "{}: fsync failed: {}", tmp, errno_str());
-    const int fd = out.fd;
-    out.fd = -1;
-    FORGE_CHECK(::close(fd) == 0, "{}: close failed: {}", tmp, errno_str());
+    FORGE_CHECK(::fsync(out.fd) == 0, "{}: fsync failed: {}", tmp, io::errno_message());
+    out.close(tmp);
     FORGE_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "safetensors: cannot rename {} to {}: {}",
-                tmp, path, errno_str());
+                tmp, path, io::errno_message());
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
   }
-  // Make the rename itself durable. Some filesystems cannot fsync a directory
-  // (EINVAL); the data is already safe there, so only real I/O errors count.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (d.fd >= 0) {
-    FORGE_CHECK(::fsync(d.fd) == 0 || errno == EINVAL, "{}: fsync of the directory failed: {}", dir,
-                errno_str());
-  }
+  io::fsync_directory(std::filesystem::path(path).parent_path().string());
 }
 
 File load(const std::string& path) {
-  Fd in{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  FORGE_CHECK(in.fd >= 0, "safetensors: cannot open {}: {}", path, errno_str());
+  io::Fd in{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  FORGE_CHECK(in.fd >= 0, "safetensors: cannot open {}: {}", path, io::errno_message());
   struct stat st {};
-  FORGE_CHECK(::fstat(in.fd, &st) == 0, "{}: stat failed: {}", path, errno_str());
+  FORGE_CHECK(::fstat(in.fd, &st) == 0, "{}: stat failed: {}", path, io::errno_message());
   FORGE_CHECK(S_ISREG(st.st_mode), "{}: not a regular file", path);
   const auto size = static_cast<uint64_t>(st.st_size);
   FORGE_CHECK(

@@ -20,6 +20,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/safetensors.h"
 
 namespace forge::train {
@@ -34,20 +35,9 @@ constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", 
 // the directory being built, an old directory renamed aside, one being deleted.
 constexpr std::string_view kTmpMark = ".tmp-", kOldMark = ".old-", kDelMark = ".del-";
 
-std::string errno_str() {
-  return std::strerror(errno);
-}
-
 std::string pid_suffix() {
   return std::to_string(::getpid());
 }
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 // ---- fault injection ----
 
@@ -95,58 +85,16 @@ void step(std::string_view what) {
 
 // ---- files ----
 
-void write_all(int fd, std::string_view bytes, const std::string& path) {
-  const char* p = bytes.data();
-  size_t n = bytes.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
-    if (w < 0 && errno == EINTR) continue;
-    FORGE_CHECK(w > 0, "{}: write failed: {}", path, errno_str());
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 // Writes `bytes` to `path` (created or truncated) and fsyncs it. A fault here
 // leaves the first half of the bytes, as a kill during the write would.
 void write_durable(const std::string& path, std::string_view bytes, bool faultable) {
-  const bool fault = faultable && fault_due();
-  Fd out{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  FORGE_CHECK(out.fd >= 0, "{}: cannot create: {}", path, errno_str());
-  if (fault) {
-    write_all(out.fd, bytes.substr(0, bytes.size() / 2), path);
+  if (faultable && fault_due()) {
+    io::Fd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    FORGE_CHECK(out.fd >= 0, "{}: cannot create: {}", path, io::errno_message());
+    io::write_all(out.fd, bytes.data(), bytes.size() / 2, path);
     crash("write " + fs::path(path).filename().string());
   }
-  write_all(out.fd, bytes, path);
-  FORGE_CHECK(::fsync(out.fd) == 0, "{}: fsync failed: {}", path, errno_str());
-  const int fd = out.fd;
-  out.fd = -1;
-  FORGE_CHECK(::close(fd) == 0, "{}: close failed: {}", path, errno_str());
-}
-
-// Makes renames and creations inside `dir` durable. Some filesystems cannot
-// fsync a directory (EINVAL); only real I/O errors count.
-void fsync_dir(const fs::path& dir) {
-  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  FORGE_CHECK(d.fd >= 0, "{}: cannot open the directory to fsync it: {}", dir.string(),
-              errno_str());
-  FORGE_CHECK(::fsync(d.fd) == 0 || errno == EINVAL, "{}: fsync of the directory failed: {}",
-              dir.string(), errno_str());
-}
-
-std::string read_whole(const std::string& path) {
-  Fd in{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  FORGE_CHECK(in.fd >= 0, "{}: cannot open: {}", path, errno_str());
-  std::string out;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t r = ::read(in.fd, buf, sizeof buf);
-    if (r < 0 && errno == EINTR) continue;
-    FORGE_CHECK(r >= 0, "{}: read failed: {}", path, errno_str());
-    if (r == 0) break;
-    out.append(buf, static_cast<size_t>(r));
-  }
-  return out;
+  io::write_file_durable(path, bytes);
 }
 
 void write_atomic(const fs::path& path, std::string_view bytes, bool faultable) {
@@ -155,7 +103,7 @@ void write_atomic(const fs::path& path, std::string_view bytes, bool faultable) 
     write_durable(tmp, bytes, faultable);
     if (faultable) step("rename " + path.filename().string());
     FORGE_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}: {}", tmp,
-                path.string(), errno_str());
+                path.string(), io::errno_message());
   } catch (const InjectedFault&) {
     throw;
   } catch (...) {
@@ -163,7 +111,7 @@ void write_atomic(const fs::path& path, std::string_view bytes, bool faultable) 
     throw;
   }
   if (faultable) step("fsync the directory of " + path.filename().string());
-  fsync_dir(path.has_parent_path() ? path.parent_path() : fs::path("."));
+  io::fsync_directory(path.parent_path());
 }
 
 bool exists_no_follow(const fs::path& p) {
@@ -205,7 +153,7 @@ void clean_leftovers(const fs::path& parent, const std::string& only) {
       FORGE_CHECK(
           ::rename(p.c_str(), (parent / base).c_str()) == 0,
           "cannot restore {} (a checkpoint renamed aside by an interrupted write) to {}: {}",
-          p.string(), (parent / base).string(), errno_str());
+          p.string(), (parent / base).string(), io::errno_message());
       continue;
     }
     fs::remove_all(p, ec);
@@ -217,7 +165,7 @@ void commit(const fs::path& tmp, const fs::path& dir) {
   if (!exists_no_follow(dir)) {
     step("rename the temp directory into place");
     FORGE_CHECK(::rename(tmp.c_str(), dir.c_str()) == 0, "cannot rename {} to {}: {}", tmp.string(),
-                dir.string(), errno_str());
+                dir.string(), io::errno_message());
     return;
   }
   std::error_code ec;
@@ -231,15 +179,15 @@ void commit(const fs::path& tmp, const fs::path& dir) {
       return;
     }
     FORGE_CHECK(errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP,
-                "cannot exchange {} with {}: {}", tmp.string(), dir.string(), errno_str());
+                "cannot exchange {} with {}: {}", tmp.string(), dir.string(), io::errno_message());
   }
   const fs::path aside = dir.string() + std::string(kOldMark) + pid_suffix();
   step("rename the old checkpoint aside");
   FORGE_CHECK(::rename(dir.c_str(), aside.c_str()) == 0, "cannot rename {} aside to {}: {}",
-              dir.string(), aside.string(), errno_str());
+              dir.string(), aside.string(), io::errno_message());
   step("rename the temp directory into place");
   if (::rename(tmp.c_str(), dir.c_str()) != 0) {
-    const std::string why = errno_str();
+    const std::string why = io::errno_message();
     ::rename(aside.c_str(), dir.c_str());
     FORGE_FAIL("cannot rename {} to {}: {}", tmp.string(), dir.string(), why);
   }
@@ -281,15 +229,15 @@ void write_checkpoint_impl(const std::string& dir_arg, const std::map<std::strin
   const fs::path tmp = parent / (name + std::string(kTmpMark) + pid_suffix());
   try {
     step("create the temp directory");
-    FORGE_CHECK(::mkdir(tmp.c_str(), 0755) == 0, "cannot create {}: {}", tmp.string(), errno_str());
+    FORGE_CHECK(::mkdir(tmp.c_str(), 0755) == 0, "cannot create {}: {}", tmp.string(), io::errno_message());
     write_tensors(tmp / kFiles[0], model, {{"format", kCheckpointFormat}, {"recipe", recipe_yaml}});
     write_tensors(tmp / kFiles[1], optimizer, {{"format", kCheckpointFormat}});
     write_durable((tmp / kFiles[2]).string(), state_text, true);
     step("fsync the temp directory");
-    fsync_dir(tmp);
+    io::fsync_directory(tmp);
     commit(tmp, dir);
     step("fsync the parent directory");
-    fsync_dir(parent);
+    io::fsync_directory(parent);
   } catch (const InjectedFault&) {
     throw;
   } catch (...) {
@@ -337,10 +285,6 @@ void set_checkpoint_fault(int64_t n) {
 
 void set_checkpoint_rename_exchange(bool enabled) {
   g_rename_exchange.store(enabled);
-}
-
-void write_file_atomic(const std::string& path, std::string_view bytes) {
-  write_atomic(path, bytes, false);
 }
 
 void write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
@@ -393,7 +337,7 @@ Checkpoint read_checkpoint(const std::string& dir) {
   c.optimizer = std::move(optimizer.tensors);
 
   const std::string state_path = (fs::path(dir) / kFiles[2]).string();
-  c.state = json::parse(read_whole(state_path), state_path);
+  c.state = json::parse(io::read_file(state_path), state_path);
   FORGE_CHECK(c.state.is_object(), "{}: expected a JSON object, found {}", state_path,
               json::type_name(c.state.type()));
   return c;
@@ -441,7 +385,7 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
     const fs::path p = fs::path(dir_) / file;
     if (!exists_no_follow(p)) return std::nullopt;
     try {
-      const std::string text = trim(read_whole(p.string()));
+      const std::string text = trim(io::read_file(p.string()));
       if (const auto s = parse_name(text)) return s;
       warn(fmt::format("{}: holds \"{}\", not a checkpoint name like step-00001234", p.string(),
                        text));
@@ -463,6 +407,7 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
     } else if (readable(*named, why)) {
       latest_ = named;
     } else {
+      damaged_latest_ = fmt::format("{} ({})", path_of(*named), why);
       warn(
           fmt::format("{} names {}, which cannot be read ({}); falling back to the newest "
                       "readable checkpoint",
@@ -493,7 +438,7 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
     if (!metric_name_.empty()) {
       try {
         const fs::path state = fs::path(path_of(s)) / kFiles[2];
-        const json::Value v = json::parse(read_whole(state.string()), state.string());
+        const json::Value v = json::parse(io::read_file(state.string()), state.string());
         const json::Value* m = v.is_object() ? v.find("checkpoint_metric") : nullptr;
         if (m && m->is_object()) {
           const json::Value* n = m->find("name");
@@ -662,7 +607,7 @@ void CheckpointManager::prune() {
     step("rename " + name_of(s) + " for deletion");
     if (::rename(path.c_str(), doomed.c_str()) != 0) {
       warn(fmt::format("cannot delete old checkpoint {}: rename to {} failed: {}", path, doomed,
-                       errno_str()));
+                       io::errno_message()));
       continue;
     }
     std::erase_if(entries_, [s](const Entry& e) { return e.step == s; });

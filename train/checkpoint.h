@@ -50,10 +50,6 @@ void write_checkpoint(const std::string& dir, const Checkpoint& ckpt);
 // forge::Error naming the file. Never modifies anything on disk.
 Checkpoint read_checkpoint(const std::string& dir);
 
-// Replaces the file `path` whole: writes path.tmp-<pid>, fsyncs it, renames it
-// over `path` and fsyncs the directory. For the run directory's small files.
-void write_file_atomic(const std::string& path, std::string_view bytes);
-
 class CheckpointManager {
  public:
   using Warn = std::function<void(const std::string&)>;
@@ -86,6 +82,9 @@ class CheckpointManager {
   std::vector<std::string> list() const;  // oldest first
 
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // When `latest` names a checkpoint that exists but cannot be read: its
+  // directory and why (the manager fell back to an older one).
+  const std::optional<std::string>& damaged_latest() const { return damaged_latest_; }
   const std::string& dir() const { return dir_; }
 
   static std::string name_of(int64_t step);  // "step-00001234"
@@ -108,6 +107,7 @@ class CheckpointManager {
   bool maximize_;
   Warn warn_;
   std::vector<std::string> warnings_;
+  std::optional<std::string> damaged_latest_;
   std::vector<Entry> entries_;  // by step, ascending
   std::optional<int64_t> latest_;
   std::vector<int64_t> abandoned_;       // newer than the latest whole checkpoint

@@ -12,6 +12,7 @@
 #include <iterator>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "train/checkpoint.h"
 
 namespace forge::train {
@@ -80,7 +81,7 @@ MetricsLog::MetricsLog(const std::string& run_dir, std::optional<int64_t> resume
         kept.push_back('\n');
       }
     }
-    if (kept != text) write_file_atomic(path_, kept);
+    if (kept != text) io::write_file_atomic(path_, kept);
   }
   fd_ = ::open(path_.c_str(), flags, 0644);
   FORGE_CHECK(fd_ >= 0, "{}: cannot open for writing: {}", path_, std::strerror(errno));
@@ -101,15 +102,7 @@ void MetricsLog::append(const json::Value& record) {
     out.emplace_back(key, non_finite ? json::Value() : v);
   }
   const std::string line = json::dump(json::Value(std::move(out))) + "\n";
-  const char* p = line.data();
-  size_t n = line.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd_, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    FORGE_CHECK(w > 0, "{}: write failed: {}", path_, std::strerror(errno));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
+  io::write_all(fd_, line.data(), line.size(), path_);
 }
 
 void MetricsLog::log(int64_t step, const std::string& split,

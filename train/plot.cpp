@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 
@@ -238,7 +239,7 @@ std::string render_svg(const std::vector<json::Value>& records, const PlotOption
 void write_plot(const std::string& run_dir, const PlotOptions& options) {
   const std::filesystem::path dir(run_dir);
   const std::string svg = render_svg(read_metrics((dir / "metrics.jsonl").string()), options);
-  write_file_atomic((dir / "curves.svg").string(), svg);
+  io::write_file_atomic((dir / "curves.svg").string(), svg);
 }
 
 }  // namespace forge::train

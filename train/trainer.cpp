@@ -15,6 +15,7 @@
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/threading.h"
 #include "data/image_io.h"
 #include "optim/adam.h"
@@ -245,27 +246,6 @@ int64_t completed_epochs(const data::DataLoader& loader) {
   return p.epoch + (p.batch >= loader.batches_per_epoch() ? 1 : 0);
 }
 
-// A resume refuses a damaged latest checkpoint rather than silently going back
-// to an older one (whose next save would delete the damaged one): the user
-// decides. One moved out of the way is the user's decision, and the run then
-// continues from the newest whole checkpoint before it.
-void check_latest_checkpoint(const std::string& run_dir) {
-  const fs::path pointer = fs::path(run_dir) / "checkpoints" / "latest";
-  if (!fs::exists(pointer)) return;
-  std::ifstream in(pointer);
-  std::string name;
-  in >> name;
-  const fs::path named = pointer.parent_path() / name;
-  if (name.empty() || !fs::exists(named)) return;
-  try {
-    read_checkpoint(named.string());
-  } catch (const Error& e) {
-    FORGE_FAIL("--resume {}: the latest checkpoint {} is damaged: {}. Nothing was changed. To "
-               "resume from the newest whole checkpoint before it, move {} out of {}",
-               run_dir, named.string(), e.what(), named.string(), pointer.parent_path().string());
-  }
-}
-
 DType precision_dtype(const Recipe& r) {
   return r.string("precision") == "fp64" ? DType::f64 : DType::f32;
 }
@@ -291,16 +271,30 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   const std::string run_dir = opt.run_dir.empty() ? default_run_dir(r) : opt.run_dir;
   if (opt.resume) {
     FORGE_CHECK(fs::is_directory(run_dir), "--resume {}: no such run directory", run_dir);
-    check_latest_checkpoint(run_dir);
   } else {
     FORGE_CHECK(!fs::exists(run_dir) || fs::is_empty(run_dir),
                 "run directory {} already holds a run; continue it with --resume {} or train into "
                 "another directory (--out DIR or --set output.dir=DIR)",
                 run_dir, run_dir);
     fs::create_directories(run_dir);
-    write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
+    io::write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
   }
-  auto log = make_logger(run_dir, opt.console);
+  // The manager only reads until its first save; its warnings go to the log
+  // once there is one.
+  std::shared_ptr<spdlog::logger> log;
+  CheckpointManager ckpts(run_dir, static_cast<int>(r.integer("checkpoint.keep_last")),
+                          r.boolean("checkpoint.keep_best") ? 1 : 0, "eval_accuracy", "max",
+                          [&log](const std::string& w) {
+                            if (log) log->warn("{}", w);
+                          });
+  // A resume refuses a damaged latest checkpoint rather than going back to an
+  // older one (whose next save would delete the damaged one): the user decides.
+  if (opt.resume && ckpts.damaged_latest())
+    FORGE_FAIL("--resume {}: the latest checkpoint is damaged: {}. Nothing was changed. To resume "
+               "from the newest whole checkpoint before it, move it out of {}",
+               run_dir, *ckpts.damaged_latest(), ckpts.dir());
+  log = make_logger(run_dir, opt.console);
+  for (const std::string& w : ckpts.warnings()) log->warn("{}", w);
   const DType dtype = precision_dtype(r);
   const int64_t threads = r.integer("threads");
   if (threads > 0) set_num_threads(static_cast<int>(threads));
@@ -328,16 +322,13 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   model.train();
   auto optimizer = make_optimizer(r, model);
   const optim::ScheduleConfig schedule = make_schedule(r, total_steps, std::max<int64_t>(steps_per_epoch, 1));
+  const std::vector<Tensor> params = optimizer->parameters();  // for the gradient norm
   const double base_lr = r.number("optimizer.lr");
   const double clip = r.number("optimizer.clip_grad_norm");
   const double smoothing = r.number("loop.label_smoothing");
   const int64_t log_every = r.integer("loop.log_every");
   const int64_t eval_every = r.integer("loop.eval_every");
   const int64_t ckpt_every = r.integer("checkpoint.every");
-
-  CheckpointManager ckpts(run_dir, static_cast<int>(r.integer("checkpoint.keep_last")),
-                          r.boolean("checkpoint.keep_best") ? 1 : 0, "eval_accuracy", "max",
-                          [&](const std::string& w) { log->warn("{}", w); });
 
   // ---- resume ----
   int64_t step = 0;
@@ -366,7 +357,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       last_eval.accuracy = e->at("accuracy").as_double();
     }
     // --set overrides given with --resume become the run's recipe.
-    write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
+    io::write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
     log->info("resuming {} from {} (step {} of {})", run_dir, *latest, step, total_steps);
   } else {
     log->info("run directory: {}", run_dir);
@@ -463,7 +454,6 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       window.examples += b.size;
       window.tokens += b.tokens;
     }
-    const std::vector<Tensor> params = optimizer->parameters();
     const double norm = clip > 0 ? optim::clip_grad_norm(params, clip) : optim::grad_norm(params);
     FORGE_CHECK(std::isfinite(norm),
                 "step {}: the gradient norm is {}; stopping (the last good checkpoint is kept). "

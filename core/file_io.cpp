@@ -1,0 +1,84 @@
+#include "core/file_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace forge::io {
+
+std::string errno_message() {
+  return std::strerror(errno);
+}
+
+Fd::~Fd() {
+  if (fd >= 0) ::close(fd);
+}
+
+void Fd::close(const std::string& path) {
+  const int f = fd;
+  fd = -1;
+  FORGE_CHECK(::close(f) == 0, "{}: close failed: {}", path, errno_message());
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0 && errno == EINTR) continue;
+    FORGE_CHECK(w > 0, "{}: write failed: {}", path, errno_message());
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void write_file_durable(const std::string& path, std::string_view bytes) {
+  Fd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  FORGE_CHECK(out.fd >= 0, "{}: cannot create: {}", path, errno_message());
+  write_all(out.fd, bytes.data(), bytes.size(), path);
+  FORGE_CHECK(::fsync(out.fd) == 0, "{}: fsync failed: {}", path, errno_message());
+  out.close(path);
+}
+
+void fsync_directory(const std::string& dir_arg) {
+  const std::string dir = dir_arg.empty() ? "." : dir_arg;
+  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  FORGE_CHECK(d.fd >= 0, "{}: cannot open the directory to fsync it: {}", dir, errno_message());
+  FORGE_CHECK(::fsync(d.fd) == 0 || errno == EINVAL, "{}: fsync of the directory failed: {}", dir,
+              errno_message());
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  try {
+    write_file_durable(tmp, bytes);
+    FORGE_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}: {}", tmp, path,
+                errno_message());
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fsync_directory(std::filesystem::path(path).parent_path().string());
+}
+
+std::string read_file(const std::string& path) {
+  Fd in(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  FORGE_CHECK(in.fd >= 0, "{}: cannot open: {}", path, errno_message());
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t r = ::read(in.fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    FORGE_CHECK(r >= 0, "{}: read failed: {}", path, errno_message());
+    if (r == 0) break;
+    out.append(buf, static_cast<size_t>(r));
+  }
+  return out;
+}
+
+}  // namespace forge::io
