@@ -84,6 +84,9 @@ class CpuAllocator final : public Allocator {
   void copy_from_host(void* dst, const void* src, size_t nbytes) override {
     if (nbytes) std::memcpy(dst, src, nbytes);
   }
+  void copy_within(void* dst, const void* src, size_t nbytes) override {
+    if (nbytes) std::memcpy(dst, src, nbytes);
+  }
 
   size_t cached_bytes() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -159,6 +162,7 @@ bool cuda_built() {
 int cuda_device_count() {
   return 0;
 }
+void cuda_synchronize(Device) {}
 #endif
 
 }  // namespace forge

@@ -25,6 +25,9 @@ class Allocator {
   // Copies between host memory and memory of this allocator's device.
   virtual void copy_to_host(void* dst_host, const void* src, size_t nbytes) = 0;
   virtual void copy_from_host(void* dst, const void* src_host, size_t nbytes) = 0;
+  // Copies between two blocks of this allocator's device (queued on the
+  // device's stream for CUDA).
+  virtual void copy_within(void* dst, const void* src, size_t nbytes) = 0;
 
   // Bytes held for reuse (not counted in stats), and giving them back.
   virtual size_t cached_bytes() { return 0; }

@@ -22,5 +22,20 @@ struct Device {
 // (0 in a build without CUDA or on a machine without a GPU).
 bool cuda_built();
 int cuda_device_count();
+// Waits for all work queued on a CUDA device (nothing for the CPU).
+void cuda_synchronize(Device device);
+
+#ifdef FORGE_WITH_CUDA
+inline constexpr bool kCudaBuilt = true;
+#else
+inline constexpr bool kCudaBuilt = false;
+#endif
 
 }  // namespace forge
+
+// Opens the CUDA branch of an op: `FORGE_IF_CUDA(x) return cuda_op(x);`. In a
+// build without CUDA the branch is discarded at compile time (no tensor can be
+// on a GPU there), so the CUDA entry points need no definition.
+#define FORGE_IF_CUDA(tensor) \
+  if constexpr (::forge::kCudaBuilt) \
+    if ((tensor).device().is_cuda())

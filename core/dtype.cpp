@@ -1,5 +1,10 @@
 #include "core/dtype.h"
 
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
 namespace forge {
 
 size_t dtype_size(DType t) {
@@ -48,6 +53,63 @@ const char* dtype_name(DType t) {
 
 bool is_floating(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16;
+}
+
+uint16_t float_to_bf16_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if (std::isnan(v)) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  // Round to nearest even on the 16 dropped bits.
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float bf16_bits_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+uint16_t float_to_f16_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7FFFFFFFu;
+  if (abs > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
+  if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds past 65504
+  if (abs < 0x38800000u) {
+    // Below the smallest normal 2^-14: a subnormal multiple of 2^-24, rounded
+    // to nearest even by the FPU in the addition (exact for these magnitudes).
+    float a;
+    std::memcpy(&a, &abs, 4);
+    const float scaled = a * 16777216.0f;  // in units of 2^-24, < 1024
+    const float r = std::nearbyint(scaled);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(r));
+  }
+  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits.
+  uint32_t h = abs - (112u << 23);
+  h += 0x0FFFu + ((h >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (h >> 13));
+}
+
+float f16_bits_to_float(uint16_t b) {
+  const uint32_t sign = (static_cast<uint32_t>(b) & 0x8000u) << 16;
+  const uint32_t exp = (b >> 10) & 0x1Fu, man = b & 0x3FFu;
+  uint32_t u;
+  if (exp == 0) {
+    // Zero or subnormal: man * 2^-24.
+    const float m = static_cast<float>(man) * (1.0f / 16777216.0f);
+    std::memcpy(&u, &m, 4);
+    u |= sign;
+  } else if (exp == 31) {
+    u = sign | 0x7F800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  }
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
 }
 
 }  // namespace forge

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <string>
 
-#include "core/error.h"
+// The dispatch macros below raise errors with FORGE_FAIL (core/error.h, which
+// core/tensor.h includes); this header itself stays free of fmt so that CUDA
+// sources (.cu, which nvcc compiles without fmt) can use the dtypes.
 
 namespace forge {
 
@@ -16,6 +18,15 @@ enum class DType : uint8_t { f32, f64, i32, i64, u8, boolean, bf16, f16 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // "f32", "f64", ...
 bool is_floating(DType t);
+
+// bf16 and f16 on the host, as their bit patterns: round to nearest even from
+// f32 (NaN stays NaN, overflow goes to infinity; f16 keeps subnormals), exact
+// widening back to f32. CPU tensors of these dtypes hold data on its way to or
+// from a GPU (and checkpoints); the CPU kernels compute in f32 / f64.
+uint16_t float_to_bf16_bits(float v);
+float bf16_bits_to_float(uint16_t b);
+uint16_t float_to_f16_bits(float v);
+float f16_bits_to_float(uint16_t b);
 
 template <typename T>
 constexpr DType dtype_of();

@@ -19,11 +19,20 @@ class Error : public std::runtime_error {
 
 }  // namespace forge
 
+#if defined(__CUDACC__)
+// nvcc cannot compile fmt's compile-time format-string checks: in .cu files
+// the message is formatted at run time.
+#define FORGE_FORMAT(format_string, ...) \
+  ::fmt::format(::fmt::runtime(format_string) __VA_OPT__(, ) __VA_ARGS__)
+#else
+#define FORGE_FORMAT(...) ::fmt::format(__VA_ARGS__)
+#endif
+
 #define FORGE_CHECK(cond, ...)                                              \
   do {                                                                      \
     if (!(cond)) [[unlikely]] {                                             \
-      ::forge::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
+      ::forge::throw_error(__FILE__, __LINE__, FORGE_FORMAT(__VA_ARGS__));  \
     }                                                                       \
   } while (0)
 
-#define FORGE_FAIL(...) ::forge::throw_error(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__))
+#define FORGE_FAIL(...) ::forge::throw_error(__FILE__, __LINE__, FORGE_FORMAT(__VA_ARGS__))

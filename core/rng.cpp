@@ -1,23 +1,13 @@
 #include "core/rng.h"
 
+#include "core/philox.h"
+
 namespace forge {
 
-namespace {
-constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // round multipliers
-constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // Weyl key increments
-}  // namespace
-
 Philox4x32 philox4x32_10(Philox4x32 c, std::array<uint32_t, 2> k) {
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(kM0) * c[0];
-    const uint64_t p1 = static_cast<uint64_t>(kM1) * c[2];
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
-    k[0] += kW0;
-    k[1] += kW1;
-  }
-  return c;
+  // The one implementation, shared with the CUDA kernels (core/philox.h).
+  const PhiloxWords r = philox4x32_10_words(PhiloxWords{{c[0], c[1], c[2], c[3]}}, k[0], k[1]);
+  return {r.w[0], r.w[1], r.w[2], r.w[3]};
 }
 
 uint64_t Generator::reserve(uint64_t n) {

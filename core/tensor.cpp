@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/cuda_tensor.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -47,6 +49,12 @@ int64_t Tensor::size(int64_t d) const {
   return shape()[static_cast<size_t>(wrap_dim(d, dim(), "size"))];
 }
 
+void* Tensor::raw_device_data() const {
+  if (!impl().storage) return nullptr;
+  return static_cast<char*>(impl().storage->data()) +
+         impl().offset * static_cast<int64_t>(dtype_size(dtype()));
+}
+
 void* Tensor::raw_data() const {
   FORGE_CHECK(device().is_cpu(),
               "CPU data of a tensor on {} requested; copy it with .to(Device::cpu())",
@@ -77,14 +85,19 @@ Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
 }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
-  Tensor t = empty(shape, dtype, Device::cpu());
+  Tensor t = empty(shape, dtype, device);
   t.fill(value);
-  return device.is_cpu() ? t : t.to(device);
+  return t;
 }
 
 void Tensor::fill(double value) {
-  FORGE_CHECK(device().is_cpu(), "fill: only CPU tensors can be filled here, got one on {}",
-              device().str());
+  FORGE_IF_CUDA(*this) return cuda::fill(dtype(), device().index, raw_device_data(), numel(), value);
+  if (dtype() == DType::bf16 || dtype() == DType::f16) {
+    const float f = static_cast<float>(value);
+    const uint16_t bits = dtype() == DType::bf16 ? float_to_bf16_bits(f) : float_to_f16_bits(f);
+    std::fill_n(static_cast<uint16_t*>(raw_data()), numel(), bits);
+    return;
+  }
   FORGE_DISPATCH_ALL(dtype(), "fill", [&] {
     scalar_t* p = data<scalar_t>();
     const auto v = static_cast<scalar_t>(value);
@@ -160,17 +173,38 @@ double Tensor::item() const {
   FORGE_CHECK(numel() == 1, "item: expected a tensor with one element, got shape {}",
               shape_str(shape()));
   Tensor c = device().is_cpu() ? *this : to(Device::cpu());
+  if (c.dtype() == DType::bf16 || c.dtype() == DType::f16) c = c.to(DType::f32);
   return FORGE_DISPATCH_ALL(c.dtype(), "item",
                             [&] { return static_cast<double>(c.data<scalar_t>()[0]); });
 }
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
-  FORGE_CHECK(device().is_cpu(),
-              "to({}): dtype conversion of a tensor on {} is not available on the CPU path",
-              dtype_name(target), device().str());
-  Tensor out = empty(shape(), target);
+  Tensor out = empty(shape(), target, device());
+  FORGE_IF_CUDA(*this) {
+    cuda::convert(dtype(), raw_device_data(), target, out.raw_device_data(), numel(),
+                  device().index);
+    return out;
+  }
   const int64_t n = numel();
+  // bf16 / f16 go through f32 (exact both ways for the widening).
+  const auto half_bits = [](DType t) { return t == DType::bf16 || t == DType::f16; };
+  if (half_bits(dtype())) {
+    Tensor wide = empty(shape(), DType::f32);
+    const uint16_t* s = static_cast<const uint16_t*>(raw_data());
+    float* d = wide.data<float>();
+    const bool bf = dtype() == DType::bf16;
+    for (int64_t i = 0; i < n; ++i) d[i] = bf ? bf16_bits_to_float(s[i]) : f16_bits_to_float(s[i]);
+    return wide.to(target);
+  }
+  if (half_bits(target)) {
+    const Tensor narrowed = to(DType::f32);
+    const float* s = narrowed.data<float>();
+    uint16_t* d = static_cast<uint16_t*>(out.raw_data());
+    const bool bf = target == DType::bf16;
+    for (int64_t i = 0; i < n; ++i) d[i] = bf ? float_to_bf16_bits(s[i]) : float_to_f16_bits(s[i]);
+    return out;
+  }
   FORGE_DISPATCH_ALL(dtype(), "to", [&] {
     using src_t = scalar_t;
     const src_t* s = data<src_t>();
@@ -215,9 +249,20 @@ void Tensor::copy_from(const Tensor& src) {
   FORGE_CHECK(src.numel() == numel() && src.dtype() == dtype(),
               "copy_from: expected {} {} elements, got {} of {}", numel(), dtype_name(dtype()),
               src.numel(), dtype_name(src.dtype()));
-  FORGE_CHECK(device().is_cpu() && src.device().is_cpu(),
-              "copy_from: both tensors must be on the CPU");
-  if (nbytes()) std::memcpy(raw_data(), src.raw_data(), nbytes());
+  if (nbytes() == 0) return;
+  const size_t esize = dtype_size(dtype());
+  void* dst = static_cast<char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(esize);
+  const void* from = static_cast<const char*>(src.impl().storage->data()) +
+                     src.impl().offset * static_cast<int64_t>(esize);
+  if (device() == src.device()) {
+    allocator_for(device()).copy_within(dst, from, nbytes());
+  } else if (src.device().is_cpu()) {
+    allocator_for(device()).copy_from_host(dst, from, nbytes());
+  } else if (device().is_cpu()) {
+    allocator_for(src.device()).copy_to_host(dst, from, nbytes());
+  } else {
+    copy_from(src.to(Device::cpu()));  // GPU to GPU through the host
+  }
 }
 
 Tensor Tensor::view(const Shape& new_shape) const {
@@ -327,11 +372,12 @@ std::string Tensor::str(int64_t max_per_dim) const {
   if (requires_grad()) os << ", requires_grad";
   os << ")\n";
   Tensor c = device().is_cpu() ? *this : to(Device::cpu());
+  if (c.dtype() == DType::bf16 || c.dtype() == DType::f16) c = c.to(DType::f32);
   if (dim() == 0) {
     os << fmt::format("{:.6g}", c.item());
     return os.str();
   }
-  FORGE_DISPATCH_ALL(dtype(), "print", [&] {
+  FORGE_DISPATCH_ALL(c.dtype(), "print", [&] {
     print_rec<scalar_t>(os, c.data<scalar_t>(), shape(), 0, 0, max_per_dim, 0);
   });
   return os.str();

@@ -101,6 +101,9 @@ class Tensor {
 
   // ---- data (CPU tensors) ----
   void* raw_data() const;
+  // The data pointer on any device: a device pointer for a CUDA tensor, for
+  // handing to the CUDA launchers (ops' *_cuda.h); never dereference it on the host.
+  void* raw_device_data() const;
   template <typename T>
   T* data() const;  // checks that T matches the dtype and the tensor is on the CPU
   template <typename T>

@@ -1,0 +1,152 @@
+// What every CUDA kernel file (.cu) shares: element types, the dtype dispatch,
+// launch shapes and warp / block reductions.
+//
+// The convention: a .cu file holds kernels and their launchers, which take
+// raw device pointers, sizes, the dtype and the device index (never a Tensor,
+// and never fmt, which nvcc cannot compile), and are declared in a plain C++
+// header beside it (`*_cuda.h`). The op's .cpp checks arguments, allocates,
+// records autograd and calls the launcher under FORGE_IF_CUDA. Launchers issue
+// their work on cuda::stream(device) under a DeviceGuard and check every launch. Kernels load any floating type
+// into its accumulation type (f32 for f32 / bf16 / f16, f64 for f64), compute
+// there, and round once when storing.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/cuda_context.h"
+#include "core/dtype.h"
+#include "core/philox.h"
+
+namespace forge::cuda {
+
+// ---- element types ----
+
+template <typename T>
+struct AccOf {
+  using type = float;
+};
+template <>
+struct AccOf<double> {
+  using type = double;
+};
+// The type a kernel computes in for storage type T.
+template <typename T>
+using acc_t = typename AccOf<T>::type;
+
+template <typename A, typename T>
+__device__ __forceinline__ A load(const T* p) {
+  return static_cast<A>(*p);
+}
+template <typename A, typename T>
+__device__ __forceinline__ A to_acc(T v) {
+  return static_cast<A>(v);
+}
+template <>
+__device__ __forceinline__ float to_acc<float, __nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_acc<float, __half>(__half v) {
+  return __half2float(v);
+}
+template <typename T, typename A>
+__device__ __forceinline__ T from_acc(A v) {
+  return static_cast<T>(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16, float>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_acc<__half, float>(float v) {
+  return __float2half_rn(v);
+}
+
+}  // namespace forge::cuda
+
+// Runs the body with `scalar_t` bound to the storage type of a floating dtype
+// (f32, f64, bf16 as __nv_bfloat16, f16 as __half) and `acc_type` to the type
+// kernels compute in; any other dtype is an error naming the op.
+#define FORGE_CUDA_DISPATCH_CASE(dt, T, ...)            \
+  case ::forge::DType::dt: {                            \
+    using scalar_t = T;                                 \
+    using acc_type = ::forge::cuda::acc_t<T>;           \
+    return __VA_ARGS__();                               \
+  }
+#define FORGE_CUDA_DISPATCH_FLOAT(dtype, op_name, ...)                                  \
+  [&] {                                                                                 \
+    switch (dtype) {                                                                    \
+      FORGE_CUDA_DISPATCH_CASE(f32, float, __VA_ARGS__)                                 \
+      FORGE_CUDA_DISPATCH_CASE(f64, double, __VA_ARGS__)                                \
+      FORGE_CUDA_DISPATCH_CASE(bf16, __nv_bfloat16, __VA_ARGS__)                        \
+      FORGE_CUDA_DISPATCH_CASE(f16, __half, __VA_ARGS__)                                \
+      default:                                                                          \
+        ::forge::cuda::fail_dtype(op_name, dtype);                                      \
+    }                                                                                   \
+  }()
+
+namespace forge::cuda {
+
+// ---- launch shapes ----
+
+constexpr int kThreads = 256;  // threads per block of the 1-d kernels
+constexpr int kWarp = 32;
+
+// Blocks for a grid-stride loop over n elements: enough to fill the device a
+// few times over, never more than the elements need.
+inline unsigned grid_for(int64_t n, int device, int threads = kThreads) {
+  const int64_t need = (n + threads - 1) / threads;
+  const int64_t cap = static_cast<int64_t>(multiprocessor_count(device)) * 8;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(need, cap)));
+}
+
+// A grid-stride loop over [0, n): `for (int64_t i : grid_stride(n))` is not
+// expressible, so kernels write FORGE_GRID_STRIDE(i, n) { ... }.
+#define FORGE_GRID_STRIDE(i, n)                                                       \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// ---- reductions ----
+
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename A>
+__device__ __forceinline__ A warp_max(A v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread
+// gets the result. `shared` holds 32 values; the call synchronises the block.
+template <typename A>
+__device__ A block_sum(A v, A* shared) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();  // `shared` may still be read by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  v = lane < warps ? shared[lane] : A(0);
+  return warp_sum(v);
+}
+template <typename A>
+__device__ A block_max(A v, A* shared) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  v = lane < warps ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+}  // namespace forge::cuda

@@ -1,0 +1,113 @@
+// fill and dtype conversion of tensors on a GPU (see core/cuda_tensor.h).
+// Floats round to nearest even, as on the CPU; float -> integer truncates
+// toward zero as a C++ cast; anything -> bool is "non-zero".
+#include "core/cuda_kernels.cuh"
+#include "core/cuda_tensor.h"
+
+namespace forge::cuda {
+
+namespace {
+
+// Every storage type, with `elem_t` bound to its device type.
+#define FORGE_CUDA_ALL_CASE(dt, T, ...) \
+  case ::forge::DType::dt: {            \
+    using elem_t = T;                   \
+    return __VA_ARGS__();               \
+  }
+#define FORGE_CUDA_DISPATCH_ALL(dtype, op_name, ...)                                       \
+  [&] {                                                                                    \
+    switch (dtype) {                                                                       \
+      FORGE_CUDA_ALL_CASE(f32, float, __VA_ARGS__)                                         \
+      FORGE_CUDA_ALL_CASE(f64, double, __VA_ARGS__)                                        \
+      FORGE_CUDA_ALL_CASE(bf16, __nv_bfloat16, __VA_ARGS__)                                \
+      FORGE_CUDA_ALL_CASE(f16, __half, __VA_ARGS__)                                        \
+      FORGE_CUDA_ALL_CASE(i32, int32_t, __VA_ARGS__)                                       \
+      FORGE_CUDA_ALL_CASE(i64, int64_t, __VA_ARGS__)                                       \
+      FORGE_CUDA_ALL_CASE(u8, uint8_t, __VA_ARGS__)                                        \
+      FORGE_CUDA_ALL_CASE(boolean, bool, __VA_ARGS__)                                      \
+    }                                                                                      \
+    ::forge::cuda::fail_dtype(op_name, dtype);                                             \
+  }()
+
+// Any element to double and back, the bridge of every conversion.
+template <typename T>
+__device__ __forceinline__ double as_double(T v) {
+  return static_cast<double>(v);
+}
+template <>
+__device__ __forceinline__ double as_double<__nv_bfloat16>(__nv_bfloat16 v) {
+  return static_cast<double>(__bfloat162float(v));
+}
+template <>
+__device__ __forceinline__ double as_double<__half>(__half v) {
+  return static_cast<double>(__half2float(v));
+}
+template <typename T>
+__host__ __device__ __forceinline__ T from_double(double v) {
+  return static_cast<T>(v);
+}
+template <>
+__host__ __device__ __forceinline__ __nv_bfloat16 from_double<__nv_bfloat16>(double v) {
+  return __double2bfloat16(v);
+}
+template <>
+__host__ __device__ __forceinline__ __half from_double<__half>(double v) {
+  return __double2half(v);
+}
+template <>
+__host__ __device__ __forceinline__ bool from_double<bool>(double v) {
+  return v != 0.0;
+}
+
+template <typename T>
+__global__ void fill_kernel(T* p, int64_t n, T v) {
+  FORGE_GRID_STRIDE(i, n) p[i] = v;
+}
+
+template <typename S, typename D>
+__global__ void convert_kernel(const S* src, D* dst, int64_t n) {
+  FORGE_GRID_STRIDE(i, n)
+    dst[i] = from_double<D>(as_double(src[i]));
+}
+
+// A float -> float conversion through f32 where exact (bf16 / f16 <-> f32).
+template <>
+__global__ void convert_kernel<float, __nv_bfloat16>(const float* src, __nv_bfloat16* dst,
+                                                     int64_t n) {
+  FORGE_GRID_STRIDE(i, n)
+    dst[i] = __float2bfloat16_rn(src[i]);
+}
+template <>
+__global__ void convert_kernel<float, __half>(const float* src, __half* dst, int64_t n) {
+  FORGE_GRID_STRIDE(i, n)
+    dst[i] = __float2half_rn(src[i]);
+}
+
+}  // namespace
+
+void fill(DType dtype, int device, void* p, int64_t n, double value) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  FORGE_CUDA_DISPATCH_ALL(dtype, "fill", [&] {
+    // The value is rounded on the host exactly as a conversion kernel would.
+    const elem_t v = from_double<elem_t>(value);
+    fill_kernel<<<grid_for(n, device), kThreads, 0, stream(device)>>>(static_cast<elem_t*>(p), n,
+                                                                       v);
+    FORGE_CUDA_CHECK_LAUNCH("fill");
+  });
+}
+
+void convert(DType src_dtype, const void* src, DType dst_dtype, void* dst, int64_t n, int device) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  FORGE_CUDA_DISPATCH_ALL(src_dtype, "to", [&] {
+    using S = elem_t;
+    FORGE_CUDA_DISPATCH_ALL(dst_dtype, "to", [&] {
+      convert_kernel<S, elem_t><<<grid_for(n, device), kThreads, 0, stream(device)>>>(
+          static_cast<const S*>(src), static_cast<elem_t*>(dst), n);
+      FORGE_CUDA_CHECK_LAUNCH("convert");
+    });
+  });
+}
+
+}  // namespace forge::cuda

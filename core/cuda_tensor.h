@@ -1,0 +1,17 @@
+// The CUDA kernels core/tensor.cpp needs: fill and dtype conversion of device
+// memory (defined in core/cuda_tensor.cu, only in builds with CUDA;
+// tensor.cpp calls them under FORGE_IF_CUDA).
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace forge::cuda {
+
+// Sets n elements of type `dtype` at device pointer p to value (rounded to dtype).
+void fill(DType dtype, int device, void* p, int64_t n, double value);
+// dst[i] = src[i] converted, n elements on one device; any dtypes.
+void convert(DType src_dtype, const void* src, DType dst_dtype, void* dst, int64_t n, int device);
+
+}  // namespace forge::cuda
