@@ -1,0 +1,34 @@
+// Mixed precision (autocast). While an AutocastGuard(bf16 or f16) is alive on
+// a thread, the GEMM-shaped ops (matmul, linear, the patch-embedding
+// convolution) given f32 CUDA tensors compute in that dtype on the tensor
+// cores with f32 accumulation, and return f32. Every other op, the
+// parameters (the f32 master weights), their gradients and the optimizer
+// state stay f32. CPU tensors and f64 are never autocast.
+#pragma once
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace forge::ops {
+
+// bf16 or f16 while autocast is on, f32 when off.
+DType autocast_dtype();
+
+// Whether a GEMM-shaped op on `t` computes in autocast_dtype(): autocast is on
+// and t is an f32 tensor on a GPU.
+bool autocasts(const Tensor& t);
+
+class AutocastGuard {
+ public:
+  // dtype: bf16 or f16 turns autocast on, f32 turns it off (for a region
+  // inside an autocast one).
+  explicit AutocastGuard(DType dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  DType previous_;
+};
+
+}  // namespace forge::ops
