@@ -289,7 +289,8 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
       // the end (they come after every real query, so nothing real sees them).
       const int64_t pad = s - N % s;
       const Tensor real =
-          key_mask.defined() ? key_mask.to(DType::u8) : Tensor::ones({q.size(0), N}, DType::u8);
+          key_mask.defined() ? key_mask.to(DType::u8)
+                             : Tensor::ones({q.size(0), N}, DType::u8, q.device());
       Tensor padded_mask = ops::pad(real, {0, pad});
       Tensor o = att::efficient(ops::pad(q, {0, 0, 0, pad}), ops::pad(k, {0, 0, 0, pad}),
                                 ops::pad(v, {0, 0, 0, pad}), padded_mask,
@@ -398,7 +399,8 @@ Tensor MultiHeadAttention::attention_maps(const Tensor& x, const Tensor& mask,
   // local heads a key outside the band of windows.
   auto blocked = [&](bool band) {
     std::vector<uint8_t> a(static_cast<size_t>(B * N * M));
-    const Tensor km = p.key_mask.defined() ? p.key_mask.to(DType::u8) : Tensor();
+    const Tensor km =
+        p.key_mask.defined() ? p.key_mask.to(Device::cpu()).to(DType::u8) : Tensor();
     const int64_t w = c.local_window, lb = c.local_look_backward;
     const int64_t lf = c.local_look_forward >= 0 ? c.local_look_forward : (c.causal ? 0 : 1);
     for (int64_t b = 0; b < B; ++b)
@@ -411,7 +413,7 @@ Tensor MultiHeadAttention::attention_maps(const Tensor& x, const Tensor& mask,
           if (band && km.defined() && !km.data<uint8_t>()[b * M + i]) ok = false;
           a[static_cast<size_t>((b * N + i) * M + j)] = !ok;
         }
-    return Tensor::from_vector(a, {B, 1, N, M});
+    return Tensor::from_vector(a, {B, 1, N, M}).to(x.device());
   };
   // The two masks every head uses, built once (local heads: band; others: global).
   const Tensor off_band = nl > 0 || c.kind == Mechanism::local ? blocked(true) : Tensor();

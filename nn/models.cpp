@@ -151,7 +151,7 @@ Tensor prepend_true(const Tensor& mask) {
     o[b * (N + 1)] = true;
     for (int64_t i = 0; i < N; ++i) o[b * (N + 1) + 1 + i] = m[b * N + i] != 0;
   }
-  return out;
+  return out.to(mask.device());
 }
 
 // x (B, N, D) -> (B, D): the first token's row.

@@ -107,6 +107,34 @@ void Module::zero_grad() {
   for (auto& t : parameters()) t.zero_grad();
 }
 
+void Module::to(Device device) {
+  std::vector<std::pair<std::string, Tensor*>> params, buffers;
+  collect("", true, params);
+  collect("", false, buffers);
+  // A tied tensor sits in several slots: each distinct tensor is copied once
+  // and every slot that held it gets the copy, so the tie survives the move.
+  std::map<const TensorImpl*, Tensor> moved;
+  const auto move = [&](Tensor* slot, bool parameter) {
+    if (!slot->defined() || slot->device() == device) return;
+    auto it = moved.find(&slot->impl());
+    if (it == moved.end()) {
+      Tensor copy = slot->detach().to(device);
+      if (parameter) copy.set_requires_grad(true);
+      it = moved.emplace(&slot->impl(), copy).first;
+    }
+    *slot = it->second;
+  };
+  for (auto& [name, slot] : params) move(slot, true);
+  for (auto& [name, slot] : buffers) move(slot, false);
+}
+
+Device Module::device() const {
+  const auto params = named_parameters();
+  if (!params.empty()) return params.front().second.device();
+  const auto buffers = named_buffers();
+  return buffers.empty() ? Device::cpu() : buffers.front().second.device();
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [_, child] : children_) child->train(on);

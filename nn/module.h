@@ -50,6 +50,15 @@ class Module {
   int64_t num_parameters() const;
   void zero_grad();
 
+  // ---- device ----
+  // Moves every parameter and buffer to `device` (tied tensors stay tied);
+  // parameters stay leaves requiring grad, their gradients are dropped. The
+  // slots are rebound, so tensors read before the move still live on the old
+  // device (an optimizer is built after the move).
+  void to(Device device);
+  // The device of the first parameter (or buffer); the CPU for an empty module.
+  Device device() const;
+
   // ---- mode: dropout and friends read is_training(); set recursively ----
   void train(bool on = true);
   void eval() { train(false); }

@@ -53,7 +53,7 @@ Tensor TokenShift::forward(const Tensor& x, const Tensor& mask) {
     Tensor part = ops::narrow(x, 2, s * per, per);
     const int64_t shift = shifts[static_cast<size_t>(s)];
     if (shift != 0) {
-      if (keep.defined()) part = ops::where(keep, part, Tensor::zeros({1}, x.dtype()));
+      if (keep.defined()) part = ops::where(keep, part, Tensor::zeros({1}, x.dtype(), x.device()));
       part = ops::pad(part, {0, 0, shift, -shift});
     }
     parts.push_back(part);

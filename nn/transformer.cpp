@@ -18,7 +18,7 @@ constexpr const char* kNormNames[] = {"layer", "scale", "rezero"};
 // (B, 1, D) given the previous branch input (zeros before the first token).
 // Causal shifts are 0 or 1, so one previous token is all the shift can reach.
 Tensor shift_one(TokenShift& shift, const Tensor& x, Tensor& prev) {
-  if (!prev.defined()) prev = Tensor::zeros(x.shape(), x.dtype());
+  if (!prev.defined()) prev = Tensor::zeros(x.shape(), x.dtype(), x.device());
   Tensor both = shift.forward(ops::cat({prev, x}, 1));
   prev = x;
   return ops::narrow(both, 1, 1, 1);

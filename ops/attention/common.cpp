@@ -3,7 +3,7 @@
 namespace forge::ops::attention {
 
 Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                const Tensor& key_padding_mask, bool self_only) {
+                const Tensor& key_padding_mask, bool self_only, bool cuda_ok) {
   const char* names[] = {"q", "k", "v"};
   const Tensor* ts[] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i) {
@@ -11,11 +11,17 @@ Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
     FORGE_CHECK(t.defined(), "attention::{}: {} is undefined", op, names[i]);
     FORGE_CHECK(t.dim() == 4, "attention::{}: {} must be [B, H, len, dim], got {}", op, names[i],
                 shape_str(t.shape()));
-    FORGE_CHECK(t.device().is_cpu(), "attention::{}: {} is on {}; this op runs on the CPU", op,
-                names[i], t.device().str());
-    FORGE_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
-                "attention::{}: {} must be f32 or f64, got {}", op, names[i],
-                dtype_name(t.dtype()));
+    FORGE_CHECK(t.device() == q.device(), "attention::{}: {} is on {} but q is on {}", op,
+                names[i], t.device().str(), q.device().str());
+    FORGE_CHECK(cuda_ok || t.device().is_cpu(),
+                "attention::{}: {} is on {}, and this mechanism runs on the CPU only so far (its "
+                "fused CUDA kernels are not written yet); on the GPU use the softmax mechanism, "
+                "or run on the CPU",
+                op, names[i], t.device().str());
+    const bool half = t.device().is_cuda() && (t.dtype() == DType::bf16 || t.dtype() == DType::f16);
+    FORGE_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64 || half,
+                "attention::{}: {} must be f32 or f64 (or bf16 / f16 on a GPU), got {}", op,
+                names[i], dtype_name(t.dtype()));
     FORGE_CHECK(t.dtype() == q.dtype(), "attention::{}: {} is {} but q is {}", op, names[i],
                 dtype_name(t.dtype()), dtype_name(q.dtype()));
   }
@@ -38,8 +44,9 @@ Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
     FORGE_CHECK(key_padding_mask.shape() == Shape({s.B, s.M}),
                 "attention::{}: key_padding_mask must be [B, M] = [{}, {}], got {}", op, s.B, s.M,
                 shape_str(key_padding_mask.shape()));
-    FORGE_CHECK(key_padding_mask.device().is_cpu(), "attention::{}: key_padding_mask is on {}", op,
-                key_padding_mask.device().str());
+    FORGE_CHECK(key_padding_mask.device() == q.device(),
+                "attention::{}: key_padding_mask is on {} but q is on {}", op,
+                key_padding_mask.device().str(), q.device().str());
   }
   return s;
 }

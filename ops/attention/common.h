@@ -13,10 +13,11 @@ struct Dims4 {
 };
 
 // Checks q [B,H,N,d], k [B,H,M,d], v [B,H,M,dv], the optional mask [B,M]
-// (bool/u8), one floating dtype (f32/f64) on the CPU, and N == M when
-// `self_only`; every error names the op, the argument, expected and found.
+// (bool/u8), one floating dtype (f32/f64; also bf16/f16 on a GPU) and one
+// device -- the CPU unless `cuda_ok` -- and N == M when `self_only`; every
+// error names the op, the argument, expected and found.
 Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                const Tensor& key_padding_mask, bool self_only);
+                const Tensor& key_padding_mask, bool self_only, bool cuda_ok = false);
 
 // The mask's bytes (1 = real token), or null when there is no mask.
 const uint8_t* mask_bytes(const Tensor& key_padding_mask);

@@ -14,6 +14,10 @@
 #include "autograd/node.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/linalg/matmul.h"
+#include "ops/nn/functional.h"
+#include "ops/reduce/reduce.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
 #include "ops/blas.h"
@@ -304,8 +308,49 @@ void backward_query_tile(const Plan& s, const Saved<scalar_t>& g, int64_t bh, in
 
 }  // namespace
 
+namespace {
+
+// softmax attention on a GPU, composed of the primitive CUDA ops until the
+// fused kernel exists: S = scale q k^T materialised [B, H, N, M], masked
+// scores pushed to -big (finite, so a row with every key masked stays NaN-free
+// and is then zeroed like the CPU op's), softmax, dropout with the same
+// (b, h, i, j) draws as the CPU op, P v. Same values and gradients as the
+// fused CPU op; O(N M) memory.
+Tensor softmax_composed(const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& key_padding_mask, const SoftmaxOptions& options) {
+  const Dims4 dims = check_qkv("softmax", q, k, v, key_padding_mask, options.causal, true);
+  const double scale =
+      options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(dims.d));
+  Tensor scores = ops::mul(ops::matmul(q, k, false, true), scale);  // [B, H, N, M]
+  // visible: 1 where query i may see key j, as [B or 1, 1, N or 1, M].
+  Tensor visible;
+  if (key_padding_mask.defined())
+    visible = key_padding_mask.to(scores.dtype()).view({dims.B, 1, 1, dims.M});
+  if (options.causal) {
+    Tensor c = Tensor::zeros({dims.N, dims.M}, DType::f32);
+    float* cp = c.data<float>();
+    for (int64_t i = 0; i < dims.N; ++i)
+      for (int64_t j = 0; j <= i && j < dims.M; ++j) cp[i * dims.M + j] = 1.0f;
+    c = c.to(scores.dtype()).to(q.device()).view({1, 1, dims.N, dims.M});
+    visible = visible.defined() ? ops::mul(visible, c) : c;
+  }
+  if (visible.defined()) {
+    // f16 cannot hold 1e30; -3e4 still underflows exp to 0 next to any real score.
+    const double big = scores.dtype() == DType::f16 ? 3e4 : 1e30;
+    scores = ops::add(scores, ops::mul(ops::add(visible, -1.0), big));
+  }
+  Tensor probs = ops::softmax(scores, -1);
+  // Rows with no visible key: the softmax above is uniform there; the op gives 0.
+  if (visible.defined()) probs = ops::mul(probs, ops::max(visible, {-1}, true));
+  if (options.dropout > 0) probs = ops::dropout(probs, options.dropout, true, options.gen);
+  return ops::matmul(probs, v);
+}
+
+}  // namespace
+
 Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                const SoftmaxOptions& options) {
+  FORGE_IF_CUDA(q) return softmax_composed(q, k, v, key_padding_mask, options);
   const Dims4 dims = check_qkv("softmax", q, k, v, key_padding_mask, options.causal);
   FORGE_CHECK(dims.d > 0 && dims.dv > 0,
               "attention::softmax: q, k and v need a non-empty last dim, got d = {}, dv = {}",
