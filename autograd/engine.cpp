@@ -4,6 +4,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "core/cuda_tensor.h"
 #include "core/threading.h"
 
 namespace forge::autograd {
@@ -12,7 +13,14 @@ Tensor accumulate(const Tensor& a, const Tensor& b) {
   FORGE_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(),
               "gradient accumulation: shapes/dtypes differ ({} {} vs {} {})", shape_str(a.shape()),
               dtype_name(a.dtype()), shape_str(b.shape()), dtype_name(b.dtype()));
+  FORGE_CHECK(a.device() == b.device(), "gradient accumulation: gradients on {} and {}",
+              a.device().str(), b.device().str());
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  FORGE_IF_CUDA(a) {
+    cuda::add(a.dtype(), a.raw_device_data(), b.raw_device_data(), out.raw_device_data(),
+              a.numel(), a.device().index);
+    return out;
+  }
   FORGE_DISPATCH_FLOAT(a.dtype(), "gradient accumulation", [&] {
     const scalar_t* x = a.data<scalar_t>();
     const scalar_t* y = b.data<scalar_t>();

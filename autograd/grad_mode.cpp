@@ -35,7 +35,10 @@ void set_check_nan(bool enabled) {
 
 void check_finite(const Tensor& t, const std::string& what) {
   if (!t.defined() || !is_floating(t.dtype())) return;
-  const Tensor& c = t;  // tensors are contiguous
+  // Tensors are contiguous; a GPU tensor is checked on the host (check-nan
+  // mode is for finding a fault, not for speed), 16-bit floats widened.
+  Tensor c = t.device().is_cpu() ? t : t.to(Device::cpu());
+  if (c.dtype() == DType::bf16 || c.dtype() == DType::f16) c = c.to(DType::f32);
   FORGE_DISPATCH_FLOAT(c.dtype(), "check_finite", [&] {
     const scalar_t* p = c.data<scalar_t>();
     for (int64_t i = 0; i < c.numel(); ++i) {

@@ -83,7 +83,24 @@ __global__ void convert_kernel<float, __half>(const float* src, __half* dst, int
     dst[i] = __float2half_rn(src[i]);
 }
 
+template <typename T>
+__global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
+  using A = acc_t<T>;
+  FORGE_GRID_STRIDE(i, n) out[i] = from_acc<T>(to_acc<A>(a[i]) + to_acc<A>(b[i]));
+}
+
 }  // namespace
+
+void add(DType dtype, const void* a, const void* b, void* out, int64_t n, int device) {
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  FORGE_CUDA_DISPATCH_FLOAT(dtype, "gradient accumulation", [&] {
+    add_kernel<scalar_t><<<grid_for(n, device), kThreads, 0, stream(device)>>>(
+        static_cast<const scalar_t*>(a), static_cast<const scalar_t*>(b),
+        static_cast<scalar_t*>(out), n);
+    FORGE_CUDA_CHECK_LAUNCH("add");
+  });
+}
 
 void fill(DType dtype, int device, void* p, int64_t n, double value) {
   if (n == 0) return;
