@@ -1,11 +1,13 @@
 // Adam and AdamW's per-parameter update (see adam.h), in the parameter's dtype
 // and in the order of PyTorch's single-tensor implementation; coefficients such
 // as 1 - beta1 are formed in f64 and then rounded, as PyTorch's Python scalars.
+// A GPU parameter takes the same update in one fused kernel (optim/update_cuda.h).
 #include "optim/adam.h"
 
 #include <cmath>
 
 #include "optim/kernels.h"
+#include "optim/update_cuda.h"
 
 namespace forge::optim {
 namespace {
@@ -49,6 +51,23 @@ void Adam::update(const Update& u) {
   const double bias_correction1 = 1 - std::pow(options_.beta1, t);
   const double bias_correction2 = 1 - std::pow(options_.beta2, t);
   const double step_size = u.lr / bias_correction1;
+  FORGE_IF_CUDA(u.param) {
+    cuda::optim::AdamCoefficients c;
+    c.decay = decoupled_ && u.weight_decay != 0;
+    c.keep = 1 - u.lr * u.weight_decay;
+    c.l2 = decoupled_ ? 0.0 : u.weight_decay;
+    c.beta1 = options_.beta1;
+    c.one_minus_beta1 = 1 - options_.beta1;
+    c.beta2 = options_.beta2;
+    c.one_minus_beta2 = 1 - options_.beta2;
+    c.bias_correction2_sqrt = std::sqrt(bias_correction2);
+    c.eps = options_.eps;
+    c.step_size = step_size;
+    cuda::optim::adam_update(u.param.dtype(), u.param.device().index, u.param.raw_device_data(),
+                             u.grad.raw_device_data(), u.slots[0].raw_device_data(),
+                             u.slots[1].raw_device_data(), u.param.numel(), c);
+    return;
+  }
   FORGE_DISPATCH_FLOAT(u.param.dtype(), "Adam", [&] {
     using T = scalar_t;
     T* p = u.param.data<T>();

@@ -1,11 +1,14 @@
 // LAMB's per-parameter update (see lamb.h): the moments and r in one pass, the
-// two norms as deterministic f64 sums, then the scaled step.
+// two norms as deterministic f64 sums, then the scaled step. On a GPU the same
+// three stages run as kernels (optim/update_cuda.h), the trust ratio staying on
+// the device.
 #include "optim/lamb.h"
 
 #include <cmath>
 
 #include "optim/adam.h"
 #include "optim/kernels.h"
+#include "optim/update_cuda.h"
 
 namespace forge::optim {
 
@@ -18,6 +21,27 @@ void Lamb::update(const Update& u) {
   const double t = static_cast<double>(u.step);
   const double bias_correction1 = 1 - std::pow(options_.beta1, t);
   const double bias_correction2 = 1 - std::pow(options_.beta2, t);
+  FORGE_IF_CUDA(u.param) {
+    const int device = u.param.device().index;
+    const Tensor r = Tensor::empty(u.param.shape(), u.param.dtype(), u.param.device());
+    const Tensor scratch =
+        Tensor::empty({cuda::optim::reduce_scratch_size(device)}, DType::f64, u.param.device());
+    cuda::optim::LambCoefficients c;
+    c.beta1 = options_.beta1;
+    c.one_minus_beta1 = 1 - options_.beta1;
+    c.beta2 = options_.beta2;
+    c.one_minus_beta2 = 1 - options_.beta2;
+    c.bias_correction1 = bias_correction1;
+    c.bias_correction2 = bias_correction2;
+    c.eps = options_.eps;
+    c.weight_decay = u.weight_decay;
+    c.lr = u.lr;
+    cuda::optim::lamb_update(u.param.dtype(), device, u.param.raw_device_data(),
+                             u.grad.raw_device_data(), u.slots[0].raw_device_data(),
+                             u.slots[1].raw_device_data(), r.raw_device_data(),
+                             static_cast<double*>(scratch.raw_device_data()), u.param.numel(), c);
+    return;
+  }
   FORGE_DISPATCH_FLOAT(u.param.dtype(), "LAMB", [&] {
     using T = scalar_t;
     const int64_t n = u.param.numel();

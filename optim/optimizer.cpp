@@ -66,9 +66,8 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, std::vector<std:
     for (const auto& [name, p] : g.params) {
       FORGE_CHECK(p.defined(), "Optimizer: group {}: parameter '{}' is an undefined tensor", gi,
                   name);
-      FORGE_CHECK(p.device().is_cpu() && (p.dtype() == DType::f32 || p.dtype() == DType::f64),
-                  "Optimizer: group {}: parameter '{}' is a {} tensor on {}; expected f32 or f64 "
-                  "on the CPU",
+      FORGE_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64,
+                  "Optimizer: group {}: parameter '{}' is a {} tensor on {}; expected f32 or f64",
                   gi, name, dtype_name(p.dtype()), p.device().str());
       FORGE_CHECK(names.insert(name).second,
                   "Optimizer: group {}: parameter name '{}' is listed twice (names key the "
@@ -80,7 +79,7 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, std::vector<std:
                   gi, name);
       State s{name, p, gi, 0, {}};
       for (size_t k = 0; k < slot_names_.size(); ++k)
-        s.slots.push_back(Tensor::zeros(p.shape(), p.dtype()));
+        s.slots.push_back(Tensor::zeros(p.shape(), p.dtype(), p.device()));
       states_.push_back(std::move(s));
     }
   }
@@ -101,11 +100,11 @@ void Optimizer::step() {
   for (const State& s : states_) {
     const Tensor g = s.param.grad();
     if (!g.defined()) continue;
-    FORGE_CHECK(g.device().is_cpu() && g.shape() == s.param.shape() && g.dtype() == s.param.dtype(),
-                "{}.step: the grad of '{}' is {} on {}; expected {} on the CPU like the "
-                "parameter",
+    FORGE_CHECK(g.device() == s.param.device() && g.shape() == s.param.shape() &&
+                    g.dtype() == s.param.dtype(),
+                "{}.step: the grad of '{}' is {} on {}; expected {} on {} like the parameter",
                 name(), s.name, describe(g.shape(), g.dtype()), g.device().str(),
-                describe(s.param.shape(), s.param.dtype()));
+                describe(s.param.shape(), s.param.dtype()), s.param.device().str());
   }
   for (State& s : states_) {
     const Tensor g = s.param.grad();
@@ -128,7 +127,8 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
   for (const State& s : states_) {
     out["step." + s.name] = Tensor::scalar(static_cast<double>(s.step), DType::i64);
     for (size_t k = 0; k < slot_names_.size(); ++k)
-      out[slot_names_[k] + "." + s.name] = s.slots[k].clone();
+      out[slot_names_[k] + "." + s.name] =
+          s.slots[k].device().is_cpu() ? s.slots[k].clone() : s.slots[k].to(Device::cpu());
   }
   return out;
 }

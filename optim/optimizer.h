@@ -11,6 +11,12 @@
 // Gradient accumulation needs nothing from the optimizer: the trainer scales
 // the loss by 1 / accum, lets backward add up the grads of accum micro-batches,
 // then calls step() and zero_grad() once.
+//
+// Devices: each parameter may live on the CPU or a GPU; its grad must be on the
+// same device, and its slots are kept there. A GPU parameter is updated by one
+// fused kernel (optim/update_cuda.h) in the same order of operations as the
+// CPU loop. The state dict is device-independent: it holds CPU tensors, and
+// loading copies from tensors on any device.
 #pragma once
 
 #include <cstdint>
@@ -71,23 +77,25 @@ class Optimizer {
   //   "lr"                 0-dim f64, the current base lr
   //   "step.<param>"       0-dim i64, updates this parameter received
   //   "<slot>.<param>"     the subclass's slots, the parameter's shape and dtype
-  //                        (e.g. "exp_avg.transformer.layers.0.attn.to_q.weight")
+  //                        (e.g. "exp_avg.transformer.layers.0.attn.to_q.weight"),
+  //                        on the CPU whatever the parameter's device
   std::map<std::string, Tensor> state_dict() const;
   // Strict: any missing, unexpected or wrongly shaped / typed entry throws a
-  // forge::Error listing all of them, and nothing changes. Values are copied.
+  // forge::Error listing all of them, and nothing changes. Values are copied
+  // (from any device to the parameters' devices).
   void load_state_dict(const std::map<std::string, Tensor>& state);
 
  protected:
   // `slot_names`: the per-parameter tensors the subclass keeps, each starting
-  // as zeros of the parameter's shape and dtype. Parameters must be defined,
-  // f32 or f64 CPU tensors, each listed once, with unique names.
+  // as zeros of the parameter's shape, dtype and device. Parameters must be
+  // defined f32 or f64 tensors (CPU or GPU), each listed once, with unique names.
   Optimizer(std::vector<ParamGroup> groups, double lr, std::vector<std::string> slot_names);
 
   struct Update {
     const std::string& name;
     const Tensor& param;         // written in place
-    const Tensor& grad;          // same shape and dtype; read only
-    std::vector<Tensor>& slots;  // in slot_names order
+    const Tensor& grad;          // same shape, dtype and device; read only
+    std::vector<Tensor>& slots;  // in slot_names order, on the parameter's device
     int64_t step;                // this parameter's update count, 1 on its first
     double lr;                   // lr() * the group's lr_scale
     double weight_decay;         // the group's

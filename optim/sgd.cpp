@@ -1,9 +1,11 @@
-// SGD's per-parameter update (see sgd.h), in the parameter's dtype.
+// SGD's per-parameter update (see sgd.h), in the parameter's dtype, on the CPU
+// or (optim/update_cuda.h) the parameter's GPU.
 #include "optim/sgd.h"
 
 #include <cmath>
 
 #include "optim/kernels.h"
+#include "optim/update_cuda.h"
 
 namespace forge::optim {
 namespace {
@@ -43,6 +45,14 @@ SGD::SGD(std::vector<ParamGroup> groups, double lr, const SGDOptions& options)
     : Optimizer(std::move(groups), lr, sgd_slots(options)), options_(options) {}
 
 void SGD::update(const Update& u) {
+  FORGE_IF_CUDA(u.param) {
+    void* buf = u.slots.empty() ? nullptr : u.slots[0].raw_device_data();
+    cuda::optim::sgd_update(
+        u.param.dtype(), u.param.device().index, u.param.raw_device_data(),
+        u.grad.raw_device_data(), buf, u.param.numel(), u.step == 1,
+        {u.lr, u.weight_decay, options_.momentum, 1 - options_.dampening, options_.nesterov});
+    return;
+  }
   FORGE_DISPATCH_FLOAT(u.param.dtype(), "SGD", [&] {
     using T = scalar_t;
     T* buf = u.slots.empty() ? nullptr : u.slots[0].data<T>();
