@@ -1,6 +1,8 @@
-// softmax, log_softmax, layer_norm, dropout, cross_entropy and mse_loss on the
-// CPU: each a fused forward kernel and, next to it, the fused backward that
-// retraces it. Row statistics (max, sums, mean, variance) accumulate in double.
+// softmax, log_softmax, layer_norm, dropout, cross_entropy and mse_loss: each
+// a fused forward kernel and, next to it, the fused backward that retraces it.
+// On the CPU row statistics (max, sums, mean, variance) accumulate in double;
+// CUDA tensors go to the kernels of functional_cuda.cu (statistics in f32 for
+// f32 / bf16 / f16, f64 for f64).
 #include "ops/nn/functional.h"
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/nn/functional_cuda.h"
 
 namespace forge::ops {
 
@@ -18,11 +21,23 @@ namespace {
 // its rows is contiguous, so the loop over the dim streams memory.
 constexpr int64_t kTile = 256;
 
-void check_cpu(const Tensor& x, const char* op, const char* what) {
+void check_defined(const Tensor& x, const char* op, const char* what) {
   FORGE_CHECK(x.defined(), "{}: expected a tensor for {}, got an undefined one", op, what);
-  FORGE_CHECK(x.device().is_cpu(),
-              "{}: expected {} on the CPU, got a tensor on {}; copy it with .to(Device::cpu())", op,
-              what, x.device().str());
+}
+
+// `t` (named `what`) must be on the device of `x` (named `x_what`).
+void check_device(const Tensor& t, const char* what, const Tensor& x, const char* x_what,
+                  const char* op) {
+  FORGE_CHECK(t.device() == x.device(),
+              "{}: {} is on {} but {} is on {}; all tensors must be on one device", op, what,
+              t.device().str(), x_what, x.device().str());
+}
+
+// The dtype of saved row statistics (layer_norm's mean and rstd,
+// cross_entropy's logsumexp): x's on the CPU, the kernels' accumulation type
+// on a GPU (f32 for f32 / bf16 / f16, f64 for f64).
+DType stats_dtype(const Tensor& x) {
+  return x.device().is_cuda() && x.dtype() != DType::f64 ? DType::f32 : x.dtype();
 }
 
 // x seen as (outer, C, inner) around dim `dim`.
@@ -153,18 +168,30 @@ void softmax_backward(const T* y, const T* g, T* gx, const Around& a, bool log) 
 
 Tensor softmax_op(const Tensor& x, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
-  check_cpu(x, op, "x");
+  check_defined(x, op, "x");
   const Around a = around(x, dim, op);
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
-  FORGE_DISPATCH_FLOAT(x.dtype(), op,
-                       [&] { softmax_forward(x.data<scalar_t>(), y.data<scalar_t>(), a, log); });
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  FORGE_IF_CUDA(x) {
+    cuda::softmax_forward(x.dtype(), x.device().index, x.raw_device_data(), y.raw_device_data(),
+                          a.outer, a.C, a.inner, log);
+  }
+  if (x.device().is_cpu()) {
+    FORGE_DISPATCH_FLOAT(x.dtype(), op,
+                         [&] { softmax_forward(x.data<scalar_t>(), y.data<scalar_t>(), a, log); });
+  }
   if (!autograd::needs_grad({x})) return y;
   return autograd::record(op, {x}, y, [a, log, ys = y.detach()](const std::vector<Tensor>& grads) {
     const Tensor& g = grads[0];
-    Tensor gx = Tensor::empty(g.shape(), g.dtype());
-    FORGE_DISPATCH_FLOAT(g.dtype(), "softmax backward", [&] {
-      softmax_backward(ys.data<scalar_t>(), g.data<scalar_t>(), gx.data<scalar_t>(), a, log);
-    });
+    Tensor gx = Tensor::empty(g.shape(), g.dtype(), g.device());
+    FORGE_IF_CUDA(g) {
+      cuda::softmax_backward(g.dtype(), g.device().index, ys.raw_device_data(), g.raw_device_data(),
+                             gx.raw_device_data(), a.outer, a.C, a.inner, log);
+    }
+    if (g.device().is_cpu()) {
+      FORGE_DISPATCH_FLOAT(g.dtype(), "softmax backward", [&] {
+        softmax_backward(ys.data<scalar_t>(), g.data<scalar_t>(), gx.data<scalar_t>(), a, log);
+      });
+    }
     return std::vector<Tensor>{gx};
   });
 }
@@ -328,6 +355,15 @@ std::string position_str(int64_t flat, const Shape& shape) {
   return fmt::format("[{}]", fmt::join(idx, ", "));
 }
 
+// The error for class id t, out of range, at flat row `row` of the targets.
+[[noreturn]] void fail_target(int64_t t, int64_t row, const Shape& lead, int64_t C,
+                              int64_t ignore) {
+  FORGE_FAIL(
+      "cross_entropy: target {} at position {} is out of range for {} classes (expected 0..{}, or "
+      "ignore_index {})",
+      t, position_str(row, lead), C, C - 1, ignore);
+}
+
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
@@ -340,14 +376,14 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 
 Tensor layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& weight,
                   const Tensor& bias, double eps) {
-  check_cpu(x, "layer_norm", "x");
+  check_defined(x, "layer_norm", "x");
   FORGE_CHECK(normalized_ndim >= 1 && normalized_ndim <= x.dim(),
               "layer_norm: normalized_ndim must be in 1..{} for x of shape {}, got {}", x.dim(),
               shape_str(x.shape()), normalized_ndim);
   const Shape norm_shape(x.shape().end() - normalized_ndim, x.shape().end());
   for (const auto& [t, what] : {std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
     if (!t->defined()) continue;
-    check_cpu(*t, "layer_norm", what);
+    check_device(*t, what, x, "x", "layer_norm");
     FORGE_CHECK(
         t->shape() == norm_shape,
         "layer_norm: {} must have the normalised shape {} (the last {} dims of x {}), got {}", what,
@@ -357,13 +393,22 @@ Tensor layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& weight
   }
   FORGE_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got {}", eps);
   const int64_t N = shape_numel(norm_shape), rows = N == 0 ? 0 : x.numel() / N;
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
-  Tensor mean = Tensor::empty({rows}, x.dtype()), rstd = Tensor::empty({rows}, x.dtype());
-  FORGE_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
-    layer_norm_forward(x.data<scalar_t>(), weight.defined() ? weight.data<scalar_t>() : nullptr,
-                       bias.defined() ? bias.data<scalar_t>() : nullptr, y.data<scalar_t>(),
-                       mean.data<scalar_t>(), rstd.data<scalar_t>(), rows, N, eps);
-  });
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = Tensor::empty({rows}, stats_dtype(x), x.device());
+  Tensor rstd = Tensor::empty({rows}, stats_dtype(x), x.device());
+  FORGE_IF_CUDA(x) {
+    const auto ptr = [](const Tensor& t) { return t.defined() ? t.raw_device_data() : nullptr; };
+    cuda::layer_norm_forward(x.dtype(), x.device().index, x.raw_device_data(), ptr(weight),
+                             ptr(bias), y.raw_device_data(), mean.raw_device_data(),
+                             rstd.raw_device_data(), rows, N, eps);
+  }
+  if (x.device().is_cpu()) {
+    FORGE_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
+      layer_norm_forward(x.data<scalar_t>(), weight.defined() ? weight.data<scalar_t>() : nullptr,
+                         bias.defined() ? bias.data<scalar_t>() : nullptr, y.data<scalar_t>(),
+                         mean.data<scalar_t>(), rstd.data<scalar_t>(), rows, N, eps);
+    });
+  }
   if (!autograd::needs_grad({x, weight, bias})) return y;
   const bool need_x = x.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
              need_b = bias.defined() && bias.requires_grad();
@@ -373,68 +418,94 @@ Tensor layer_norm(const Tensor& x, int64_t normalized_ndim, const Tensor& weight
       [xs = x.detach(), ws, mean, rstd, norm_shape, rows, N, need_x, need_w,
        need_b](const std::vector<Tensor>& grads) {
         const Tensor& g = grads[0];
-        Tensor gx = need_x ? Tensor::empty(xs.shape(), g.dtype()) : Tensor();
-        Tensor gw = need_w ? Tensor::empty(norm_shape, g.dtype()) : Tensor();
-        Tensor gb = need_b ? Tensor::empty(norm_shape, g.dtype()) : Tensor();
-        FORGE_DISPATCH_FLOAT(g.dtype(), "layer_norm backward", [&] {
-          auto ptr = [](const Tensor& t) { return t.defined() ? t.data<scalar_t>() : nullptr; };
-          layer_norm_backward<scalar_t>(xs.data<scalar_t>(), ptr(ws), mean.data<scalar_t>(),
-                                        rstd.data<scalar_t>(), g.data<scalar_t>(), ptr(gx), ptr(gw),
-                                        ptr(gb), rows, N);
-        });
+        Tensor gx = need_x ? Tensor::empty(xs.shape(), g.dtype(), g.device()) : Tensor();
+        Tensor gw = need_w ? Tensor::empty(norm_shape, g.dtype(), g.device()) : Tensor();
+        Tensor gb = need_b ? Tensor::empty(norm_shape, g.dtype(), g.device()) : Tensor();
+        FORGE_IF_CUDA(g) {
+          const auto ptr = [](const Tensor& t) {
+            return t.defined() ? t.raw_device_data() : nullptr;
+          };
+          cuda::layer_norm_backward(g.dtype(), g.device().index, xs.raw_device_data(), ptr(ws),
+                                    mean.raw_device_data(), rstd.raw_device_data(),
+                                    g.raw_device_data(), ptr(gx), ptr(gw), ptr(gb), rows, N);
+        }
+        if (g.device().is_cpu()) {
+          FORGE_DISPATCH_FLOAT(g.dtype(), "layer_norm backward", [&] {
+            auto ptr = [](const Tensor& t) { return t.defined() ? t.data<scalar_t>() : nullptr; };
+            layer_norm_backward<scalar_t>(xs.data<scalar_t>(), ptr(ws), mean.data<scalar_t>(),
+                                          rstd.data<scalar_t>(), g.data<scalar_t>(), ptr(gx),
+                                          ptr(gw), ptr(gb), rows, N);
+          });
+        }
         return std::vector<Tensor>{gx, gw, gb};
       });
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
-  check_cpu(x, "dropout", "x");
+  check_defined(x, "dropout", "x");
   FORGE_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got {} (p = 1 would drop everything)",
               p);
   if (!training || p == 0) return x;
   Generator& g = gen ? *gen : default_generator();
   const int64_t n = x.numel();
   const uint64_t seed = g.seed(), off = g.reserve(static_cast<uint64_t>(n));
-  Tensor mask = Tensor::empty(x.shape(), DType::u8);
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  Tensor mask = Tensor::empty(x.shape(), DType::u8, x.device());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   const double scale = 1.0 / (1.0 - p);
-  FORGE_DISPATCH_FLOAT(x.dtype(), "dropout", [&] {
-    const scalar_t* xp = x.data<scalar_t>();
-    scalar_t* yp = y.data<scalar_t>();
-    uint8_t* mp = mask.data<uint8_t>();
-    const auto s = static_cast<scalar_t>(scale);
-    // Element i keeps iff draw i of the reserved stream is >= p: the same mask
-    // on any device and for either dtype.
-    parallel_for(n, 20, [&](int64_t b, int64_t e) {
-      Generator::for_each_uniform_f32(seed, off, static_cast<uint64_t>(b),
-                                      static_cast<uint64_t>(e - b), [&](uint64_t c, float u) {
-                                        const int64_t i = b + static_cast<int64_t>(c);
-                                        mp[i] = u >= p ? 1 : 0;
-                                        yp[i] = mp[i] ? xp[i] * s : scalar_t(0);
-                                      });
+  // The generator was advanced above on the host for either device, so the
+  // state after the call and the mask are the same on both.
+  FORGE_IF_CUDA(x) {
+    cuda::dropout_forward(x.dtype(), x.device().index, x.raw_device_data(), y.raw_device_data(),
+                          static_cast<uint8_t*>(mask.raw_device_data()), n, seed, off, p, scale);
+  }
+  if (x.device().is_cpu()) {
+    FORGE_DISPATCH_FLOAT(x.dtype(), "dropout", [&] {
+      const scalar_t* xp = x.data<scalar_t>();
+      scalar_t* yp = y.data<scalar_t>();
+      uint8_t* mp = mask.data<uint8_t>();
+      const auto s = static_cast<scalar_t>(scale);
+      // Element i keeps iff draw i of the reserved stream is >= p: the same mask
+      // on any device and for either dtype.
+      parallel_for(n, 20, [&](int64_t b, int64_t e) {
+        Generator::for_each_uniform_f32(seed, off, static_cast<uint64_t>(b),
+                                        static_cast<uint64_t>(e - b), [&](uint64_t c, float u) {
+                                          const int64_t i = b + static_cast<int64_t>(c);
+                                          mp[i] = u >= p ? 1 : 0;
+                                          yp[i] = mp[i] ? xp[i] * s : scalar_t(0);
+                                        });
+      });
     });
-  });
+  }
   if (!autograd::needs_grad({x})) return y;
   // y = x * mask * scale, so dx = g * mask * scale.
   return autograd::record("dropout", {x}, y, [mask, scale](const std::vector<Tensor>& grads) {
     const Tensor& g = grads[0];
-    Tensor gx = Tensor::empty(g.shape(), g.dtype());
-    FORGE_DISPATCH_FLOAT(g.dtype(), "dropout backward", [&] {
-      const scalar_t* gp = g.data<scalar_t>();
-      const uint8_t* mp = mask.data<uint8_t>();
-      scalar_t* dst = gx.data<scalar_t>();
-      const auto s = static_cast<scalar_t>(scale);
-      parallel_for(g.numel(), 2, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) dst[i] = gp[i] * static_cast<scalar_t>(mp[i]) * s;
+    Tensor gx = Tensor::empty(g.shape(), g.dtype(), g.device());
+    FORGE_IF_CUDA(g) {
+      cuda::dropout_backward(g.dtype(), g.device().index, g.raw_device_data(),
+                             static_cast<const uint8_t*>(mask.raw_device_data()),
+                             gx.raw_device_data(), g.numel(), scale);
+    }
+    if (g.device().is_cpu()) {
+      FORGE_DISPATCH_FLOAT(g.dtype(), "dropout backward", [&] {
+        const scalar_t* gp = g.data<scalar_t>();
+        const uint8_t* mp = mask.data<uint8_t>();
+        scalar_t* dst = gx.data<scalar_t>();
+        const auto s = static_cast<scalar_t>(scale);
+        parallel_for(g.numel(), 2, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) dst[i] = gp[i] * static_cast<scalar_t>(mp[i]) * s;
+        });
       });
-    });
+    }
     return std::vector<Tensor>{gx};
   });
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target,
                      const CrossEntropyOptions& options) {
-  check_cpu(logits, "cross_entropy", "logits");
-  check_cpu(target, "cross_entropy", "target");
+  check_defined(logits, "cross_entropy", "logits");
+  check_defined(target, "cross_entropy", "target");
+  check_device(target, "target", logits, "logits", "cross_entropy");
   FORGE_CHECK(logits.dim() >= 1,
               "cross_entropy: logits must be (..., C) with at least one dim, got a scalar");
   const Shape lead(logits.shape().begin(), logits.shape().end() - 1);
@@ -450,64 +521,91 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target,
   FORGE_CHECK(C > 0 || rows == 0, "cross_entropy: logits {} have no classes (C = 0)",
               shape_str(logits.shape()));
 
-  // Targets are checked here, before any parallel region, so a bad one is
-  // reported with its position.
+  // Targets are checked here, before any parallel region or kernel, so a bad
+  // one is reported with its position (on a GPU by a kernel whose findings are
+  // copied back).
   int64_t count = 0;
-  FORGE_DISPATCH_INDEX(target.dtype(), "cross_entropy (target)", [&] {
-    const index_t* tp = target.data<index_t>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = static_cast<int64_t>(tp[r]);
-      if (t == ignore) continue;
-      FORGE_CHECK(t >= 0 && t < C,
-                  "cross_entropy: target {} at position {} is out of range for {} classes "
-                  "(expected 0..{}, or "
-                  "ignore_index {})",
-                  t, position_str(r, lead), C, C - 1, ignore);
-      ++count;
-    }
-  });
-
-  Tensor lse = Tensor::empty({rows}, logits.dtype());
-  std::vector<double> loss(static_cast<size_t>(rows));
-  Tensor y = Tensor::empty(reduction == Reduction::none ? lead : Shape{}, logits.dtype());
-  FORGE_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&] {
+  FORGE_IF_CUDA(logits) {
+    FORGE_CHECK(target.dtype() == DType::i32 || target.dtype() == DType::i64,
+                "cross_entropy (target): expected an i32 or i64 index tensor, got {}",
+                dtype_name(target.dtype()));
+    const cuda::TargetCheck checked = cuda::cross_entropy_check_targets(
+        target.dtype(), logits.device().index, target.raw_device_data(), rows, C, ignore);
+    if (checked.bad_row >= 0) fail_target(checked.bad_value, checked.bad_row, lead, C, ignore);
+    count = checked.count;
+  }
+  if (logits.device().is_cpu()) {
     FORGE_DISPATCH_INDEX(target.dtype(), "cross_entropy (target)", [&] {
-      cross_entropy_forward(logits.data<scalar_t>(), target.data<index_t>(), lse.data<scalar_t>(),
-                            loss.data(), rows, C, eps, ignore);
+      const index_t* tp = target.data<index_t>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = static_cast<int64_t>(tp[r]);
+        if (t == ignore) continue;
+        if (t < 0 || t >= C) fail_target(t, r, lead, C, ignore);
+        ++count;
+      }
     });
-    scalar_t* yp = y.data<scalar_t>();
-    if (reduction == Reduction::none) {
-      for (int64_t r = 0; r < rows; ++r)
-        yp[r] = static_cast<scalar_t>(loss[static_cast<size_t>(r)]);
-    } else {
-      double total = 0;
-      for (double l : loss) total += l;
-      // All rows ignored: 0 / 0 = NaN for the mean, as in PyTorch.
-      yp[0] = static_cast<scalar_t>(
-          reduction == Reduction::sum ? total : total / static_cast<double>(count));
-    }
-  });
+  }
+
+  Tensor lse = Tensor::empty({rows}, stats_dtype(logits), logits.device());
+  Tensor y =
+      Tensor::empty(reduction == Reduction::none ? lead : Shape{}, logits.dtype(), logits.device());
+  // The mean is over the targets not ignored; all rows ignored: 0 / 0 = NaN,
+  // as in PyTorch.
+  const double divisor = reduction == Reduction::mean ? static_cast<double>(count) : 1.0;
+  FORGE_IF_CUDA(logits) {
+    cuda::cross_entropy_forward(logits.dtype(), target.dtype(), logits.device().index,
+                                logits.raw_device_data(), target.raw_device_data(),
+                                lse.raw_device_data(), y.raw_device_data(), rows, C, eps, ignore,
+                                reduction == Reduction::none, divisor);
+  }
+  if (logits.device().is_cpu()) {
+    std::vector<double> loss(static_cast<size_t>(rows));
+    FORGE_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&] {
+      FORGE_DISPATCH_INDEX(target.dtype(), "cross_entropy (target)", [&] {
+        cross_entropy_forward(logits.data<scalar_t>(), target.data<index_t>(), lse.data<scalar_t>(),
+                              loss.data(), rows, C, eps, ignore);
+      });
+      scalar_t* yp = y.data<scalar_t>();
+      if (reduction == Reduction::none) {
+        for (int64_t r = 0; r < rows; ++r)
+          yp[r] = static_cast<scalar_t>(loss[static_cast<size_t>(r)]);
+      } else {
+        double total = 0;
+        for (double l : loss) total += l;
+        yp[0] = static_cast<scalar_t>(total / divisor);
+      }
+    });
+  }
   if (!autograd::needs_grad({logits})) return y;
   return autograd::record(
       "cross_entropy", {logits, target}, y,
-      [xs = logits.detach(), ts = target.detach(), lse, rows, C, eps, ignore, reduction,
-       count](const std::vector<Tensor>& grads) {
+      [xs = logits.detach(), ts = target.detach(), lse, rows, C, eps, ignore, reduction, count,
+       divisor](const std::vector<Tensor>& grads) {
         const Tensor& g = grads[0];
-        Tensor gx = Tensor::empty(xs.shape(), g.dtype());
-        FORGE_DISPATCH_FLOAT(g.dtype(), "cross_entropy backward", [&] {
-          FORGE_DISPATCH_INDEX(ts.dtype(), "cross_entropy backward (target)", [&] {
-            cross_entropy_backward(xs.data<scalar_t>(), ts.data<index_t>(), lse.data<scalar_t>(),
-                                   g.data<scalar_t>(), gx.data<scalar_t>(), rows, C, eps, ignore,
-                                   reduction, static_cast<double>(count));
+        Tensor gx = Tensor::empty(xs.shape(), g.dtype(), g.device());
+        FORGE_IF_CUDA(g) {
+          cuda::cross_entropy_backward(
+              g.dtype(), ts.dtype(), g.device().index, xs.raw_device_data(), ts.raw_device_data(),
+              lse.raw_device_data(), g.raw_device_data(), gx.raw_device_data(), rows, C, eps,
+              ignore, reduction == Reduction::none, divisor);
+        }
+        if (g.device().is_cpu()) {
+          FORGE_DISPATCH_FLOAT(g.dtype(), "cross_entropy backward", [&] {
+            FORGE_DISPATCH_INDEX(ts.dtype(), "cross_entropy backward (target)", [&] {
+              cross_entropy_backward(xs.data<scalar_t>(), ts.data<index_t>(), lse.data<scalar_t>(),
+                                     g.data<scalar_t>(), gx.data<scalar_t>(), rows, C, eps, ignore,
+                                     reduction, static_cast<double>(count));
+            });
           });
-        });
+        }
         return std::vector<Tensor>{gx, Tensor()};
       });
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  check_cpu(input, "mse_loss", "input");
-  check_cpu(target, "mse_loss", "target");
+  check_defined(input, "mse_loss", "input");
+  check_defined(target, "mse_loss", "target");
+  check_device(target, "target", input, "input", "mse_loss");
   FORGE_CHECK(input.shape() == target.shape(),
               "mse_loss: input {} and target {} must have the same shape", shape_str(input.shape()),
               shape_str(target.shape()));
@@ -515,52 +613,67 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
               "mse_loss: input ({}) and target ({}) must have the same dtype",
               dtype_name(input.dtype()), dtype_name(target.dtype()));
   const int64_t n = input.numel();
-  Tensor y = Tensor::empty(reduction == Reduction::none ? input.shape() : Shape{}, input.dtype());
-  FORGE_DISPATCH_FLOAT(input.dtype(), "mse_loss", [&] {
-    const scalar_t* xp = input.data<scalar_t>();
-    const scalar_t* tp = target.data<scalar_t>();
-    scalar_t* yp = y.data<scalar_t>();
-    if (reduction == Reduction::none) {
-      parallel_for(n, 2, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) yp[i] = (xp[i] - tp[i]) * (xp[i] - tp[i]);
-      });
-      return;
-    }
-    const double total = squared_error_sum(xp, tp, n);
-    yp[0] =
-        static_cast<scalar_t>(reduction == Reduction::sum ? total : total / static_cast<double>(n));
-  });
+  Tensor y = Tensor::empty(reduction == Reduction::none ? input.shape() : Shape{}, input.dtype(),
+                           input.device());
+  // The reduced loss is the sum over this: n (mean) or 1 (sum).
+  const double divisor = reduction == Reduction::mean ? static_cast<double>(n) : 1.0;
+  FORGE_IF_CUDA(input) {
+    cuda::mse_loss_forward(input.dtype(), input.device().index, input.raw_device_data(),
+                           target.raw_device_data(), y.raw_device_data(), n,
+                           reduction == Reduction::none, divisor);
+  }
+  if (input.device().is_cpu()) {
+    FORGE_DISPATCH_FLOAT(input.dtype(), "mse_loss", [&] {
+      const scalar_t* xp = input.data<scalar_t>();
+      const scalar_t* tp = target.data<scalar_t>();
+      scalar_t* yp = y.data<scalar_t>();
+      if (reduction == Reduction::none) {
+        parallel_for(n, 2, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) yp[i] = (xp[i] - tp[i]) * (xp[i] - tp[i]);
+        });
+        return;
+      }
+      yp[0] = static_cast<scalar_t>(squared_error_sum(xp, tp, n) / divisor);
+    });
+  }
   if (!autograd::needs_grad({input, target})) return y;
   const bool need_x = input.requires_grad(), need_t = target.requires_grad();
   // loss = sum_i w_i (x_i - t_i)^2 with w_i = 1 (sum), 1/n (mean) or g_i
   // (none), so dx = 2 w (x - t) and dt = -dx.
-  return autograd::record("mse_loss", {input, target}, y,
-                          [xs = input.detach(), ts = target.detach(), reduction, n, need_x,
-                           need_t](const std::vector<Tensor>& grads) {
-                            const Tensor& g = grads[0];
-                            Tensor gx = need_x ? Tensor::empty(xs.shape(), g.dtype()) : Tensor();
-                            Tensor gt = need_t ? Tensor::empty(xs.shape(), g.dtype()) : Tensor();
-                            FORGE_DISPATCH_FLOAT(g.dtype(), "mse_loss backward", [&] {
-                              const scalar_t* xp = xs.data<scalar_t>();
-                              const scalar_t* tp = ts.data<scalar_t>();
-                              const scalar_t* gp = g.data<scalar_t>();
-                              scalar_t* dx = need_x ? gx.data<scalar_t>() : nullptr;
-                              scalar_t* dt = need_t ? gt.data<scalar_t>() : nullptr;
-                              const bool each = reduction == Reduction::none;
-                              const double w = each ? 0.0
-                                                    : static_cast<double>(gp[0]) /
-                                                          (reduction == Reduction::mean ? n : 1);
-                              const auto scale = static_cast<scalar_t>(2.0 * w);
-                              parallel_for(n, 4, [&](int64_t b, int64_t e) {
-                                for (int64_t i = b; i < e; ++i) {
-                                  const scalar_t d = (each ? 2 * gp[i] : scale) * (xp[i] - tp[i]);
-                                  if (dx) dx[i] = d;
-                                  if (dt) dt[i] = -d;
-                                }
-                              });
-                            });
-                            return std::vector<Tensor>{gx, gt};
-                          });
+  return autograd::record(
+      "mse_loss", {input, target}, y,
+      [xs = input.detach(), ts = target.detach(), reduction, n, divisor, need_x,
+       need_t](const std::vector<Tensor>& grads) {
+        const Tensor& g = grads[0];
+        Tensor gx = need_x ? Tensor::empty(xs.shape(), g.dtype(), g.device()) : Tensor();
+        Tensor gt = need_t ? Tensor::empty(xs.shape(), g.dtype(), g.device()) : Tensor();
+        const bool each = reduction == Reduction::none;
+        FORGE_IF_CUDA(g) {
+          cuda::mse_loss_backward(g.dtype(), g.device().index, xs.raw_device_data(),
+                                  ts.raw_device_data(), g.raw_device_data(),
+                                  need_x ? gx.raw_device_data() : nullptr,
+                                  need_t ? gt.raw_device_data() : nullptr, n, each, divisor);
+        }
+        if (g.device().is_cpu()) {
+          FORGE_DISPATCH_FLOAT(g.dtype(), "mse_loss backward", [&] {
+            const scalar_t* xp = xs.data<scalar_t>();
+            const scalar_t* tp = ts.data<scalar_t>();
+            const scalar_t* gp = g.data<scalar_t>();
+            scalar_t* dx = need_x ? gx.data<scalar_t>() : nullptr;
+            scalar_t* dt = need_t ? gt.data<scalar_t>() : nullptr;
+            const double w = each ? 0.0 : static_cast<double>(gp[0]) / divisor;
+            const auto scale = static_cast<scalar_t>(2.0 * w);
+            parallel_for(n, 4, [&](int64_t b, int64_t e) {
+              for (int64_t i = b; i < e; ++i) {
+                const scalar_t d = (each ? 2 * gp[i] : scale) * (xp[i] - tp[i]);
+                if (dx) dx[i] = d;
+                if (dt) dt[i] = -d;
+              }
+            });
+          });
+        }
+        return std::vector<Tensor>{gx, gt};
+      });
 }
 
 }  // namespace forge::ops
