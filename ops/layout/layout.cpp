@@ -4,7 +4,8 @@
 // destination are both contiguous. Copies move elements as raw bytes of the
 // dtype's size, so they serve every dtype; backwards compute on floating
 // gradients only. The index ops (index_select, gather, embedding) are row or
-// element gathers whose backward is a scatter-add into zeros.
+// element gathers whose backward is a scatter-add into zeros. CUDA tensors take
+// the same boxes and index maps to the kernels of layout_cuda.cu.
 #include "ops/layout/layout.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/layout/layout_cuda.h"
 
 namespace forge::ops {
 namespace {
@@ -124,6 +126,20 @@ void strided_copy(const Shape& sizes, const char* src, const Strides& src_stride
   });
 }
 
+// strided_copy between two tensors of one device, starting src_off / dst_off
+// elements into them; on the GPU for CUDA tensors.
+void copy_strided(const Shape& sizes, const Tensor& src, int64_t src_off, const Strides& ss,
+                  const Tensor& dst, int64_t dst_off, const Strides& ds) {
+  const auto esize = static_cast<int64_t>(dtype_size(src.dtype()));
+  FORGE_IF_CUDA(dst) {
+    return cuda::strided_copy(dst.device().index, static_cast<size_t>(esize), sizes,
+                              static_cast<const char*>(src.raw_device_data()) + src_off * esize, ss,
+                              static_cast<char*>(dst.raw_device_data()) + dst_off * esize, ds);
+  }
+  strided_copy(sizes, bytes(src) + src_off * esize, ss, bytes(dst) + dst_off * esize, ds,
+               static_cast<size_t>(esize));
+}
+
 // One side of a box copy: the box's first element and the step along each dim
 // of a contiguous tensor.
 struct Window {
@@ -155,16 +171,14 @@ void copy_box(const Tensor& src, const Window& from, const Tensor& dst, const Wi
     ss[k] = from.step[k] * sc[k];
     ds[k] = to.step[k] * dc[k];
   }
-  const auto esize = static_cast<int64_t>(dtype_size(src.dtype()));
-  strided_copy(extent, bytes(src) + so * esize, ss, bytes(dst) + dof * esize, ds,
-               static_cast<size_t>(esize));
+  copy_strided(extent, src, so, ss, dst, dof, ds);
 }
 
 // x[..., start : start + count * step : step, ...] along dim, as a new tensor.
 Tensor take_window(const Tensor& x, int64_t dim, int64_t start, int64_t step, int64_t count) {
   Shape shape = x.shape();
   shape[static_cast<size_t>(dim)] = count;
-  Tensor out = Tensor::empty(shape, x.dtype());
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   copy_box(x, along(shape.size(), dim, start, step), out, whole(shape.size()), shape);
   return out;
 }
@@ -172,7 +186,7 @@ Tensor take_window(const Tensor& x, int64_t dim, int64_t start, int64_t step, in
 // The reverse of take_window for gradients: zeros of `shape` with g written
 // into the window it was taken from.
 Tensor put_window(const Tensor& g, const Shape& shape, int64_t dim, int64_t start, int64_t step) {
-  Tensor out = Tensor::zeros(shape, g.dtype());
+  Tensor out = Tensor::zeros(shape, g.dtype(), g.device());
   copy_box(g, whole(shape.size()), out, along(shape.size(), dim, start, step), g.shape());
   return out;
 }
@@ -186,11 +200,8 @@ Tensor permute_copy(const Tensor& x, const std::vector<int64_t>& perm) {
     shape[i] = x.shape()[static_cast<size_t>(perm[i])];
     src_strides[i] = xs[static_cast<size_t>(perm[i])];
   }
-  Tensor out = Tensor::empty(shape, x.dtype());
-  if (out.numel() > 0) {
-    strided_copy(shape, bytes(x), src_strides, bytes(out), contiguous_strides(shape),
-                 dtype_size(x.dtype()));
-  }
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  if (out.numel() > 0) copy_strided(shape, x, 0, src_strides, out, 0, contiguous_strides(shape));
   return out;
 }
 
@@ -204,6 +215,15 @@ std::string position_str(int64_t flat, const Shape& shape) {
   return shape_str(pos);
 }
 
+// The error for value v at flat position `at` of the index, outside [0, n).
+[[noreturn]] void fail_index(const char* op, int64_t v, int64_t at, const Tensor& index,
+                             int64_t dim, int64_t n) {
+  FORGE_FAIL(
+      "{}: index {} at position {} of the index (shape {}) is out of range for dim {} of size {} "
+      "(valid range [0, {}))",
+      op, v, position_str(at, index.shape()), shape_str(index.shape()), dim, n, n);
+}
+
 // The index tensor (i32 or i64) as int64, each value checked to lie in [0, n):
 // the check runs here, before any parallel kernel, so a bad index is a clean error.
 std::vector<int64_t> read_indices(const Tensor& index, int64_t n, const char* op, int64_t dim) {
@@ -212,15 +232,40 @@ std::vector<int64_t> read_indices(const Tensor& index, int64_t n, const char* op
     const index_t* p = index.data<index_t>();
     for (size_t i = 0; i < out.size(); ++i) {
       const auto v = static_cast<int64_t>(p[i]);
-      FORGE_CHECK(v >= 0 && v < n,
-                  "{}: index {} at position {} of the index (shape {}) is out of range for dim {} "
-                  "of size {} (valid range [0, {}))",
-                  op, v, position_str(static_cast<int64_t>(i), index.shape()),
-                  shape_str(index.shape()), dim, n, n);
+      if (v < 0 || v >= n) fail_index(op, v, static_cast<int64_t>(i), index, dim, n);
       out[i] = v;
     }
   });
   return out;
+}
+
+// read_indices' check for an index on a GPU, with the same error: a kernel
+// finds the first bad position, and reading its verdict back waits for the GPU.
+void check_indices_gpu(const Tensor& index, int64_t n, const char* op, int64_t dim) {
+  FORGE_IF_CUDA(index) {
+    FORGE_CHECK(index.dtype() == DType::i32 || index.dtype() == DType::i64,
+                "{}: expected an i32 or i64 index tensor, got {}", op, dtype_name(index.dtype()));
+    if (index.numel() == 0) return;
+    const Tensor bad = Tensor::full({1}, -1, DType::i64, index.device());
+    cuda::find_bad_index(index.dtype(), index.device().index, index.raw_device_data(),
+                         index.numel(), n, static_cast<int64_t*>(bad.raw_device_data()));
+    const int64_t at = bad.to_vector<int64_t>()[0];
+    if (at < 0) return;
+    fail_index(op, index.view({-1}).slice0(at, at + 1).to_vector<int64_t>()[0], at, index, dim, n);
+  }
+}
+
+// An op's two tensors must share a device.
+void check_same_device(const char* op, const Tensor& a, const char* a_name, const Tensor& b,
+                       const char* b_name) {
+  FORGE_CHECK(a.device() == b.device(),
+              "{}: {} is on {} but {} is on {}; both must be on one device", op, b_name,
+              b.device().str(), a_name, a.device().str());
+}
+
+// The dtype scatter-adds accumulate in on the GPU: f64 for f64, else f32.
+DType compute_dtype(DType dtype) {
+  return dtype == DType::f64 ? DType::f64 : DType::f32;
 }
 
 // x viewed as (outer, n, inner) -> out (outer, J, inner) with out[o][j] = x[o][idx[j]]:
@@ -267,6 +312,32 @@ Tensor scatter_add_rows(const Tensor& g, const std::vector<int64_t>& idx, const 
     });
   });
   return out;
+}
+
+// gather_rows with the index checked, on x's device.
+void select_rows(const Tensor& x, const Tensor& index, int64_t outer, int64_t n, int64_t inner,
+                 const Tensor& out, const char* op, int64_t dim) {
+  FORGE_IF_CUDA(x) {
+    check_indices_gpu(index, n, op, dim);
+    return cuda::index_rows(index.dtype(), x.device().index, dtype_size(x.dtype()),
+                            x.raw_device_data(), index.raw_device_data(), out.raw_device_data(),
+                            outer, n, index.numel(), inner);
+  }
+  gather_rows(x, read_indices(index, n, op, dim), outer, n, inner, out);
+}
+
+// scatter_add_rows with the index checked, on g's device (atomics in the compute dtype there).
+Tensor scatter_rows(const Tensor& g, const Tensor& index, const Shape& shape, int64_t outer,
+                    int64_t n, int64_t inner, int64_t skip, const char* op, int64_t dim) {
+  FORGE_IF_CUDA(g) {
+    check_indices_gpu(index, n, op, dim);
+    const Tensor acc = Tensor::zeros(shape, compute_dtype(g.dtype()), g.device());
+    cuda::index_rows_backward(g.dtype(), index.dtype(), g.device().index, g.raw_device_data(),
+                              index.raw_device_data(), acc.raw_device_data(), outer, n,
+                              index.numel(), inner, skip);
+    return acc.to(g.dtype());
+  }
+  return scatter_add_rows(g, read_indices(index, n, op, dim), shape, outer, n, inner, skip);
 }
 
 // For each multi-index of `sizes` in row-major order, sum_k i_k * strides[k].
@@ -439,10 +510,13 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
         i, shape_str(si), shape_str(ref.shape()), dim);
     FORGE_CHECK(xs[i].dtype() == ref.dtype(), "cat: tensor {} is {} but tensor 0 is {}", i,
                 dtype_name(xs[i].dtype()), dtype_name(ref.dtype()));
+    FORGE_CHECK(xs[i].device() == ref.device(),
+                "cat: tensor {} is on {} but tensor 0 is on {}; all must be on one device", i,
+                xs[i].device().str(), ref.device().str());
     sizes[i] = si[ud];
     shape[ud] += sizes[i];
   }
-  Tensor out = Tensor::empty(shape, ref.dtype());
+  Tensor out = Tensor::empty(shape, ref.dtype(), ref.device());
   int64_t off = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
     copy_box(xs[i], whole(shape.size()), out, along(shape.size(), d, off), xs[i].shape());
@@ -484,10 +558,11 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   // An output nobody used contributes zeros (the engine passes zeros; an
   // undefined gradient is treated the same).
   autograd::record(
-      "split", {x}, outs, [in = x.shape(), dtype = x.dtype(), d, sizes](const Grads& g) {
+      "split", {x}, outs,
+      [in = x.shape(), dtype = x.dtype(), device = x.device(), d, sizes](const Grads& g) {
         const bool all =
             std::all_of(g.begin(), g.end(), [](const Tensor& t) { return t.defined(); });
-        Tensor gx = all ? Tensor::empty(in, dtype) : Tensor::zeros(in, dtype);
+        Tensor gx = all ? Tensor::empty(in, dtype, device) : Tensor::zeros(in, dtype, device);
         int64_t at = 0;
         for (size_t i = 0; i < sizes.size(); ++i) {
           if (g[i].defined())
@@ -521,6 +596,9 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim) {
                 shape_str(xs[i].shape()), shape_str(ref.shape()));
     FORGE_CHECK(xs[i].dtype() == ref.dtype(), "stack: tensor {} is {} but tensor 0 is {}", i,
                 dtype_name(xs[i].dtype()), dtype_name(ref.dtype()));
+    FORGE_CHECK(xs[i].device() == ref.device(),
+                "stack: tensor {} is on {} but tensor 0 is on {}; all must be on one device", i,
+                xs[i].device().str(), ref.device().str());
   }
   const int64_t d = wrap_dim(dim, ref.dim() + 1, "stack");
   // Each input, viewed as (..., 1, ...), is slot i of the new dim.
@@ -528,7 +606,7 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim) {
   one.insert(one.begin() + d, 1);
   Shape shape = one;
   shape[static_cast<size_t>(d)] = static_cast<int64_t>(xs.size());
-  Tensor out = Tensor::empty(shape, ref.dtype());
+  Tensor out = Tensor::empty(shape, ref.dtype(), ref.device());
   for (size_t i = 0; i < xs.size(); ++i) {
     copy_box(xs[i].view(one), whole(shape.size()), out,
              along(shape.size(), d, static_cast<int64_t>(i)), one);
@@ -567,12 +645,15 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value) {
     extent[k] = std::max<int64_t>(0, n - from.start[k] - std::max<int64_t>(0, -after));
     grows = grows || before > 0 || after > 0;
   }
-  Tensor out = grows ? Tensor::full(shape, value, x.dtype()) : Tensor::empty(shape, x.dtype());
+  Tensor out = grows ? Tensor::full(shape, value, x.dtype(), x.device())
+                     : Tensor::empty(shape, x.dtype(), x.device());
   copy_box(x, from, out, to, extent);
   if (!autograd::needs_grad({x})) return out;
   return autograd::record("pad", {x}, out, [in = x.shape(), from, to, extent](const Grads& g) {
-    Tensor gx = extent == in ? Tensor::empty(in, g[0].dtype()) : Tensor::zeros(in, g[0].dtype());
-    copy_box(g[0], to, gx, from, extent);
+    const Tensor& go = g[0];
+    Tensor gx = extent == in ? Tensor::empty(in, go.dtype(), go.device())
+                             : Tensor::zeros(in, go.dtype(), go.device());
+    copy_box(go, to, gx, from, extent);
     return Grads{gx};
   });
 }
@@ -583,30 +664,103 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   FORGE_CHECK(x.dim() > 0, "index_select: expected a tensor with at least one dim, got a scalar");
   FORGE_CHECK(index.dim() == 1, "index_select: expected a 1-d index, got shape {}",
               shape_str(index.shape()));
+  check_same_device("index_select", x, "x", index, "index");
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
   const int64_t n = x.shape()[static_cast<size_t>(d)];
-  const std::vector<int64_t> idx = read_indices(index, n, "index_select", d);
   // x is (outer, n, inner) around dim; out is (outer, J, inner).
   const int64_t outer = numel_between(x.shape(), 0, d),
                 inner = numel_between(x.shape(), d + 1, x.dim());
   Shape shape = x.shape();
   shape[static_cast<size_t>(d)] = index.numel();
-  Tensor out = Tensor::empty(shape, x.dtype());
-  gather_rows(x, idx, outer, n, inner, out);
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  select_rows(x, index, outer, n, inner, out, "index_select", d);
   if (!autograd::needs_grad({x})) return out;
   return autograd::record(
       "index_select", {x, index}, out,
       [in = x.shape(), index = index.detach(), d, n, outer, inner](const Grads& g) {
-        const std::vector<int64_t> ix = read_indices(index, n, "index_select backward", d);
-        return Grads{scatter_add_rows(g[0], ix, in, outer, n, inner, -1), Tensor()};
+        return Grads{scatter_rows(g[0], index, in, outer, n, inner, -1, "index_select backward", d),
+                     Tensor()};
       });
 }
+
+namespace {
+
+// out (index's shape) = x at the index along dim d, on x's device.
+void gather_into(const Tensor& x, int64_t d, const Tensor& index, const Tensor& out) {
+  const int64_t n = x.size(d);
+  FORGE_IF_CUDA(x) {
+    check_indices_gpu(index, n, "gather", d);
+    return cuda::gather(index.dtype(), x.device().index, dtype_size(x.dtype()), x.raw_device_data(),
+                        index.raw_device_data(), out.raw_device_data(), index.shape(),
+                        contiguous_strides(x.shape()), d, n);
+  }
+  const std::vector<int64_t> idx = read_indices(index, n, "gather", d);
+  const GatherMap m = gather_map(x.shape(), index.shape(), d);
+  const auto outer = static_cast<int64_t>(m.outer_off.size()),
+             inner = static_cast<int64_t>(m.inner_off.size());
+  // out (outer, J, inner): out[o][j][k] = x at outer_off[o] + idx[o][j][k] * dim_stride +
+  // inner_off[k].
+  if (out.numel() == 0) return;
+  const char* src = bytes(x);
+  char* dst = bytes(out);
+  with_element_size(dtype_size(x.dtype()), [&](auto size_tag) {
+    constexpr auto S = static_cast<int64_t>(decltype(size_tag)::value);
+    parallel_for(outer * m.J, inner * S, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t base = m.outer_off[static_cast<size_t>(r / m.J)];
+        for (int64_t k = 0; k < inner; ++k) {
+          const int64_t at = base + idx[static_cast<size_t>(r * inner + k)] * m.dim_stride +
+                             m.inner_off[static_cast<size_t>(k)];
+          std::memcpy(dst + (r * inner + k) * S, src + at * S, S);
+        }
+      }
+    });
+  });
+}
+
+// gather's backward: zeros of x's shape `in` with g added where the index read, on g's device.
+Tensor gather_grad(const Tensor& g, const Tensor& index, const Shape& in, int64_t d, int64_t n) {
+  FORGE_IF_CUDA(g) {
+    check_indices_gpu(index, n, "gather backward", d);
+    const Tensor acc = Tensor::zeros(in, compute_dtype(g.dtype()), g.device());
+    cuda::gather_backward(g.dtype(), index.dtype(), g.device().index, g.raw_device_data(),
+                          index.raw_device_data(), acc.raw_device_data(), index.shape(),
+                          contiguous_strides(in), d, n);
+    return acc.to(g.dtype());
+  }
+  const std::vector<int64_t> ix = read_indices(index, n, "gather backward", d);
+  const GatherMap gm = gather_map(in, index.shape(), d);
+  const auto go = static_cast<int64_t>(gm.outer_off.size()),
+             gi = static_cast<int64_t>(gm.inner_off.size());
+  Tensor gx = Tensor::zeros(in, g.dtype());
+  // Threads split the (o, k) columns of the index; distinct columns address
+  // distinct x positions off dim, so no two threads add into one element.
+  FORGE_DISPATCH_FLOAT(g.dtype(), "gather backward", [&] {
+    const scalar_t* gp = g.data<scalar_t>();
+    scalar_t* xp = gx.data<scalar_t>();
+    parallel_for(go * gi, gm.J, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t o = c / gi, k = c % gi;
+        const int64_t base =
+            gm.outer_off[static_cast<size_t>(o)] + gm.inner_off[static_cast<size_t>(k)];
+        for (int64_t j = 0; j < gm.J; ++j) {
+          const int64_t e = (o * gm.J + j) * gi + k;
+          xp[base + ix[static_cast<size_t>(e)] * gm.dim_stride] += gp[e];
+        }
+      }
+    });
+  });
+  return gx;
+}
+
+}  // namespace
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   FORGE_CHECK(x.dim() > 0, "gather: expected a tensor with at least one dim, got a scalar");
   FORGE_CHECK(index.dim() == x.dim(),
               "gather: index must have the input's rank {} (input shape {}), got shape {}", x.dim(),
               shape_str(x.shape()), shape_str(index.shape()));
+  check_same_device("gather", x, "x", index, "index");
   const int64_t d = wrap_dim(dim, x.dim(), "gather");
   for (int64_t k = 0; k < x.dim(); ++k) {
     FORGE_CHECK(k == d || index.size(k) <= x.size(k),
@@ -614,57 +768,13 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
                 "differ freely)",
                 shape_str(index.shape()), shape_str(x.shape()), k, d);
   }
-  const int64_t n = x.size(d);
-  const std::vector<int64_t> idx = read_indices(index, n, "gather", d);
-  const GatherMap m = gather_map(x.shape(), index.shape(), d);
-  const auto outer = static_cast<int64_t>(m.outer_off.size()),
-             inner = static_cast<int64_t>(m.inner_off.size());
-  // out (outer, J, inner): out[o][j][k] = x at outer_off[o] + idx[o][j][k] * dim_stride +
-  // inner_off[k].
-  Tensor out = Tensor::empty(index.shape(), x.dtype());
-  if (out.numel() > 0) {
-    const char* src = bytes(x);
-    char* dst = bytes(out);
-    with_element_size(dtype_size(x.dtype()), [&](auto size_tag) {
-      constexpr auto S = static_cast<int64_t>(decltype(size_tag)::value);
-      parallel_for(outer * m.J, inner * S, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const int64_t base = m.outer_off[static_cast<size_t>(r / m.J)];
-          for (int64_t k = 0; k < inner; ++k) {
-            const int64_t at = base + idx[static_cast<size_t>(r * inner + k)] * m.dim_stride +
-                               m.inner_off[static_cast<size_t>(k)];
-            std::memcpy(dst + (r * inner + k) * S, src + at * S, S);
-          }
-        }
-      });
-    });
-  }
+  Tensor out = Tensor::empty(index.shape(), x.dtype(), x.device());
+  gather_into(x, d, index, out);
   if (!autograd::needs_grad({x})) return out;
   return autograd::record(
-      "gather", {x, index}, out, [in = x.shape(), index = index.detach(), d, n](const Grads& g) {
-        const std::vector<int64_t> ix = read_indices(index, n, "gather backward", d);
-        const GatherMap gm = gather_map(in, index.shape(), d);
-        const auto go = static_cast<int64_t>(gm.outer_off.size()),
-                   gi = static_cast<int64_t>(gm.inner_off.size());
-        Tensor gx = Tensor::zeros(in, g[0].dtype());
-        // Threads split the (o, k) columns of the index; distinct columns address
-        // distinct x positions off dim, so no two threads add into one element.
-        FORGE_DISPATCH_FLOAT(g[0].dtype(), "gather backward", [&] {
-          const scalar_t* gp = g[0].data<scalar_t>();
-          scalar_t* xp = gx.data<scalar_t>();
-          parallel_for(go * gi, gm.J, [&](int64_t begin, int64_t end) {
-            for (int64_t c = begin; c < end; ++c) {
-              const int64_t o = c / gi, k = c % gi;
-              const int64_t base =
-                  gm.outer_off[static_cast<size_t>(o)] + gm.inner_off[static_cast<size_t>(k)];
-              for (int64_t j = 0; j < gm.J; ++j) {
-                const int64_t e = (o * gm.J + j) * gi + k;
-                xp[base + ix[static_cast<size_t>(e)] * gm.dim_stride] += gp[e];
-              }
-            }
-          });
-        });
-        return Grads{gx, Tensor()};
+      "gather", {x, index}, out,
+      [in = x.shape(), index = index.detach(), d, n = x.size(d)](const Grads& g) {
+        return Grads{gather_grad(g[0], index, in, d, n), Tensor()};
       });
 }
 
@@ -676,17 +786,17 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
       padding_idx == -1 || (padding_idx >= 0 && padding_idx < V),
       "embedding: padding_idx must be -1 (none) or in [0, {}) for a weight of shape {}, got {}", V,
       shape_str(weight.shape()), padding_idx);
-  const std::vector<int64_t> idx = read_indices(ids, V, "embedding", 0);
+  check_same_device("embedding", weight, "weight", ids, "ids");
   // weight (V, D), ids (...) flattened to N rows -> out (..., D).
   Shape shape = ids.shape();
   shape.push_back(D);
-  Tensor out = Tensor::empty(shape, weight.dtype());
-  gather_rows(weight, idx, 1, V, D, out);
+  Tensor out = Tensor::empty(shape, weight.dtype(), weight.device());
+  select_rows(weight, ids, 1, V, D, out, "embedding", 0);
   if (!autograd::needs_grad({weight})) return out;
   return autograd::record(
       "embedding", {weight, ids}, out, [ids = ids.detach(), V, D, padding_idx](const Grads& g) {
-        const std::vector<int64_t> ix = read_indices(ids, V, "embedding backward", 0);
-        return Grads{scatter_add_rows(g[0], ix, {V, D}, 1, V, D, padding_idx), Tensor()};
+        return Grads{scatter_rows(g[0], ids, {V, D}, 1, V, D, padding_idx, "embedding backward", 0),
+                     Tensor()};
       });
 }
 

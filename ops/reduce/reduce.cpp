@@ -4,6 +4,8 @@
 // (ignoring size-1 dims) that view is free; otherwise x is first copied with
 // the kept dims in front and the reduced dims at the end, so inner == 1, and
 // the backward copies its gradient back the same way. Sums accumulate in double.
+// CUDA tensors take the same plan to the kernels of reduce_cuda.cu (f32, f64,
+// bf16 and f16 there), with the permuting copy from layout_cuda.cu.
 #include "ops/reduce/reduce.h"
 
 #include <algorithm>
@@ -12,6 +14,8 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/layout/layout_cuda.h"
+#include "ops/reduce/reduce_cuda.h"
 
 namespace forge::ops {
 
@@ -21,11 +25,8 @@ namespace {
 // contiguous, so the r-loop streams memory and the column loop vectorises.
 constexpr int64_t kTile = 256;
 
-void check_cpu(const Tensor& x, const char* op) {
+void check_defined(const Tensor& x, const char* op) {
   FORGE_CHECK(x.defined(), "{}: expected a tensor, got an undefined one", op);
-  FORGE_CHECK(x.device().is_cpu(),
-              "{}: expected a CPU tensor, got one on {}; copy it with .to(Device::cpu())", op,
-              x.device().str());
 }
 
 struct ReducePlan {
@@ -104,7 +105,14 @@ Tensor permute_copy(const Tensor& src, const std::vector<int64_t>& perm) {
     out_shape[k] = in_shape[static_cast<size_t>(perm[k])];
     stride[k] = in_stride[static_cast<size_t>(perm[k])];
   }
-  Tensor out = Tensor::empty(out_shape, src.dtype());
+  Tensor out = Tensor::empty(out_shape, src.dtype(), src.device());
+  FORGE_IF_CUDA(src) {
+    std::vector<int64_t> out_stride(nd, 1);
+    for (size_t d = nd - 1; d > 0; --d) out_stride[d - 1] = out_stride[d] * out_shape[d];
+    cuda::strided_copy(src.device().index, dtype_size(src.dtype()), out_shape,
+                       src.raw_device_data(), stride, out.raw_device_data(), out_stride);
+    return out;
+  }
   const int64_t last = out_shape[nd - 1], rows = last == 0 ? 0 : out.numel() / last,
                 last_stride = stride[nd - 1];
   FORGE_DISPATCH_FLOAT(src.dtype(), "permute_copy", [&] {
@@ -204,23 +212,41 @@ void sum_backward(const T* g, T* gx, int64_t outer, int64_t R, int64_t inner, do
       });
 }
 
+// y = scale * each group's sum of xs (in the plan's layout), on xs's device.
+void run_sum(const Tensor& xs, const Tensor& y, const ReducePlan& plan, double scale,
+             const char* op) {
+  FORGE_IF_CUDA(xs) {
+    return cuda::reduce_sum(xs.dtype(), xs.device().index, xs.raw_device_data(),
+                            y.raw_device_data(), plan.outer, plan.R, plan.inner, scale);
+  }
+  FORGE_DISPATCH_FLOAT(xs.dtype(), op, [&] {
+    sum_forward(xs.data<scalar_t>(), y.data<scalar_t>(), plan.outer, plan.R, plan.inner, scale);
+  });
+}
+
+void run_sum_backward(const Tensor& g, const Tensor& gl, const ReducePlan& plan, double scale) {
+  FORGE_IF_CUDA(g) {
+    return cuda::reduce_sum_backward(g.dtype(), g.device().index, g.raw_device_data(),
+                                     gl.raw_device_data(), plan.outer, plan.R, plan.inner, scale);
+  }
+  FORGE_DISPATCH_FLOAT(g.dtype(), "sum backward", [&] {
+    sum_backward(g.data<scalar_t>(), gl.data<scalar_t>(), plan.outer, plan.R, plan.inner, scale);
+  });
+}
+
 Tensor sum_like(const Tensor& x, const Dims& dims, bool keepdim, bool is_mean) {
   const char* op = is_mean ? "mean" : "sum";
-  check_cpu(x, op);
+  check_defined(x, op);
   const ReducePlan plan = make_plan(x, dims, keepdim, op);
   const double scale = is_mean ? 1.0 / static_cast<double>(plan.R) : 1.0;
   const Tensor xs = plan_input(x, plan);
-  Tensor y = Tensor::empty(plan.out_shape, x.dtype());
-  FORGE_DISPATCH_FLOAT(x.dtype(), op, [&] {
-    sum_forward(xs.data<scalar_t>(), y.data<scalar_t>(), plan.outer, plan.R, plan.inner, scale);
-  });
+  Tensor y = Tensor::empty(plan.out_shape, x.dtype(), x.device());
+  run_sum(xs, y, plan, scale, op);
   if (!autograd::needs_grad({x})) return y;
   return autograd::record(op, {x}, y, [plan, scale](const std::vector<Tensor>& grads) {
     const Tensor& g = grads[0];
-    Tensor gl = Tensor::empty(plan.layout, g.dtype());
-    FORGE_DISPATCH_FLOAT(g.dtype(), "sum backward", [&] {
-      sum_backward(g.data<scalar_t>(), gl.data<scalar_t>(), plan.outer, plan.R, plan.inner, scale);
-    });
+    Tensor gl = Tensor::empty(plan.layout, g.dtype(), g.device());
+    run_sum_backward(g, gl, plan, scale);
     return std::vector<Tensor>{plan_grad(gl, plan)};
   });
 }
@@ -283,6 +309,33 @@ void max_backward(const T* g, const int64_t* arg, T* gx, int64_t outer, int64_t 
       const int64_t o = k / inner, i = k % inner;
       gx[(o * R + arg[k]) * inner + i] = g[k];
     }
+  });
+}
+
+// y = each group's maximum of xs, arg (when defined) its first position.
+void run_max(const Tensor& xs, const Tensor& y, const Tensor& arg, const ReducePlan& plan) {
+  int64_t* a = nullptr;
+  FORGE_IF_CUDA(xs) {
+    if (arg.defined()) a = static_cast<int64_t*>(arg.raw_device_data());
+    return cuda::reduce_max(xs.dtype(), xs.device().index, xs.raw_device_data(),
+                            y.raw_device_data(), a, plan.outer, plan.R, plan.inner);
+  }
+  if (arg.defined()) a = arg.data<int64_t>();
+  FORGE_DISPATCH_FLOAT(xs.dtype(), "max", [&] {
+    max_forward(xs.data<scalar_t>(), y.data<scalar_t>(), a, plan.outer, plan.R, plan.inner);
+  });
+}
+
+void run_max_backward(const Tensor& g, const Tensor& arg, const Tensor& gl,
+                      const ReducePlan& plan) {
+  FORGE_IF_CUDA(g) {
+    return cuda::reduce_max_backward(g.dtype(), g.device().index, g.raw_device_data(),
+                                     static_cast<const int64_t*>(arg.raw_device_data()),
+                                     gl.raw_device_data(), plan.outer, plan.R, plan.inner);
+  }
+  FORGE_DISPATCH_FLOAT(g.dtype(), "max backward", [&] {
+    max_backward(g.data<scalar_t>(), arg.data<int64_t>(), gl.data<scalar_t>(), plan.outer, plan.R,
+                 plan.inner);
   });
 }
 
@@ -351,6 +404,29 @@ void logsumexp_backward(const T* x, const T* y, const T* g, T* gx, int64_t outer
       });
 }
 
+void run_logsumexp(const Tensor& xs, const Tensor& y, const ReducePlan& plan) {
+  FORGE_IF_CUDA(xs) {
+    return cuda::logsumexp(xs.dtype(), xs.device().index, xs.raw_device_data(), y.raw_device_data(),
+                           plan.outer, plan.R, plan.inner);
+  }
+  FORGE_DISPATCH_FLOAT(xs.dtype(), "logsumexp", [&] {
+    logsumexp_forward(xs.data<scalar_t>(), y.data<scalar_t>(), plan.outer, plan.R, plan.inner);
+  });
+}
+
+void run_logsumexp_backward(const Tensor& xs, const Tensor& y, const Tensor& g, const Tensor& gl,
+                            const ReducePlan& plan) {
+  FORGE_IF_CUDA(g) {
+    return cuda::logsumexp_backward(g.dtype(), g.device().index, xs.raw_device_data(),
+                                    y.raw_device_data(), g.raw_device_data(), gl.raw_device_data(),
+                                    plan.outer, plan.R, plan.inner);
+  }
+  FORGE_DISPATCH_FLOAT(g.dtype(), "logsumexp backward", [&] {
+    logsumexp_backward(xs.data<scalar_t>(), y.data<scalar_t>(), g.data<scalar_t>(),
+                       gl.data<scalar_t>(), plan.outer, plan.R, plan.inner);
+  });
+}
+
 // ---- cumsum along one dim, x as (outer, R, inner); reverse = suffix sums ----
 
 template <typename T>
@@ -379,6 +455,18 @@ void cumsum_kernel(const T* x, T* y, int64_t outer, int64_t R, int64_t inner, bo
       });
 }
 
+// y = the prefix sums of x along the middle of (outer, R, inner), suffix sums when reverse.
+void run_cumsum(const Tensor& x, const Tensor& y, int64_t outer, int64_t R, int64_t inner,
+                bool reverse, const char* op) {
+  FORGE_IF_CUDA(x) {
+    return cuda::cumsum(x.dtype(), x.device().index, x.raw_device_data(), y.raw_device_data(),
+                        outer, R, inner, reverse);
+  }
+  FORGE_DISPATCH_FLOAT(x.dtype(), op, [&] {
+    cumsum_kernel(x.data<scalar_t>(), y.data<scalar_t>(), outer, R, inner, reverse);
+  });
+}
+
 }  // namespace
 
 Tensor sum(const Tensor& x, const Dims& dims, bool keepdim) {
@@ -390,73 +478,58 @@ Tensor mean(const Tensor& x, const Dims& dims, bool keepdim) {
 }
 
 Tensor max(const Tensor& x, const Dims& dims, bool keepdim) {
-  check_cpu(x, "max");
+  check_defined(x, "max");
   const ReducePlan plan = make_plan(x, dims, keepdim, "max");
   FORGE_CHECK(plan.R > 0 || plan.outer * plan.inner == 0,
               "max: cannot reduce over an empty group (x has shape {}, dims {}); the maximum of "
               "nothing is undefined",
               shape_str(x.shape()), fmt::join(dims, ", "));
   const Tensor xs = plan_input(x, plan);
-  Tensor y = Tensor::empty(plan.out_shape, x.dtype());
+  Tensor y = Tensor::empty(plan.out_shape, x.dtype(), x.device());
   const bool grad = autograd::needs_grad({x});
-  Tensor arg = grad ? Tensor::empty(plan.out_shape, DType::i64) : Tensor();
-  FORGE_DISPATCH_FLOAT(x.dtype(), "max", [&] {
-    max_forward(xs.data<scalar_t>(), y.data<scalar_t>(), grad ? arg.data<int64_t>() : nullptr,
-                plan.outer, plan.R, plan.inner);
-  });
+  Tensor arg = grad ? Tensor::empty(plan.out_shape, DType::i64, x.device()) : Tensor();
+  run_max(xs, y, arg, plan);
   if (!grad) return y;
   return autograd::record("max", {x}, y, [plan, arg](const std::vector<Tensor>& grads) {
     const Tensor& g = grads[0];
-    Tensor gl = Tensor::empty(plan.layout, g.dtype());
-    FORGE_DISPATCH_FLOAT(g.dtype(), "max backward", [&] {
-      max_backward(g.data<scalar_t>(), arg.data<int64_t>(), gl.data<scalar_t>(), plan.outer, plan.R,
-                   plan.inner);
-    });
+    Tensor gl = Tensor::empty(plan.layout, g.dtype(), g.device());
+    run_max_backward(g, arg, gl, plan);
     return std::vector<Tensor>{plan_grad(gl, plan)};
   });
 }
 
 Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim) {
-  check_cpu(x, "logsumexp");
+  check_defined(x, "logsumexp");
   const ReducePlan plan = make_plan(x, dims, keepdim, "logsumexp");
   const Tensor xs = plan_input(x, plan);
-  Tensor y = Tensor::empty(plan.out_shape, x.dtype());
-  FORGE_DISPATCH_FLOAT(x.dtype(), "logsumexp", [&] {
-    logsumexp_forward(xs.data<scalar_t>(), y.data<scalar_t>(), plan.outer, plan.R, plan.inner);
-  });
+  Tensor y = Tensor::empty(plan.out_shape, x.dtype(), x.device());
+  run_logsumexp(xs, y, plan);
   if (!autograd::needs_grad({x})) return y;
   return autograd::record(
       "logsumexp", {x}, y,
       [plan, xs = xs.detach(), ys = y.detach()](const std::vector<Tensor>& grads) {
         const Tensor& g = grads[0];
-        Tensor gl = Tensor::empty(xs.shape(), g.dtype());
-        FORGE_DISPATCH_FLOAT(g.dtype(), "logsumexp backward", [&] {
-          logsumexp_backward(xs.data<scalar_t>(), ys.data<scalar_t>(), g.data<scalar_t>(),
-                             gl.data<scalar_t>(), plan.outer, plan.R, plan.inner);
-        });
+        Tensor gl = Tensor::empty(xs.shape(), g.dtype(), g.device());
+        run_logsumexp_backward(xs, ys, g, gl, plan);
         return std::vector<Tensor>{plan_grad(gl, plan)};
       });
 }
 
 Tensor cumsum(const Tensor& x, int64_t dim) {
-  check_cpu(x, "cumsum");
+  check_defined(x, "cumsum");
   const int64_t d = wrap_dim(dim, x.dim(), "cumsum");
   int64_t outer = 1, R = 1, inner = 1;
   for (int64_t k = 0; k < x.dim(); ++k)
     (k < d ? outer : k == d ? R : inner) *= x.shape()[static_cast<size_t>(k)];
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
-  FORGE_DISPATCH_FLOAT(x.dtype(), "cumsum", [&] {
-    cumsum_kernel(x.data<scalar_t>(), y.data<scalar_t>(), outer, R, inner, false);
-  });
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  run_cumsum(x, y, outer, R, inner, false, "cumsum");
   if (!autograd::needs_grad({x})) return y;
   // y[r] summed x[0..r], so x[r] feeds every y[r'] with r' >= r: its gradient
   // is the suffix sum of g.
   return autograd::record("cumsum", {x}, y, [outer, R, inner](const std::vector<Tensor>& grads) {
     const Tensor& g = grads[0];
-    Tensor gx = Tensor::empty(g.shape(), g.dtype());
-    FORGE_DISPATCH_FLOAT(g.dtype(), "cumsum backward", [&] {
-      cumsum_kernel(g.data<scalar_t>(), gx.data<scalar_t>(), outer, R, inner, true);
-    });
+    Tensor gx = Tensor::empty(g.shape(), g.dtype(), g.device());
+    run_cumsum(g, gx, outer, R, inner, true, "cumsum backward");
     return std::vector<Tensor>{gx};
   });
 }

@@ -1,5 +1,6 @@
 // Reductions over any set of dims (negative dims count from the end; an empty
-// dims list means all dims), with keepdim, f32 and f64, each with its backward.
+// dims list means all dims), with keepdim, f32 and f64 (also bf16 and f16 on a
+// GPU), each with its backward.
 #pragma once
 
 #include <vector>
