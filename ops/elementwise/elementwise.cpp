@@ -2,7 +2,9 @@
 // index arithmetic (same shape, or one element), otherwise a broadcast walk
 // over the output in innermost runs where each operand either advances by one
 // element or stays put. Backward passes are fused single loops for the unary
-// ops and go through sum_to for the broadcasting binary ones.
+// ops and go through sum_to for the broadcasting binary ones. On a GPU each op
+// runs the kernel of elementwise_cuda.h its enum names, over the same merged
+// broadcast plan.
 #include "ops/elementwise/elementwise.h"
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "ops/elementwise/elementwise_cuda.h"
 
 namespace forge::ops {
 
@@ -26,11 +29,16 @@ constexpr int64_t kPow = 32;
 
 // ---- argument checks ----
 
+// f32 or f64 on the CPU; on a GPU also bf16 and f16.
 void check_float(const Tensor& t, const char* op, const char* arg) {
   FORGE_CHECK(t.defined(), "{}: {} is an undefined tensor", op, arg);
-  FORGE_CHECK(t.device().is_cpu(),
-              "{}: {} is on {}, but this op runs on the CPU; move it with .to(Device::cpu())", op,
-              arg, t.device().str());
+  if (t.device().is_cuda()) {
+    FORGE_CHECK(is_floating(t.dtype()),
+                "{}: {} must be a f32, f64, bf16 or f16 tensor, got {}; convert it with "
+                ".to(DType::f32)",
+                op, arg, dtype_name(t.dtype()));
+    return;
+  }
   FORGE_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64,
               "{}: {} must be a f32 or f64 tensor, got {}; convert it with .to(DType::f32)", op,
               arg, dtype_name(t.dtype()));
@@ -42,11 +50,15 @@ void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
               dtype_name(a.dtype()), dtype_name(b.dtype()));
 }
 
+void check_same_device(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name,
+                       const char* op) {
+  FORGE_CHECK(a.device() == b.device(),
+              "{}: {} is on {} but {} is on {}; move them to one device with .to()", op, a_name,
+              a.device().str(), b_name, b.device().str());
+}
+
 void check_mask(const Tensor& t, const char* op, const char* arg) {
   FORGE_CHECK(t.defined(), "{}: {} is an undefined tensor", op, arg);
-  FORGE_CHECK(t.device().is_cpu(),
-              "{}: {} is on {}, but this op runs on the CPU; move it with .to(Device::cpu())", op,
-              arg, t.device().str());
   FORGE_CHECK(t.dtype() == DType::boolean || t.dtype() == DType::u8,
               "{}: {} must be a bool or u8 tensor, got {}", op, arg, dtype_name(t.dtype()));
 }
@@ -134,6 +146,22 @@ BroadcastPlan<K> plan_broadcast(const Shape& out, const std::array<Shape, K>& in
   return p;
 }
 
+// The plan as the CUDA kernels take it.
+template <size_t K>
+cuda::Broadcast<K> cuda_plan(const BroadcastPlan<K>& p, const char* op) {
+  FORGE_CHECK(p.sizes.size() <= static_cast<size_t>(cuda::kMaxElementwiseDims),
+              "{}: this broadcast walks {} dims after merging neighbours; the CUDA kernels take "
+              "at most {}",
+              op, p.sizes.size(), cuda::kMaxElementwiseDims);
+  cuda::Broadcast<K> b;
+  b.ndim = static_cast<int>(p.sizes.size());
+  for (size_t d = 0; d < p.sizes.size(); ++d) {
+    b.sizes[d] = p.sizes[d];
+    for (size_t k = 0; k < K; ++k) b.strides[k][d] = p.strides[k][d];
+  }
+  return b;
+}
+
 // Calls run(out_offset, in_offsets, len) on consecutive runs of output elements
 // that lie in one innermost row; the output's elements are split evenly across
 // threads, so a thread may start or end mid-row.
@@ -189,15 +217,23 @@ void binary_run(const T* a, bool a_walks, const T* b, bool b_walks, T* out, int6
   }
 }
 
-// out = f(a, b) broadcast; f is a generic lambda over the element type.
+// out = f(a, b) broadcast; f is a generic lambda over the element type, and
+// gpu_op the same op on a GPU.
 template <typename F>
-Tensor binary(const Tensor& a, const Tensor& b, const char* op, int64_t cost, F f) {
+Tensor binary(const Tensor& a, const Tensor& b, const char* op, int64_t cost, cuda::BinaryOp gpu_op,
+              F f) {
   check_float(a, op, "a");
   check_float(b, op, "b");
+  check_same_device(a, "a", b, "b", op);
   check_same_dtype(a, b, op);
   const Shape shape = broadcast_pair(a.shape(), b.shape(), op);
-  Tensor out = Tensor::empty(shape, a.dtype());
+  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   const auto plan = plan_broadcast<2>(shape, {a.shape(), b.shape()});
+  FORGE_IF_CUDA(a) {
+    cuda::binary(gpu_op, a.dtype(), a.raw_device_data(), b.raw_device_data(), out.raw_device_data(),
+                 out.numel(), cuda_plan(plan, op), a.device().index);
+    return out;
+  }
   const bool a_walks = plan.strides[0].back() != 0, b_walks = plan.strides[1].back() != 0;
   FORGE_DISPATCH_FLOAT(a.dtype(), op, [&] {
     const scalar_t* pa = a.data<scalar_t>();
@@ -210,11 +246,22 @@ Tensor binary(const Tensor& a, const Tensor& b, const char* op, int64_t cost, F 
   return out;
 }
 
+// A unary op on a GPU: its kernel and parameters (see cuda::UnaryOp).
+struct GpuUnary {
+  cuda::UnaryOp op;
+  double p0 = 0, p1 = 0;
+};
+
 // y[i] = f(x[i]).
 template <typename F>
-Tensor map(const Tensor& x, const char* op, int64_t cost, F f) {
+Tensor map(const Tensor& x, const char* op, int64_t cost, GpuUnary gpu, F f) {
   check_float(x, op, "x");
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  FORGE_IF_CUDA(x) {
+    cuda::unary(gpu.op, gpu.p0, gpu.p1, x.dtype(), x.raw_device_data(), y.raw_device_data(),
+                x.numel(), x.device().index);
+    return y;
+  }
   FORGE_DISPATCH_FLOAT(x.dtype(), op, [&] {
     const scalar_t* px = x.data<scalar_t>();
     scalar_t* py = y.data<scalar_t>();
@@ -225,15 +272,26 @@ Tensor map(const Tensor& x, const char* op, int64_t cost, F f) {
   return y;
 }
 
+// A unary op's derivative on a GPU (see cuda::UnaryGrad).
+struct GpuGrad {
+  cuda::UnaryGrad grad;
+  double p0 = 0, p1 = 0;
+};
+
 // The backward of a unary op in one pass: dx[i] = g[i] * deriv(s[i]), where s
 // is the tensor the derivative is cheapest from (the input or the output).
 template <typename D>
-Tensor chain(const Tensor& g, const Tensor& s, const char* op, int64_t cost, D deriv) {
-  FORGE_CHECK(g.shape() == s.shape() && g.dtype() == s.dtype(),
-              "{} backward: gradient {} {} does not match the saved {} {}", op,
-              shape_str(g.shape()), dtype_name(g.dtype()), shape_str(s.shape()),
-              dtype_name(s.dtype()));
-  Tensor dx = Tensor::empty(g.shape(), g.dtype());
+Tensor chain(const Tensor& g, const Tensor& s, const char* op, int64_t cost, GpuGrad gpu, D deriv) {
+  FORGE_CHECK(g.shape() == s.shape() && g.dtype() == s.dtype() && g.device() == s.device(),
+              "{} backward: gradient {} {} on {} does not match the saved {} {} on {}", op,
+              shape_str(g.shape()), dtype_name(g.dtype()), g.device().str(), shape_str(s.shape()),
+              dtype_name(s.dtype()), s.device().str());
+  Tensor dx = Tensor::empty(g.shape(), g.dtype(), g.device());
+  FORGE_IF_CUDA(g) {
+    cuda::unary_backward(gpu.grad, gpu.p0, gpu.p1, g.dtype(), g.raw_device_data(),
+                         s.raw_device_data(), dx.raw_device_data(), g.numel(), g.device().index);
+    return dx;
+  }
   FORGE_DISPATCH_FLOAT(g.dtype(), op, [&] {
     const scalar_t* pg = g.data<scalar_t>();
     const scalar_t* ps = s.data<scalar_t>();
@@ -248,11 +306,11 @@ Tensor chain(const Tensor& g, const Tensor& s, const char* op, int64_t cost, D d
 // Records y = op(x) when x needs grad, with the backward `chain(g, saved, deriv)`.
 template <typename D>
 Tensor record_unary(const char* op, const Tensor& x, const Tensor& y, const Tensor& saved,
-                    int64_t cost, D deriv) {
+                    int64_t cost, GpuGrad gpu, D deriv) {
   if (!autograd::needs_grad({x})) return y;
   return autograd::record(op, {x}, y,
-                          [op, cost, deriv, s = saved.detach()](const std::vector<Tensor>& g) {
-                            return std::vector<Tensor>{chain(g[0], s, op, cost, deriv)};
+                          [op, cost, gpu, deriv, s = saved.detach()](const std::vector<Tensor>& g) {
+                            return std::vector<Tensor>{chain(g[0], s, op, cost, gpu, deriv)};
                           });
 }
 
@@ -346,25 +404,52 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
     }
   }
 
-  Tensor cur = g;
-  FORGE_DISPATCH_FLOAT(g.dtype(), "sum_to", [&] {
-    // One pass per reduced group, outermost first, each viewing the current
-    // tensor as [outer, R, inner]; the last pass writes the result.
-    for (size_t p = 0; p < groups.size();) {
-      if (!groups[p].reduced) {
-        ++p;
-        continue;
-      }
-      int64_t outer = 1, inner = 1;
-      for (size_t q = 0; q < p; ++q) outer *= groups[q].size;
-      for (size_t q = p + 1; q < groups.size(); ++q) inner *= groups[q].size;
-      Tensor next = Tensor::empty({outer * inner}, g.dtype());
-      sum_middle(cur.data<scalar_t>(), next.data<scalar_t>(), outer, groups[p].size, inner);
-      cur = next;
-      groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(p));
+  Tensor out;
+  FORGE_IF_CUDA(g) {
+    // One kernel: the kept groups index the output row-major, the reduced
+    // ones the sum, each group with its stride in g.
+    cuda::IndexDims kept, reduced;
+    int64_t stride = 1;
+    std::vector<int64_t> strides(groups.size());
+    for (size_t q = groups.size(); q-- > 0;) {
+      strides[q] = stride;
+      stride *= groups[q].size;
     }
-  });
-  Tensor out = cur.view(shape);
+    for (size_t q = 0; q < groups.size(); ++q) {
+      cuda::IndexDims& d = groups[q].reduced ? reduced : kept;
+      FORGE_CHECK(d.ndim < cuda::kMaxElementwiseDims,
+                  "sum_to: summing shape {} to {} alternates between summed and kept dims more "
+                  "than the CUDA kernel's {} times",
+                  shape_str(g.shape()), shape_str(shape), cuda::kMaxElementwiseDims);
+      d.sizes[d.ndim] = groups[q].size;
+      d.strides[d.ndim] = strides[q];
+      ++d.ndim;
+    }
+    out = Tensor::empty(shape, g.dtype(), g.device());
+    cuda::sum_to(g.dtype(), g.raw_device_data(), out.raw_device_data(), kept, reduced,
+                 g.device().index);
+  }
+  if (g.device().is_cpu()) {
+    Tensor cur = g;
+    FORGE_DISPATCH_FLOAT(g.dtype(), "sum_to", [&] {
+      // One pass per reduced group, outermost first, each viewing the current
+      // tensor as [outer, R, inner]; the last pass writes the result.
+      for (size_t p = 0; p < groups.size();) {
+        if (!groups[p].reduced) {
+          ++p;
+          continue;
+        }
+        int64_t outer = 1, inner = 1;
+        for (size_t q = 0; q < p; ++q) outer *= groups[q].size;
+        for (size_t q = p + 1; q < groups.size(); ++q) inner *= groups[q].size;
+        Tensor next = Tensor::empty({outer * inner}, g.dtype());
+        sum_middle(cur.data<scalar_t>(), next.data<scalar_t>(), outer, groups[p].size, inner);
+        cur = next;
+        groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(p));
+      }
+    });
+    out = cur.view(shape);
+  }
   if (!autograd::needs_grad({g})) return out;
   // Forward summed g over its broadcast dims, so each g element gets the gradient of its sum.
   return autograd::record("sum_to", {g}, out, [from = g.shape()](const std::vector<Tensor>& grad) {
@@ -377,20 +462,26 @@ Tensor expand(const Tensor& x, const Shape& shape) {
   FORGE_CHECK(broadcasts_to(x.shape(), shape),
               "expand: cannot broadcast shape {} to {}; each dim must match or be 1",
               shape_str(x.shape()), shape_str(shape));
-  Tensor out = Tensor::empty(shape, x.dtype());
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   const auto plan = plan_broadcast<1>(shape, {x.shape()});
-  const bool walks = plan.strides[0].back() != 0;
-  FORGE_DISPATCH_FLOAT(x.dtype(), "expand", [&] {
-    const scalar_t* px = x.data<scalar_t>();
-    scalar_t* po = out.data<scalar_t>();
-    for_each_run(plan, kCheap, [&](int64_t o, const std::array<int64_t, 1>& at, int64_t len) {
-      if (walks) {
-        std::copy(px + at[0], px + at[0] + len, po + o);
-      } else {
-        std::fill(po + o, po + o + len, px[at[0]]);
-      }
+  FORGE_IF_CUDA(x) {
+    cuda::expand(x.dtype(), x.raw_device_data(), out.raw_device_data(), out.numel(),
+                 cuda_plan(plan, "expand"), x.device().index);
+  }
+  if (x.device().is_cpu()) {
+    const bool walks = plan.strides[0].back() != 0;
+    FORGE_DISPATCH_FLOAT(x.dtype(), "expand", [&] {
+      const scalar_t* px = x.data<scalar_t>();
+      scalar_t* po = out.data<scalar_t>();
+      for_each_run(plan, kCheap, [&](int64_t o, const std::array<int64_t, 1>& at, int64_t len) {
+        if (walks) {
+          std::copy(px + at[0], px + at[0] + len, po + o);
+        } else {
+          std::fill(po + o, po + o + len, px[at[0]]);
+        }
+      });
     });
-  });
+  }
   if (!autograd::needs_grad({x})) return out;
   return autograd::record("expand", {x}, out, [from = x.shape()](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{sum_to(g[0], from)};
@@ -400,7 +491,8 @@ Tensor expand(const Tensor& x, const Shape& shape) {
 // ---- binary ops ----
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor out = binary(a, b, "add", kCheap, []<typename T>(T x, T y) -> T { return x + y; });
+  Tensor out = binary(a, b, "add", kCheap, cuda::BinaryOp::add,
+                      []<typename T>(T x, T y) -> T { return x + y; });
   if (!autograd::needs_grad({a, b})) return out;
   return autograd::record("add", {a, b}, out,
                           [sa = a.shape(), sb = b.shape(), ra = a.requires_grad(),
@@ -411,7 +503,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
-  Tensor out = binary(a, b, "sub", kCheap, []<typename T>(T x, T y) -> T { return x - y; });
+  Tensor out = binary(a, b, "sub", kCheap, cuda::BinaryOp::sub,
+                      []<typename T>(T x, T y) -> T { return x - y; });
   if (!autograd::needs_grad({a, b})) return out;
   return autograd::record("sub", {a, b}, out,
                           [sa = a.shape(), sb = b.shape(), ra = a.requires_grad(),
@@ -423,7 +516,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = binary(a, b, "mul", kCheap, []<typename T>(T x, T y) -> T { return x * y; });
+  Tensor out = binary(a, b, "mul", kCheap, cuda::BinaryOp::mul,
+                      []<typename T>(T x, T y) -> T { return x * y; });
   if (!autograd::needs_grad({a, b})) return out;
   const bool ra = a.requires_grad(), rb = b.requires_grad();
   // d(a*b)/da = b and /db = a; only the factor another input's gradient needs is kept.
@@ -437,7 +531,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
-  Tensor out = binary(a, b, "div", kCheap, []<typename T>(T x, T y) -> T { return x / y; });
+  Tensor out = binary(a, b, "div", kCheap, cuda::BinaryOp::div,
+                      []<typename T>(T x, T y) -> T { return x / y; });
   if (!autograd::needs_grad({a, b})) return out;
   // y = a / b: dy/da = 1 / b, dy/db = -a / b^2 = -y / b. Both start from g / b
   // (output shape), so it is computed once.
@@ -453,14 +548,16 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor add(const Tensor& a, double s) {
-  Tensor out = map(a, "add", kCheap, [s]<typename T>(T x) -> T { return x + static_cast<T>(s); });
+  Tensor out = map(a, "add", kCheap, {cuda::UnaryOp::add_scalar, s},
+                   [s]<typename T>(T x) -> T { return x + static_cast<T>(s); });
   if (!autograd::needs_grad({a})) return out;
   return autograd::record("add_scalar", {a}, out,
                           [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
 }
 
 Tensor mul(const Tensor& a, double s) {
-  Tensor out = map(a, "mul", kCheap, [s]<typename T>(T x) -> T { return x * static_cast<T>(s); });
+  Tensor out = map(a, "mul", kCheap, {cuda::UnaryOp::mul_scalar, s},
+                   [s]<typename T>(T x) -> T { return x * static_cast<T>(s); });
   if (!autograd::needs_grad({a})) return out;
   return autograd::record("mul_scalar", {a}, out, [s](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{mul(g[0], s)};
@@ -470,71 +567,86 @@ Tensor mul(const Tensor& a, double s) {
 // ---- unary ops ----
 
 Tensor neg(const Tensor& x) {
-  Tensor y = map(x, "neg", kCheap, []<typename T>(T v) -> T { return -v; });
+  Tensor y = map(x, "neg", kCheap, {cuda::UnaryOp::neg}, []<typename T>(T v) -> T { return -v; });
   if (!autograd::needs_grad({x})) return y;
   return autograd::record(
       "neg", {x}, y, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{neg(g[0])}; });
 }
 
 Tensor exp(const Tensor& x) {
-  Tensor y = map(x, "exp", kTranscendental, []<typename T>(T v) -> T { return std::exp(v); });
-  return record_unary("exp", x, y, y, kCheap, []<typename T>(T e) -> T { return e; });
+  Tensor y = map(x, "exp", kTranscendental, {cuda::UnaryOp::exp},
+                 []<typename T>(T v) -> T { return std::exp(v); });
+  return record_unary("exp", x, y, y, kCheap, {cuda::UnaryGrad::exp_of_y},
+                      []<typename T>(T e) -> T { return e; });
 }
 
 Tensor log(const Tensor& x) {
-  Tensor y = map(x, "log", kTranscendental, []<typename T>(T v) -> T { return std::log(v); });
-  return record_unary("log", x, y, x, kCheap, []<typename T>(T v) -> T { return T(1) / v; });
+  Tensor y = map(x, "log", kTranscendental, {cuda::UnaryOp::log},
+                 []<typename T>(T v) -> T { return std::log(v); });
+  return record_unary("log", x, y, x, kCheap, {cuda::UnaryGrad::log},
+                      []<typename T>(T v) -> T { return T(1) / v; });
 }
 
 Tensor sqrt(const Tensor& x) {
-  Tensor y = map(x, "sqrt", kCheap, []<typename T>(T v) -> T { return std::sqrt(v); });
+  Tensor y = map(x, "sqrt", kCheap, {cuda::UnaryOp::sqrt},
+                 []<typename T>(T v) -> T { return std::sqrt(v); });
   // d sqrt(x)/dx = 1 / (2 sqrt(x)), from the output.
-  return record_unary("sqrt", x, y, y, kCheap, []<typename T>(T r) -> T { return T(0.5) / r; });
+  return record_unary("sqrt", x, y, y, kCheap, {cuda::UnaryGrad::sqrt_of_y},
+                      []<typename T>(T r) -> T { return T(0.5) / r; });
 }
 
 Tensor rsqrt(const Tensor& x) {
-  Tensor y = map(x, "rsqrt", kCheap, []<typename T>(T v) -> T { return T(1) / std::sqrt(v); });
+  Tensor y = map(x, "rsqrt", kCheap, {cuda::UnaryOp::rsqrt},
+                 []<typename T>(T v) -> T { return T(1) / std::sqrt(v); });
   // d x^(-1/2)/dx = -x^(-3/2) / 2 = -y^3 / 2.
-  return record_unary("rsqrt", x, y, y, kCheap,
+  return record_unary("rsqrt", x, y, y, kCheap, {cuda::UnaryGrad::rsqrt_of_y},
                       []<typename T>(T r) -> T { return T(-0.5) * r * r * r; });
 }
 
 Tensor pow(const Tensor& x, double exponent) {
-  Tensor y = map(x, "pow", kPow, [exponent]<typename T>(T v) -> T {
+  Tensor y = map(x, "pow", kPow, {cuda::UnaryOp::pow, exponent}, [exponent]<typename T>(T v) -> T {
     return std::pow(v, static_cast<T>(exponent));
   });
   // p * x^(p-1); exponent 0 is a constant, whose gradient is 0 even at x = 0.
-  return record_unary("pow", x, y, x, kPow, [exponent]<typename T>(T v) -> T {
-    return exponent == 0 ? T(0)
-                         : static_cast<T>(exponent) * std::pow(v, static_cast<T>(exponent - 1));
-  });
+  return record_unary("pow", x, y, x, kPow, {cuda::UnaryGrad::pow, exponent, exponent - 1},
+                      [exponent]<typename T>(T v) -> T {
+                        return exponent == 0 ? T(0)
+                                             : static_cast<T>(exponent) *
+                                                   std::pow(v, static_cast<T>(exponent - 1));
+                      });
 }
 
 Tensor abs(const Tensor& x) {
-  Tensor y = map(x, "abs", kCheap, []<typename T>(T v) -> T { return std::abs(v); });
-  return record_unary("abs", x, y, x, kCheap, []<typename T>(T v) -> T {
+  Tensor y =
+      map(x, "abs", kCheap, {cuda::UnaryOp::abs}, []<typename T>(T v) -> T { return std::abs(v); });
+  return record_unary("abs", x, y, x, kCheap, {cuda::UnaryGrad::abs}, []<typename T>(T v) -> T {
     return v > T(0) ? T(1) : (v < T(0) ? T(-1) : T(0));
   });
 }
 
 Tensor square(const Tensor& x) {
-  Tensor y = map(x, "square", kCheap, []<typename T>(T v) -> T { return v * v; });
-  return record_unary("square", x, y, x, kCheap, []<typename T>(T v) -> T { return T(2) * v; });
+  Tensor y =
+      map(x, "square", kCheap, {cuda::UnaryOp::square}, []<typename T>(T v) -> T { return v * v; });
+  return record_unary("square", x, y, x, kCheap, {cuda::UnaryGrad::square},
+                      []<typename T>(T v) -> T { return T(2) * v; });
 }
 
 Tensor clamp(const Tensor& x, double lo, double hi) {
   FORGE_CHECK(!(lo > hi), "clamp: lo ({}) must not exceed hi ({})", lo, hi);
-  Tensor y = map(x, "clamp", kCheap, [lo, hi]<typename T>(T v) -> T {
-    return std::min(std::max(v, static_cast<T>(lo)), static_cast<T>(hi));
-  });
-  return record_unary("clamp", x, y, x, kCheap, [lo, hi]<typename T>(T v) -> T {
-    return v >= static_cast<T>(lo) && v <= static_cast<T>(hi) ? T(1) : T(0);
-  });
+  Tensor y =
+      map(x, "clamp", kCheap, {cuda::UnaryOp::clamp, lo, hi}, [lo, hi]<typename T>(T v) -> T {
+        return std::min(std::max(v, static_cast<T>(lo)), static_cast<T>(hi));
+      });
+  return record_unary("clamp", x, y, x, kCheap, {cuda::UnaryGrad::clamp, lo, hi},
+                      [lo, hi]<typename T>(T v) -> T {
+                        return v >= static_cast<T>(lo) && v <= static_cast<T>(hi) ? T(1) : T(0);
+                      });
 }
 
 Tensor relu(const Tensor& x) {
-  Tensor y = map(x, "relu", kCheap, []<typename T>(T v) -> T { return v > T(0) ? v : T(0); });
-  return record_unary("relu", x, y, x, kCheap,
+  Tensor y = map(x, "relu", kCheap, {cuda::UnaryOp::relu},
+                 []<typename T>(T v) -> T { return v > T(0) ? v : T(0); });
+  return record_unary("relu", x, y, x, kCheap, {cuda::UnaryGrad::relu},
                       []<typename T>(T v) -> T { return v > T(0) ? T(1) : T(0); });
 }
 
@@ -566,51 +678,61 @@ Tensor gelu(const Tensor& x, GeluApprox approx) {
   if (approx == GeluApprox::tanh) {
     // 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3);
     // dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-    Tensor y = map(x, "gelu", kTranscendental, []<typename T>(T v) -> T {
-      return T(0.5) * v * (T(1) + std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCubic) * v * v * v)));
-    });
-    return record_unary("gelu_tanh", x, y, x, kTranscendental, []<typename T>(T v) -> T {
-      const T t = std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCubic) * v * v * v));
-      return T(0.5) * (T(1) + t) +
-             T(0.5) * v * (T(1) - t * t) * T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * v * v);
-    });
+    Tensor y =
+        map(x, "gelu", kTranscendental, {cuda::UnaryOp::gelu_tanh}, []<typename T>(T v) -> T {
+          return T(0.5) * v * (T(1) + std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCubic) * v * v * v)));
+        });
+    return record_unary("gelu_tanh", x, y, x, kTranscendental, {cuda::UnaryGrad::gelu_tanh},
+                        []<typename T>(T v) -> T {
+                          const T t = std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCubic) * v * v * v));
+                          return T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) *
+                                                           T(kSqrt2OverPi) *
+                                                           (T(1) + T(3 * kGeluCubic) * v * v);
+                        });
   }
   // x Phi(x); dy/dx = Phi(x) + x phi(x).
-  Tensor y =
-      map(x, "gelu", kTranscendental, []<typename T>(T v) -> T { return v * normal_cdf(v); });
-  return record_unary("gelu", x, y, x, 2 * kTranscendental, []<typename T>(T v) -> T {
-    return normal_cdf(v) + v * T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v);
-  });
+  Tensor y = map(x, "gelu", kTranscendental, {cuda::UnaryOp::gelu},
+                 []<typename T>(T v) -> T { return v * normal_cdf(v); });
+  return record_unary("gelu", x, y, x, 2 * kTranscendental, {cuda::UnaryGrad::gelu},
+                      []<typename T>(T v) -> T {
+                        return normal_cdf(v) + v * T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v);
+                      });
 }
 
 Tensor elu(const Tensor& x, double alpha) {
-  Tensor y = map(x, "elu", kTranscendental, [alpha]<typename T>(T v) -> T {
-    return v > T(0) ? v : static_cast<T>(alpha) * std::expm1(v);
-  });
-  return record_unary("elu", x, y, x, kTranscendental, [alpha]<typename T>(T v) -> T {
-    return v > T(0) ? T(1) : static_cast<T>(alpha) * std::exp(v);
-  });
+  Tensor y =
+      map(x, "elu", kTranscendental, {cuda::UnaryOp::elu, alpha}, [alpha]<typename T>(T v) -> T {
+        return v > T(0) ? v : static_cast<T>(alpha) * std::expm1(v);
+      });
+  return record_unary("elu", x, y, x, kTranscendental, {cuda::UnaryGrad::elu, alpha},
+                      [alpha]<typename T>(T v) -> T {
+                        return v > T(0) ? T(1) : static_cast<T>(alpha) * std::exp(v);
+                      });
 }
 
 Tensor silu(const Tensor& x) {
-  Tensor y =
-      map(x, "silu", kTranscendental, []<typename T>(T v) -> T { return v * sigmoid_of(v); });
+  Tensor y = map(x, "silu", kTranscendental, {cuda::UnaryOp::silu},
+                 []<typename T>(T v) -> T { return v * sigmoid_of(v); });
   // d(x s)/dx = s + x s (1 - s) with s = sigmoid(x).
-  return record_unary("silu", x, y, x, kTranscendental, []<typename T>(T v) -> T {
-    const T s = sigmoid_of(v);
-    return s * (T(1) + v * (T(1) - s));
-  });
+  return record_unary("silu", x, y, x, kTranscendental, {cuda::UnaryGrad::silu},
+                      []<typename T>(T v) -> T {
+                        const T s = sigmoid_of(v);
+                        return s * (T(1) + v * (T(1) - s));
+                      });
 }
 
 Tensor sigmoid(const Tensor& x) {
-  Tensor y = map(x, "sigmoid", kTranscendental, []<typename T>(T v) -> T { return sigmoid_of(v); });
-  return record_unary("sigmoid", x, y, y, kCheap,
+  Tensor y = map(x, "sigmoid", kTranscendental, {cuda::UnaryOp::sigmoid},
+                 []<typename T>(T v) -> T { return sigmoid_of(v); });
+  return record_unary("sigmoid", x, y, y, kCheap, {cuda::UnaryGrad::sigmoid_of_y},
                       []<typename T>(T s) -> T { return s * (T(1) - s); });
 }
 
 Tensor tanh(const Tensor& x) {
-  Tensor y = map(x, "tanh", kTranscendental, []<typename T>(T v) -> T { return std::tanh(v); });
-  return record_unary("tanh", x, y, y, kCheap, []<typename T>(T t) -> T { return T(1) - t * t; });
+  Tensor y = map(x, "tanh", kTranscendental, {cuda::UnaryOp::tanh},
+                 []<typename T>(T v) -> T { return std::tanh(v); });
+  return record_unary("tanh", x, y, y, kCheap, {cuda::UnaryGrad::tanh_of_y},
+                      []<typename T>(T t) -> T { return T(1) - t * t; });
 }
 
 // ---- selection ----
@@ -619,34 +741,43 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_mask(cond, "where", "cond");
   check_float(a, "where", "a");
   check_float(b, "where", "b");
+  check_same_device(cond, "cond", a, "a", "where");
+  check_same_device(a, "a", b, "b", "where");
   check_same_dtype(a, b, "where");
   const Shape shape =
       broadcast_pair(broadcast_pair(cond.shape(), a.shape(), "where"), b.shape(), "where");
-  Tensor out = Tensor::empty(shape, a.dtype());
+  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   const auto plan = plan_broadcast<3>(shape, {cond.shape(), a.shape(), b.shape()});
-  // Innermost strides are 0 or 1, so multiplying by them keeps each read in place or walking.
-  const int64_t sc = plan.strides[0].back(), sa = plan.strides[1].back(),
-                sb = plan.strides[2].back();
-  FORGE_DISPATCH_FLOAT(a.dtype(), "where", [&] {
-    const uint8_t* pc = mask_data(cond);
-    const scalar_t* pa = a.data<scalar_t>();
-    const scalar_t* pb = b.data<scalar_t>();
-    scalar_t* po = out.data<scalar_t>();
-    for_each_run(plan, kCheap, [&](int64_t o, const std::array<int64_t, 3>& at, int64_t len) {
-      const uint8_t* c = pc + at[0];
-      const scalar_t* x = pa + at[1];
-      const scalar_t* y = pb + at[2];
-      scalar_t* dst = po + o;
-      for (int64_t i = 0; i < len; ++i) dst[i] = c[i * sc] ? x[i * sa] : y[i * sb];
+  FORGE_IF_CUDA(a) {
+    cuda::where(a.dtype(), static_cast<const uint8_t*>(cond.raw_device_data()), a.raw_device_data(),
+                b.raw_device_data(), out.raw_device_data(), out.numel(), cuda_plan(plan, "where"),
+                a.device().index);
+  }
+  if (a.device().is_cpu()) {
+    // Innermost strides are 0 or 1, so multiplying by them keeps each read in place or walking.
+    const int64_t sc = plan.strides[0].back(), sa = plan.strides[1].back(),
+                  sb = plan.strides[2].back();
+    FORGE_DISPATCH_FLOAT(a.dtype(), "where", [&] {
+      const uint8_t* pc = mask_data(cond);
+      const scalar_t* pa = a.data<scalar_t>();
+      const scalar_t* pb = b.data<scalar_t>();
+      scalar_t* po = out.data<scalar_t>();
+      for_each_run(plan, kCheap, [&](int64_t o, const std::array<int64_t, 3>& at, int64_t len) {
+        const uint8_t* c = pc + at[0];
+        const scalar_t* x = pa + at[1];
+        const scalar_t* y = pb + at[2];
+        scalar_t* dst = po + o;
+        for (int64_t i = 0; i < len; ++i) dst[i] = c[i * sc] ? x[i * sa] : y[i * sb];
+      });
     });
-  });
+  }
   if (!autograd::needs_grad({a, b})) return out;
   // The gradient flows to whichever operand was picked, then sums back to its shape.
   return autograd::record(
       "where", {cond, a, b}, out,
       [c = cond.detach(), sa_shape = a.shape(), sb_shape = b.shape(), ra = a.requires_grad(),
        rb = b.requires_grad()](const std::vector<Tensor>& g) {
-        const Tensor zero = Tensor::zeros({}, g[0].dtype());
+        const Tensor zero = Tensor::zeros({}, g[0].dtype(), g[0].device());
         return std::vector<Tensor>{Tensor(), ra ? sum_to(where(c, g[0], zero), sa_shape) : Tensor(),
                                    rb ? sum_to(where(c, zero, g[0]), sb_shape) : Tensor()};
       });
@@ -655,25 +786,33 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   check_float(x, "masked_fill", "x");
   check_mask(mask, "masked_fill", "mask");
+  check_same_device(x, "x", mask, "mask", "masked_fill");
   FORGE_CHECK(broadcasts_to(mask.shape(), x.shape()),
               "masked_fill: mask of shape {} does not broadcast to x's shape {}; each mask dim "
               "must match or be 1",
               shape_str(mask.shape()), shape_str(x.shape()));
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   const auto plan = plan_broadcast<2>(x.shape(), {x.shape(), mask.shape()});
-  const int64_t sm = plan.strides[1].back();
-  FORGE_DISPATCH_FLOAT(x.dtype(), "masked_fill", [&] {
-    const scalar_t* px = x.data<scalar_t>();
-    const uint8_t* pm = mask_data(mask);
-    scalar_t* po = out.data<scalar_t>();
-    const auto v = static_cast<scalar_t>(value);
-    for_each_run(plan, kCheap, [&](int64_t o, const std::array<int64_t, 2>& at, int64_t len) {
-      const scalar_t* src = px + at[0];
-      const uint8_t* m = pm + at[1];
-      scalar_t* dst = po + o;
-      for (int64_t i = 0; i < len; ++i) dst[i] = m[i * sm] ? v : src[i];
+  FORGE_IF_CUDA(x) {
+    cuda::masked_fill(
+        x.dtype(), x.raw_device_data(), static_cast<const uint8_t*>(mask.raw_device_data()), value,
+        out.raw_device_data(), out.numel(), cuda_plan(plan, "masked_fill"), x.device().index);
+  }
+  if (x.device().is_cpu()) {
+    const int64_t sm = plan.strides[1].back();
+    FORGE_DISPATCH_FLOAT(x.dtype(), "masked_fill", [&] {
+      const scalar_t* px = x.data<scalar_t>();
+      const uint8_t* pm = mask_data(mask);
+      scalar_t* po = out.data<scalar_t>();
+      const auto v = static_cast<scalar_t>(value);
+      for_each_run(plan, kCheap, [&](int64_t o, const std::array<int64_t, 2>& at, int64_t len) {
+        const scalar_t* src = px + at[0];
+        const uint8_t* m = pm + at[1];
+        scalar_t* dst = po + o;
+        for (int64_t i = 0; i < len; ++i) dst[i] = m[i * sm] ? v : src[i];
+      });
     });
-  });
+  }
   if (!autograd::needs_grad({x})) return out;
   // Filled positions are constants: their gradient is 0.
   return autograd::record("masked_fill", {x, mask}, out,

@@ -1,6 +1,7 @@
-// Elementwise ops with NumPy broadcasting, f32 and f64 on the CPU, each with
-// its backward. Binary ops broadcast their inputs; their backward sums the
-// gradient back to each input's shape (sum_to).
+// Elementwise ops with NumPy broadcasting, each with its backward: f32 and
+// f64 on the CPU; f32, f64, bf16 and f16 on a GPU (all operands on one device).
+// Binary ops broadcast their inputs; their backward sums the gradient back to
+// each input's shape (sum_to).
 #pragma once
 
 #include <limits>
