@@ -1,14 +1,22 @@
 #!/usr/bin/python3
-"""The default recipe's ViT (recipes/vit/fmnist_tiny.yaml) as plain eager
-PyTorch: one training step (forward, cross-entropy, backward, AdamW) on random
-28x28 images, timed as bench/vit_step.cpp times ours, in the same run.
+"""A ViT as plain eager PyTorch: one training step (forward, cross-entropy,
+backward, AdamW) on random images, timed as bench/vit_step.cpp times ours, in
+the same run.
 
+    # the default recipe's ViT on the CPU (Debian's python3-torch)
     /usr/bin/python3 bench/torch_vit_step.py --ours build/bench/bench_vit_step [--threads 2]
+    # ViT-S/16, 224, bf16 autocast on the GPU machine (PyTorch 2.11; see docs/GPU.md)
+    python3 bench/torch_vit_step.py --ours BUILD/bench/bench_vit_step --model s16 \
+        --device cuda --precision bf16 --batches 128
 
-Prints a Markdown table: median ms per step, images/s, and torch / ours.
-Needs Debian's python3-torch (CPU).
+The PyTorch model is the same network written plainly (attention as
+softmax(q k^T / sqrt d) v, not scaled_dot_product_attention); on the GPU it
+runs under torch.autocast with f32 master weights (fp16 with a GradScaler),
+as our `precision: bf16 | fp16`. Prints a Markdown table: median ms per step,
+images/s, torch / ours, and peak memory of both.
 """
 import argparse
+import os
 import subprocess
 import time
 
@@ -35,10 +43,17 @@ class Block(nn.Module):
         return x + self.fc2(nn.functional.gelu(self.fc1(self.norm2(x))))
 
 
+MODELS = {
+    # name: (image, patch, channels, dim, depth, heads, hidden, classes)
+    "tiny": (28, 4, 1, 64, 4, 4, 128, 10),
+    "s16": (224, 16, 3, 384, 12, 6, 1536, 1000),
+}
+
+
 class ViT(nn.Module):
-    def __init__(self, image=28, patch=4, dim=64, depth=4, heads=4, hidden=128, classes=10):
+    def __init__(self, image=28, patch=4, chans=1, dim=64, depth=4, heads=4, hidden=128, classes=10):
         super().__init__()
-        self.patch = nn.Conv2d(1, dim, patch, patch)
+        self.patch = nn.Conv2d(chans, dim, patch, patch)
         n = (image // patch) ** 2
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(torch.randn(1, n + 1, dim) * 0.02)
@@ -52,23 +67,41 @@ class ViT(nn.Module):
         return self.head(self.norm(self.blocks(x))[:, 0])
 
 
-def torch_step_ms(batch, steps, warmup):
+def torch_step_ms(model_name, device, precision, batch, steps, warmup):
+    """Median ms of one step, and the peak memory in MB (GPU: allocator peak; CPU: not measured)."""
     torch.manual_seed(0)
-    model = ViT()
+    image, patch, chans, dim, depth, heads, hidden, classes = MODELS[model_name]
+    model = ViT(image, patch, chans, dim, depth, heads, hidden, classes).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
-    x = torch.randn(batch, 1, 28, 28)
-    y = torch.arange(batch) % 10
+    x = torch.randn(batch, chans, image, image, device=device)
+    y = torch.arange(batch, device=device) % classes
+    cuda = device == "cuda"
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16") if cuda else None
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
     ms = []
     for s in range(warmup + steps):
         t0 = time.perf_counter()
-        loss = nn.functional.cross_entropy(model(x), y)
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
+            loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if scaler is not None and scaler.is_enabled():
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         if s >= warmup:
             ms.append((time.perf_counter() - t0) * 1000)
     ms.sort()
-    return ms[len(ms) // 2]
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
+    return ms[len(ms) // 2], peak
 
 
 def main():
@@ -77,20 +110,24 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batches", default="32,128,256")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"ViT of recipes/vit/fmnist_tiny.yaml, one training step (AdamW), f32, {args.threads} threads, "
-          f"torch {torch.__version__}")
-    print("| batch | ours ms | torch ms | ours img/s | torch img/s | torch / ours (time) | ours peak MB |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    where = (torch.cuda.get_device_name(0) if args.device == "cuda" else f"{args.threads} CPU threads")
+    print(f"ViT {args.model}, one training step (AdamW), {args.precision}, {where}, torch {torch.__version__}")
+    print("| batch | ours ms | torch ms | ours img/s | torch img/s | torch / ours (time) | ours peak MB | torch peak MB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     for b in [int(v) for v in args.batches.split(",")]:
-        out = subprocess.run([args.ours, "--batch", str(b), "--steps", str(args.steps)],
-                             check=True, capture_output=True, text=True,
-                             env={"OMP_NUM_THREADS": str(args.threads)}).stdout.strip()
+        out = subprocess.run([args.ours, "--batch", str(b), "--steps", str(args.steps), "--model", args.model,
+                              "--device", args.device, "--precision", args.precision],
+                             check=True, capture_output=True, text=True, env=env).stdout.strip()
         _, _, ours_ms, ours_ips, peak = out.split(",")
-        t = torch_step_ms(b, args.steps, 5)
+        t, torch_peak = torch_step_ms(args.model, args.device, args.precision, b, args.steps, 5)
         print(f"| {b} | {float(ours_ms):.1f} | {t:.1f} | {float(ours_ips):.0f} | {1000 * b / t:.0f} | "
-              f"{t / float(ours_ms):.2f} | {float(peak):.1f} |")
+              f"{t / float(ours_ms):.2f} | {float(peak):.1f} | {torch_peak:.1f} |")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,16 @@
-// One training step (forward, cross-entropy, backward, AdamW update) of the
-// default recipe's ViT (recipes/vit/fmnist_tiny.yaml: 28x28x1 images, 4x4
-// patches, width 64, depth 4, 4 heads, feed-forward 128) on random images, for
-// the comparison with the same model in PyTorch (bench/torch_vit_step.py).
+// One training step (forward, cross-entropy, backward, AdamW update) of a ViT
+// on random images, for the comparison with the same model in plain PyTorch
+// (bench/torch_vit_step.py runs both in one process tree).
 //
-//   bench_vit_step [--batch 128] [--steps 30] [--warmup 5]
+//   bench_vit_step [--model tiny|s16] [--device cpu|cuda] [--precision fp32|bf16|fp16]
+//                  [--batch 128] [--steps 30] [--warmup 5]
+// tiny: the default recipe's ViT (recipes/vit/fmnist_tiny.yaml: 28x28x1
+// images, 4x4 patches, width 64, depth 4, 4 heads, feed-forward 128).
+// s16: ViT-S/16 (224x224x3, 16x16 patches, width 384, depth 12, 6 heads,
+// feed-forward 1536, 1000 classes), as timm's vit_small_patch16_224.
+// bf16 / fp16: autocast with f32 master weights (fp16 with loss scaling), as
+// the trainer's `precision`. On a GPU each step ends with a device
+// synchronisation, so the time is the step's whole device time.
 // Prints one CSV line: ours,batch,median_ms,images_per_s,peak_mb
 #include <algorithm>
 #include <chrono>
@@ -15,57 +22,92 @@
 #include "autograd/engine.h"
 #include "core/allocator.h"
 #include "nn/models.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
+#include "optim/grad_scaler.h"
 
 using namespace forge;
 
 int main(int argc, char** argv) {
   int64_t B = 128, steps = 30, warmup = 5;
+  std::string model_name = "tiny", device_name = "cpu", precision = "fp32";
   for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    const int64_t v = std::atoll(argv[i + 1]);
-    if (a == "--batch") B = v;
-    else if (a == "--steps") steps = v;
-    else if (a == "--warmup") warmup = v;
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--batch") B = std::atoll(v.c_str());
+    else if (a == "--steps") steps = std::atoll(v.c_str());
+    else if (a == "--warmup") warmup = std::atoll(v.c_str());
+    else if (a == "--model") model_name = v;
+    else if (a == "--device") device_name = v;
+    else if (a == "--precision") precision = v;
     else {
       std::fprintf(stderr, "bench_vit_step: unknown option %s\n", a.c_str());
       return 2;
     }
   }
+  if ((model_name != "tiny" && model_name != "s16") ||
+      (device_name != "cpu" && device_name != "cuda") ||
+      (precision != "fp32" && precision != "bf16" && precision != "fp16") || B <= 0 || steps <= 0) {
+    std::fprintf(stderr, "bench_vit_step: bad arguments (see the comment at the top of vit_step.cpp)\n");
+    return 2;
+  }
+  if (device_name == "cuda" && cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_vit_step: --device cuda, but no CUDA device is visible\n");
+    return 1;
+  }
+  const Device device = device_name == "cuda" ? Device::cuda(0) : Device::cpu();
+  const DType autocast = precision == "bf16" ? DType::bf16 : precision == "fp16" ? DType::f16 : DType::f32;
+
   nn::ViTConfig c;
-  c.image_size = 28;
-  c.patch_size = 4;
-  c.channels = 1;
-  c.classes = 10;
-  c.dim = 64;
-  c.depth = 4;
-  c.heads = 4;
-  c.mlp_ratio = 2;
+  if (model_name == "tiny") {
+    c.image_size = 28;
+    c.patch_size = 4;
+    c.channels = 1;
+    c.classes = 10;
+    c.dim = 64;
+    c.depth = 4;
+    c.heads = 4;
+    c.mlp_ratio = 2;
+  } else {
+    c = nn::ViTConfig::preset("S", 224, 16, 1000);
+  }
   Generator gen(0);
   nn::ViT model(c, &gen);
+  model.to(device);
   model.set_generator(&gen);
   optim::AdamW opt(optim::param_groups(model, 0.05, true), 2e-3);
-  const Tensor x = Tensor::randn({B, 1, 28, 28}, DType::f32, &gen);
+  optim::GradScaler scaler(optim::GradScalerOptions{.enabled = precision == "fp16"});
+  const Tensor x = Tensor::randn({B, c.channels, c.image_size, c.image_size}, DType::f32, &gen).to(device);
   std::vector<int64_t> labels(static_cast<size_t>(B));
-  for (int64_t i = 0; i < B; ++i) labels[static_cast<size_t>(i)] = i % 10;
-  const Tensor y = Tensor::from_vector(labels, {B});
+  for (int64_t i = 0; i < B; ++i) labels[static_cast<size_t>(i)] = i % c.classes;
+  const Tensor y = Tensor::from_vector(labels, {B}).to(device);
 
   std::vector<double> ms;
-  reset_peak_memory();
-  const int64_t base = memory_stats().current;
+  cuda_synchronize(device);
+  reset_peak_memory(device);
+  const int64_t base = memory_stats(device).current;
   for (int64_t s = 0; s < warmup + steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
-    const Tensor loss = ops::cross_entropy(model.forward(x), y);
-    autograd::backward(loss);
-    opt.step();
+    Tensor loss;
+    {
+      ops::AutocastGuard guard(autocast);
+      loss = ops::cross_entropy(model.forward(x), y);
+    }
+    autograd::backward(scaler.enabled() ? scaler.scale(loss) : loss);
+    if (scaler.enabled()) {
+      scaler.step(opt);
+      scaler.update();
+    } else {
+      opt.step();
+    }
     model.zero_grad();
+    cuda_synchronize(device);
     const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
   std::printf("ours,%ld,%.2f,%.0f,%.1f\n", static_cast<long>(B), median, 1000.0 * static_cast<double>(B) / median,
-              static_cast<double>(memory_stats().peak - base) / (1 << 20));
+              static_cast<double>(memory_stats(device).peak - base) / (1 << 20));
   return 0;
 }

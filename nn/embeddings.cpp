@@ -150,17 +150,14 @@ Tensor PatchEmbed::forward(const Tensor& images) {
   FORGE_CHECK(images.dim() == 4 && images.size(1) == in_chans,
               "PatchEmbed: expected images (B, {}, H, W), got {}", in_chans,
               shape_str(images.shape()));
-  const int64_t B = images.size(0), H = images.size(2), W = images.size(3), p = patch_size;
+  const int64_t H = images.size(2), W = images.size(3), p = patch_size;
   FORGE_CHECK(H % p == 0 && W % p == 0,
               "PatchEmbed: expected H and W divisible by the patch size {}, got H {} W {}; resize "
               "or pad the images",
               p, H, W);
-  // (B, C, H/p, p, W/p, p) -> (B, H/p, W/p, C, p, p): each patch's pixels in
-  // the conv weight's (C, p, p) order, so the conv is a linear map per patch.
-  const Tensor patches =
-      ops::permute(ops::reshape(images, {B, in_chans, H / p, p, W / p, p}), {0, 2, 4, 1, 3, 5});
-  return ops::linear(ops::reshape(patches, {B, (H / p) * (W / p), in_chans * p * p}),
-                     ops::reshape(proj->weight, {dim, in_chans * p * p}), proj->bias);
+  // The Conv2d(kernel = stride = p): a linear map per patch on the CPU, a
+  // cuDNN convolution on the GPU (ops/linalg/conv.h).
+  return ops::patch_embed(images, proj->weight, proj->bias, p);
 }
 
 Tensor prepend_token(const Tensor& token, const Tensor& x) {

@@ -20,9 +20,12 @@
 #include "data/image_io.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
+#include "optim/grad_scaler.h"
 #include "optim/lamb.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
+#include "ops/autocast.h"
+#include "ops/linalg/matmul.h"
 #include "ops/ops.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -108,7 +111,9 @@ optim::ScheduleConfig make_schedule(const Recipe& r, int64_t total_steps, int64_
 }
 
 // Class ids of the largest logit per row of (B, C), and how many equal `labels`.
-int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+int64_t count_correct(const Tensor& logits_any_device, const Tensor& labels_any_device) {
+  const Tensor logits = logits_any_device.to(Device::cpu());
+  const Tensor labels = labels_any_device.to(Device::cpu());
   const int64_t B = logits.size(0), C = logits.size(1);
   const int64_t* y = labels.data<int64_t>();
   int64_t correct = 0;
@@ -128,9 +133,49 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   return t.defined() && is_floating(t.dtype()) && t.dtype() != dtype ? t.to(dtype) : t;
 }
 
-data::Batch cast_batch(data::Batch b, DType dtype) {
+// The batch in the run's dtype, on the run's device.
+data::Batch cast_batch(data::Batch b, DType dtype, Device device) {
   b.input = to_dtype(b.input, dtype);
+  for (Tensor* t : {&b.input, &b.mask, &b.input2, &b.mask2, &b.label, &b.label_mix})
+    if (t->defined()) *t = t->to(device);
   return b;
+}
+
+// Where and in what types a recipe runs.
+struct Placement {
+  Device device = Device::cpu();
+  DType dtype = DType::f32;     // parameters, activations, gradients, optimizer state
+  DType autocast = DType::f32;  // bf16 / f16: the GEMMs' type under autocast; f32: off
+  bool loss_scaling = false;    // fp16: dynamic loss scaling
+  std::string note;             // said in the log when a request was adapted
+};
+
+Placement placement(const Recipe& r) {
+  Placement p;
+  const std::string& device = r.string("device");
+  const int gpus = cuda_device_count();
+  if (device == "cuda") {
+    FORGE_CHECK(gpus > 0,
+                "recipe: device: cuda, but {}; use device: auto (the GPU when there is one) or cpu",
+                cuda_built() ? "no CUDA device is visible on this machine"
+                             : "this build has no CUDA backend (nvcc was not found when it was "
+                               "configured)");
+    p.device = Device::cuda(0);
+  } else if (device == "auto" && gpus > 0) {
+    p.device = Device::cuda(0);
+  }
+  const std::string& precision = r.string("precision");
+  if (precision == "fp64") p.dtype = DType::f64;
+  if (precision == "bf16" || precision == "fp16") {
+    if (p.device.is_cuda()) {
+      p.autocast = precision == "bf16" ? DType::bf16 : DType::f16;
+      p.loss_scaling = precision == "fp16";
+    } else {
+      p.note = fmt::format("precision {} is mixed precision on a GPU; on the CPU this run is fp32",
+                           precision);
+    }
+  }
+  return p;
 }
 
 Tensor batch_loss(const Tensor& logits, const data::Batch& b, double smoothing) {
@@ -143,17 +188,19 @@ Tensor batch_loss(const Tensor& logits, const data::Batch& b, double smoothing) 
   return loss;
 }
 
-EvalResult run_eval(TaskModel& model, data::DataLoader& loader, DType dtype, double smoothing) {
+EvalResult run_eval(TaskModel& model, data::DataLoader& loader, const Placement& place,
+                    double smoothing) {
   nn::Module& m = model.module();
   const bool was_training = m.is_training();
   m.eval();
   NoGradGuard no_grad;
+  ops::AutocastGuard autocast(place.autocast);
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0;
   const int64_t epoch = 0;
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
-    const data::Batch b = cast_batch(loader.build(epoch, i), dtype);
+    const data::Batch b = cast_batch(loader.build(epoch, i), place.dtype, place.device);
     const Tensor logits = model.forward(b);
     loss_sum += batch_loss(logits, b, smoothing).item() * static_cast<double>(b.size);
     correct += count_correct(logits, b.label);
@@ -204,19 +251,19 @@ struct Window {
   }
 };
 
-void write_attention_maps(TaskModel& model, data::DataLoader& loader, DType dtype,
+void write_attention_maps(TaskModel& model, data::DataLoader& loader, const Placement& place,
                           const std::string& dir, spdlog::logger& log) {
   nn::Module& m = model.module();
   m.eval();
   NoGradGuard no_grad;
-  const data::Batch b = cast_batch(loader.build(0, 0), dtype);
+  const data::Batch b = cast_batch(loader.build(0, 0), place.dtype, place.device);
   const std::vector<Tensor> maps = model.attention_maps(b);
   m.train();
   fs::create_directories(dir);
   int64_t written = 0;
   for (size_t layer = 0; layer < maps.size(); ++layer) {
     if (!maps[layer].defined()) continue;
-    const Tensor a = maps[layer].to(DType::f64);  // (1, H, N, M)
+    const Tensor a = maps[layer].to(Device::cpu()).to(DType::f64);  // (1, H, N, M)
     const int64_t H = a.size(1), N = a.size(2), M = a.size(3);
     const double* p = a.data<double>();
     for (int64_t h = 0; h < H; ++h) {
@@ -246,10 +293,6 @@ int64_t completed_epochs(const data::DataLoader& loader) {
   return p.epoch + (p.batch >= loader.batches_per_epoch() ? 1 : 0);
 }
 
-DType precision_dtype(const Recipe& r) {
-  return r.string("precision") == "fp64" ? DType::f64 : DType::f32;
-}
-
 }  // namespace
 
 std::string default_run_dir(const Recipe& r) {
@@ -268,6 +311,7 @@ json::Value EvalResult::to_json() const {
 }
 
 TrainResult train(Recipe r, const TrainOptions& opt) {
+  const Placement place = placement(r);  // a missing GPU is an error before anything is written
   const std::string run_dir = opt.run_dir.empty() ? default_run_dir(r) : opt.run_dir;
   if (opt.resume) {
     FORGE_CHECK(fs::is_directory(run_dir), "--resume {}: no such run directory", run_dir);
@@ -295,7 +339,8 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
                run_dir, *ckpts.damaged_latest(), ckpts.dir());
   log = make_logger(run_dir, opt.console);
   for (const std::string& w : ckpts.warnings()) log->warn("{}", w);
-  const DType dtype = precision_dtype(r);
+  const DType dtype = place.dtype;
+  ops::set_allow_tf32(r.boolean("allow_tf32"));
   const int64_t threads = r.integer("threads");
   if (threads > 0) set_num_threads(static_cast<int>(threads));
   autograd::set_check_nan(opt.check_nan || r.boolean("loop.check_nan"));
@@ -318,9 +363,11 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   Generator gen(static_cast<uint64_t>(r.integer("seed")));
   std::unique_ptr<TaskModel> task = build_model(r, data.shape, dtype, &gen);
   nn::Module& model = task->module();
+  model.to(place.device);  // before the optimizer, whose state lives beside the parameters
   model.set_generator(&gen);
   model.train();
   auto optimizer = make_optimizer(r, model);
+  optim::GradScaler scaler(optim::GradScalerOptions{.enabled = place.loss_scaling});
   const optim::ScheduleConfig schedule = make_schedule(r, total_steps, std::max<int64_t>(steps_per_epoch, 1));
   const std::vector<Tensor> params = optimizer->parameters();  // for the gradient norm
   const double base_lr = r.number("optimizer.lr");
@@ -346,6 +393,9 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       FORGE_FAIL("--resume {}: checkpoint {} does not fit the run's recipe: {}", run_dir, *latest, e.what());
     }
     const json::Value& s = c.state;
+    if (const json::Value* gs = s.find("grad_scaler"))
+      scaler.set_state({{"scale", gs->at("scale").as_double()},
+                        {"growth_tracker", gs->at("growth_tracker").as_double()}});
     step = s.at("step").as_int();
     train_loader.seek({s.at("loader").at("epoch").as_int(), s.at("loader").at("batch").as_int()});
     gen.set_state(generator_from(s.at("generator")));
@@ -364,8 +414,9 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   }
   MetricsLog metrics(run_dir, opt.resume ? std::optional<int64_t>(step) : std::nullopt);
 
-  log->info("model: {} {} ({} parameters), attention {}, {} steps ({} per epoch, batch {} x {} accumulation), {} threads",
-            r.string("model.type"), r.string("precision"), model.num_parameters(),
+  if (!place.note.empty()) log->warn("{}", place.note);
+  log->info("model: {} {} on {} ({} parameters), attention {}, {} steps ({} per epoch, batch {} x {} accumulation), {} threads",
+            r.string("model.type"), r.string("precision"), place.device.str(), model.num_parameters(),
             r.string("model.attention.kind"), total_steps, steps_per_epoch,
             r.integer("loop.batch_size"), accum, num_threads());
 
@@ -390,6 +441,11 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     s["elapsed_s"] = elapsed_before + seconds_since(run_start);
     s["last_eval"]["loss"] = last_eval.loss;
     s["last_eval"]["accuracy"] = last_eval.accuracy;
+    if (place.loss_scaling) {
+      const auto st = scaler.state();
+      s["grad_scaler"]["scale"] = st.at("scale");
+      s["grad_scaler"]["growth_tracker"] = st.at("growth_tracker");
+    }
     c.state = s;
     const std::string path = ckpts.save(step, c, metric);
     log->info("checkpoint {}", path);
@@ -398,7 +454,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
 
   auto evaluate = [&]() {
     const auto t0 = Clock::now();
-    EvalResult e = run_eval(*task, eval_loader, dtype, smoothing);
+    EvalResult e = run_eval(*task, eval_loader, place, smoothing);
     e.step = step;
     last_eval = e;
     json::Value rec;
@@ -420,7 +476,8 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   EtaEstimator eta;
   std::string last_ckpt;
   int64_t last_ckpt_step = opt.resume ? step : -1;
-  reset_peak_memory();
+  reset_peak_memory(place.device);
+  int64_t skipped_steps = 0;  // fp16: steps the loss scaler skipped for inf / NaN gradients
   while (step < total_steps) {
     if (opt.stop_requested && opt.stop_requested(step)) {
       if (last_ckpt_step != step) last_ckpt = save(std::nullopt);
@@ -436,9 +493,13 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       data::Batch b;
       while (!train_loader.next(b)) {
       }
-      b = cast_batch(std::move(b), dtype);
-      const Tensor logits = task->forward(b);
-      const Tensor loss = batch_loss(logits, b, smoothing);
+      b = cast_batch(std::move(b), dtype, place.device);
+      Tensor logits, loss;
+      {
+        ops::AutocastGuard autocast(place.autocast);
+        logits = task->forward(b);
+        loss = batch_loss(logits, b, smoothing);
+      }
       const double l = loss.item();
       if (!std::isfinite(l)) {
         const auto good = ckpts.latest();
@@ -448,18 +509,34 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
                    good ? "The last good checkpoint is " + *good + " (attnforge train --resume " + run_dir + ")"
                         : std::string("No checkpoint was written yet"));
       }
-      autograd::backward(accum == 1 ? loss : ops::mul(loss, 1.0 / static_cast<double>(accum)));
+      const Tensor scaled = accum == 1 ? loss : ops::mul(loss, 1.0 / static_cast<double>(accum));
+      autograd::backward(place.loss_scaling ? scaler.scale(scaled) : scaled);
       window.loss_sum += l * static_cast<double>(b.size);
       window.correct += count_correct(logits, b.label);
       window.examples += b.size;
       window.tokens += b.tokens;
     }
-    const double norm = clip > 0 ? optim::clip_grad_norm(params, clip) : optim::grad_norm(params);
-    FORGE_CHECK(std::isfinite(norm),
-                "step {}: the gradient norm is {}; stopping (the last good checkpoint is kept). "
-                "Rerun with --check-nan to name the op whose backward produced it",
-                step + 1, norm);
-    optimizer->step();
+    // fp16: gradients are unscaled first; an overflow skips the step and lowers
+    // the scale (dynamic loss scaling), it does not stop the run.
+    const bool grads_finite = place.loss_scaling ? scaler.unscale(*optimizer) : true;
+    double norm = 0;
+    if (grads_finite) {
+      norm = clip > 0 ? optim::clip_grad_norm(params, clip) : optim::grad_norm(params);
+      FORGE_CHECK(std::isfinite(norm),
+                  "step {}: the gradient norm is {}; stopping (the last good checkpoint is kept). "
+                  "Rerun with --check-nan to name the op whose backward produced it",
+                  step + 1, norm);
+    }
+    if (place.loss_scaling) {
+      if (!scaler.step(*optimizer)) {
+        ++skipped_steps;
+        log->warn("step {}: inf / NaN gradients at loss scale {}; step skipped, scale lowered",
+                  step + 1, scaler.get_scale());
+      }
+      scaler.update();
+    } else {
+      optimizer->step();
+    }
     model.zero_grad();
     ++step;
     const double dt = seconds_since(t0);
@@ -470,7 +547,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
 
     const bool last = step == total_steps;
     if (step % log_every == 0 || last) {
-      const MemoryStats mem = memory_stats();
+      const MemoryStats mem = memory_stats(place.device);
       const double epoch_f = static_cast<double>(train_loader.position().epoch) +
                              static_cast<double>(train_loader.position().batch) /
                                  static_cast<double>(std::max<int64_t>(train_loader.batches_per_epoch(), 1));
@@ -516,10 +593,12 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   write_plot(run_dir);
   if (result.status == TrainResult::Status::finished) {
     if (r.boolean("output.attention_maps"))
-      write_attention_maps(*task, eval_loader, dtype, (fs::path(run_dir) / "attention_maps").string(), *log);
-    log->info("done: {} steps in {}; eval accuracy {:.2f}%, loss {:.4f}; curves in {}", step,
+      write_attention_maps(*task, eval_loader, place, (fs::path(run_dir) / "attention_maps").string(), *log);
+    log->info("done: {} steps in {}; eval accuracy {:.2f}%, loss {:.4f}; curves in {}{}", step,
               format_duration(seconds_since(run_start)), 100 * last_eval.accuracy, last_eval.loss,
-              (fs::path(run_dir) / "curves.svg").string());
+              (fs::path(run_dir) / "curves.svg").string(),
+              skipped_steps ? fmt::format(" ({} steps skipped by the loss scaler)", skipped_steps)
+                            : std::string());
   }
   autograd::set_check_nan(false);
   log->flush();
@@ -531,19 +610,21 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::string& split,
   const Checkpoint c = read_checkpoint(dir);
   Recipe r = Recipe::from_yaml(c.recipe_yaml, dir + "/model.safetensors (recipe)");
   for (const std::string& s : overrides) r.set(s);
-  const DType dtype = precision_dtype(r);
+  const Placement place = placement(r);
+  ops::set_allow_tf32(r.boolean("allow_tf32"));
   if (r.integer("threads") > 0) set_num_threads(static_cast<int>(r.integer("threads")));
   const fs::path run_dir = fs::path(dir).parent_path().parent_path();
   TaskData data = build_data(r, (run_dir / "data").string(), split, false, [](const std::string&) {});
   data::DataLoader loader(data.eval, loader_options(r, data, false));
   Generator gen(static_cast<uint64_t>(r.integer("seed")));
-  std::unique_ptr<TaskModel> task = build_model(r, data.shape, dtype, &gen);
+  std::unique_ptr<TaskModel> task = build_model(r, data.shape, place.dtype, &gen);
+  task->module().to(place.device);
   try {
     task->module().load_state_dict(c.model);
   } catch (const Error& e) {
     FORGE_FAIL("{}: the weights do not fit the recipe's model: {}", dir, e.what());
   }
-  EvalResult e = run_eval(*task, loader, dtype, r.number("loop.label_smoothing"));
+  EvalResult e = run_eval(*task, loader, place, r.number("loop.label_smoothing"));
   e.split = split.empty() ? r.string("data.eval_split") : split;
   e.step = c.state.at("step").as_int();
   return e;

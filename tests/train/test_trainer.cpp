@@ -114,6 +114,32 @@ void expect_bit_equal(const std::map<std::string, Tensor>& a, const std::map<std
   }
 }
 
+TEST(Trainer, DeviceCudaWithoutAGpuIsAClearErrorAndCreatesNoRun) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible; this covers machines without one";
+  Recipe r = tiny_recipe();
+  r.set("device=cuda");
+  const std::string dir = fresh_dir("no_gpu");
+  forge::testing::expect_error([&] { train(r, quiet(dir)); }, {"device: cuda", "auto"});
+  EXPECT_FALSE(fs::exists(dir)) << "checked before the run directory is made";
+  fs::remove_all(dir);
+}
+
+TEST(Trainer, MixedPrecisionOnTheCpuRunsAsFp32AndSaysSo) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible; device auto would use it";
+  Recipe r = tiny_recipe();
+  r.set("device=auto");
+  r.set("precision=bf16");
+  r.set("loop.epochs=0");
+  r.set("loop.steps=6");
+  const std::string dir = fresh_dir("bf16_cpu");
+  const TrainResult result = train(r, quiet(dir));
+  EXPECT_EQ(result.steps, 6);
+  const std::string log = forge::testing::read_file(fs::path(dir) / "train.log");
+  EXPECT_NE(log.find("on the CPU this run is fp32"), std::string::npos) << log;
+  EXPECT_NE(log.find("on cpu"), std::string::npos) << log;
+  fs::remove_all(dir);
+}
+
 TEST(Trainer, TinyRecipeLearns) {
   const std::string dir = fresh_dir("learns");
   const TrainResult r = train(tiny_recipe(), quiet(dir));
