@@ -6,7 +6,7 @@ SANITIZE ?= build-sanitize
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train test-sanitize bench bench-attention bench-stack bench-torch bench-vit format clean
+.PHONY: all deps configure build test train test-sanitize gpu-bundle bench bench-attention bench-stack bench-torch bench-vit format clean
 
 all: build
 
@@ -31,13 +31,18 @@ train: configure
 	$(BUILD)/apps/attnforge train $(RECIPE) --out runs/$(basename $(notdir $(RECIPE)))-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 # The CPU code under AddressSanitizer + UndefinedBehaviorSanitizer. The CUDA
-# device slot is left out: the CUDA runtime maps memory where ASan keeps its
-# shadow, and there is no GPU code to check in this build.
+# backend is left out: the CUDA runtime maps memory where ASan keeps its
+# shadow, and no GPU is visible here to run its code (test_cuda is not built).
 test-sanitize: deps
 	cmake -S . -B $(SANITIZE) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFORGE_SANITIZE=ON -DFORGE_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(SANITIZE) -j$(JOBS) --target test_core test_autograd test_ops test_attention test_nn test_optim test_data test_train attnforge
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --test-dir $(SANITIZE) --output-on-failure -j$(JOBS)
+	  ctest --test-dir $(SANITIZE) --output-on-failure -j$(JOBS) -E '^test_cuda$$'
+
+# The GPU tests and benchmarks packed for a machine with a GPU but without our
+# packages (docs/GPU.md): .gpu/attnforge-gpu.tar.xz, run there by scripts/gpu/run.sh.
+gpu-bundle: deps
+	bash scripts/gpu/bundle.sh
 
 bench: build
 	$(BUILD)/bench/bench_core

@@ -36,19 +36,21 @@ std::vector<double> sums_of_squares(const std::vector<Tensor>& params) {
     }
     sums[k] = sum_of_squares(g);
   }
-  for (const auto& [index, ks] : on_gpu) {
-    const Device device = Device::cuda(index);
-    const Tensor out = Tensor::empty({static_cast<int64_t>(ks.size())}, DType::f64, device);
-    const Tensor scratch =
-        Tensor::empty({cuda::optim::reduce_scratch_size(index)}, DType::f64, device);
-    double* out_data = static_cast<double*>(out.raw_device_data());
-    for (size_t j = 0; j < ks.size(); ++j) {
-      const Tensor g = params[ks[j]].grad();
-      cuda::optim::sum_of_squares(g.dtype(), index, g.raw_device_data(), g.numel(),
-                                  static_cast<double*>(scratch.raw_device_data()), out_data + j);
+  if constexpr (kCudaBuilt) {  // on_gpu is empty in a build without CUDA
+    for (const auto& [index, ks] : on_gpu) {
+      const Device device = Device::cuda(index);
+      const Tensor out = Tensor::empty({static_cast<int64_t>(ks.size())}, DType::f64, device);
+      const Tensor scratch =
+          Tensor::empty({cuda::optim::reduce_scratch_size(index)}, DType::f64, device);
+      double* out_data = static_cast<double*>(out.raw_device_data());
+      for (size_t j = 0; j < ks.size(); ++j) {
+        const Tensor g = params[ks[j]].grad();
+        cuda::optim::sum_of_squares(g.dtype(), index, g.raw_device_data(), g.numel(),
+                                    static_cast<double*>(scratch.raw_device_data()), out_data + j);
+      }
+      const std::vector<double> host = out.to_vector<double>();
+      for (size_t j = 0; j < ks.size(); ++j) sums[ks[j]] = host[j];
     }
-    const std::vector<double> host = out.to_vector<double>();
-    for (size_t j = 0; j < ks.size(); ++j) sums[ks[j]] = host[j];
   }
   return sums;
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/philox.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -186,6 +187,16 @@ TEST(RngDistribution, RandRejectsIntegerDtypes) {
   Generator g(0);
   EXPECT_THROW(Tensor::rand({3}, DType::i32, &g), Error);
   EXPECT_THROW(Tensor::randn({3}, DType::i64, &g), Error);
+}
+
+TEST(Philox, TheSharedBlockFunctionIsTheGenerators) {
+  // core/philox.h is what the GPU kernels run; it must be the CPU stream.
+  for (uint64_t b = 0; b < 8; ++b) {
+    const Philox4x32 w = Generator::block(42, 7, b);
+    const PhiloxWords p = philox_block(42, 7, b);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(w[static_cast<size_t>(i)], p.w[i]);
+    EXPECT_EQ(philox_unit_f32(p.w[1]), Generator::uniform_f32(42, 7, 4 * b + 1));
+  }
 }
 
 }  // namespace
