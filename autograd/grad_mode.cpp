@@ -10,7 +10,7 @@ namespace forge::autograd {
 namespace {
 thread_local bool g_grad_enabled = true;
 std::atomic<bool> g_check_nan{false};
-}
+}  // namespace
 
 bool grad_enabled() {
   return g_grad_enabled;

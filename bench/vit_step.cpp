@@ -34,12 +34,18 @@ int main(int argc, char** argv) {
   std::string model_name = "tiny", device_name = "cpu", precision = "fp32";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--batch") B = std::atoll(v.c_str());
-    else if (a == "--steps") steps = std::atoll(v.c_str());
-    else if (a == "--warmup") warmup = std::atoll(v.c_str());
-    else if (a == "--model") model_name = v;
-    else if (a == "--device") device_name = v;
-    else if (a == "--precision") precision = v;
+    if (a == "--batch")
+      B = std::atoll(v.c_str());
+    else if (a == "--steps")
+      steps = std::atoll(v.c_str());
+    else if (a == "--warmup")
+      warmup = std::atoll(v.c_str());
+    else if (a == "--model")
+      model_name = v;
+    else if (a == "--device")
+      device_name = v;
+    else if (a == "--precision")
+      precision = v;
     else {
       std::fprintf(stderr, "bench_vit_step: unknown option %s\n", a.c_str());
       return 2;
@@ -48,7 +54,8 @@ int main(int argc, char** argv) {
   if ((model_name != "tiny" && model_name != "s16") ||
       (device_name != "cpu" && device_name != "cuda") ||
       (precision != "fp32" && precision != "bf16" && precision != "fp16") || B <= 0 || steps <= 0) {
-    std::fprintf(stderr, "bench_vit_step: bad arguments (see the comment at the top of vit_step.cpp)\n");
+    std::fprintf(stderr,
+                 "bench_vit_step: bad arguments (see the comment at the top of vit_step.cpp)\n");
     return 2;
   }
   if (device_name == "cuda" && cuda_device_count() == 0) {
@@ -56,7 +63,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const Device device = device_name == "cuda" ? Device::cuda(0) : Device::cpu();
-  const DType autocast = precision == "bf16" ? DType::bf16 : precision == "fp16" ? DType::f16 : DType::f32;
+  const DType autocast = precision == "bf16"   ? DType::bf16
+                         : precision == "fp16" ? DType::f16
+                                               : DType::f32;
 
   nn::ViTConfig c;
   if (model_name == "tiny") {
@@ -77,7 +86,8 @@ int main(int argc, char** argv) {
   model.set_generator(&gen);
   optim::AdamW opt(optim::param_groups(model, 0.05, true), 2e-3);
   optim::GradScaler scaler(optim::GradScalerOptions{.enabled = precision == "fp16"});
-  const Tensor x = Tensor::randn({B, c.channels, c.image_size, c.image_size}, DType::f32, &gen).to(device);
+  const Tensor x =
+      Tensor::randn({B, c.channels, c.image_size, c.image_size}, DType::f32, &gen).to(device);
   std::vector<int64_t> labels(static_cast<size_t>(B));
   for (int64_t i = 0; i < B; ++i) labels[static_cast<size_t>(i)] = i % c.classes;
   const Tensor y = Tensor::from_vector(labels, {B}).to(device);
@@ -102,12 +112,14 @@ int main(int argc, char** argv) {
     }
     model.zero_grad();
     cuda_synchronize(device);
-    const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double t =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
-  std::printf("ours,%ld,%.2f,%.0f,%.1f\n", static_cast<long>(B), median, 1000.0 * static_cast<double>(B) / median,
+  std::printf("ours,%ld,%.2f,%.0f,%.1f\n", static_cast<long>(B), median,
+              1000.0 * static_cast<double>(B) / median,
               static_cast<double>(memory_stats(device).peak - base) / (1 << 20));
   return 0;
 }

@@ -56,8 +56,7 @@ void fail_call(cudaError_t err, const char* kind, const char* what, const char* 
                           cudaGetErrorString(err)));
 }
 
-void fail_status(const char* call, const char* status, long long code, const char* file,
-                 int line) {
+void fail_status(const char* call, const char* status, long long code, const char* file, int line) {
   throw_error(file, line, fmt::format("{} failed: {} (status {})", call, status, code));
 }
 

@@ -17,29 +17,29 @@
 
 // Checks a CUDA runtime call: a forge::Error names the call, the error and
 // where it was made.
-#define FORGE_CUDA_CHECK(call)                                                   \
-  do {                                                                           \
-    const cudaError_t forge_err_ = (call);                                       \
-    if (forge_err_ != cudaSuccess) [[unlikely]]                                  \
+#define FORGE_CUDA_CHECK(call)                                                      \
+  do {                                                                              \
+    const cudaError_t forge_err_ = (call);                                          \
+    if (forge_err_ != cudaSuccess) [[unlikely]]                                     \
       ::forge::cuda::fail_call(forge_err_, "CUDA call", #call, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel launch: reports a bad launch configuration (or an earlier
 // asynchronous fault) naming the kernel.
-#define FORGE_CUDA_CHECK_LAUNCH(kernel_name)                                           \
-  do {                                                                                 \
-    const cudaError_t forge_err_ = cudaGetLastError();                                 \
-    if (forge_err_ != cudaSuccess) [[unlikely]]                                        \
+#define FORGE_CUDA_CHECK_LAUNCH(kernel_name)                                                \
+  do {                                                                                      \
+    const cudaError_t forge_err_ = cudaGetLastError();                                      \
+    if (forge_err_ != cudaSuccess) [[unlikely]]                                             \
       ::forge::cuda::fail_call(forge_err_, "CUDA kernel", kernel_name, __FILE__, __LINE__); \
   } while (0)
 
 // Checks a library status (cuBLAS, cuDNN): `ok` is the success value and
 // `name` the library's name for the status.
-#define FORGE_CUDA_CHECK_STATUS(call, ok, status_name)                                    \
-  do {                                                                                    \
-    const auto forge_status_ = (call);                                                    \
-    if (forge_status_ != (ok)) [[unlikely]]                                               \
-      ::forge::cuda::fail_status(#call, status_name(forge_status_),                      \
+#define FORGE_CUDA_CHECK_STATUS(call, ok, status_name)                                       \
+  do {                                                                                       \
+    const auto forge_status_ = (call);                                                       \
+    if (forge_status_ != (ok)) [[unlikely]]                                                  \
+      ::forge::cuda::fail_status(#call, status_name(forge_status_),                          \
                                  static_cast<long long>(forge_status_), __FILE__, __LINE__); \
   } while (0)
 

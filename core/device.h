@@ -36,6 +36,6 @@ inline constexpr bool kCudaBuilt = false;
 // Opens the CUDA branch of an op: `FORGE_IF_CUDA(x) return cuda_op(x);`. In a
 // build without CUDA the branch is discarded at compile time (no tensor can be
 // on a GPU there), so the CUDA entry points need no definition.
-#define FORGE_IF_CUDA(tensor) \
+#define FORGE_IF_CUDA(tensor)        \
   if constexpr (::forge::kCudaBuilt) \
     if ((tensor).device().is_cuda())

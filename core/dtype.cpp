@@ -76,7 +76,7 @@ uint16_t float_to_f16_bits(float v) {
   std::memcpy(&u, &v, 4);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t abs = u & 0x7FFFFFFFu;
-  if (abs > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
+  if (abs > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);   // NaN
   if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds past 65504
   if (abs < 0x38800000u) {
     // Below the smallest normal 2^-14: a subnormal multiple of 2^-24, rounded

@@ -28,11 +28,11 @@ class Error : public std::runtime_error {
 #define FORGE_FORMAT(...) ::fmt::format(__VA_ARGS__)
 #endif
 
-#define FORGE_CHECK(cond, ...)                                              \
-  do {                                                                      \
-    if (!(cond)) [[unlikely]] {                                             \
-      ::forge::throw_error(__FILE__, __LINE__, FORGE_FORMAT(__VA_ARGS__));  \
-    }                                                                       \
+#define FORGE_CHECK(cond, ...)                                             \
+  do {                                                                     \
+    if (!(cond)) [[unlikely]] {                                            \
+      ::forge::throw_error(__FILE__, __LINE__, FORGE_FORMAT(__VA_ARGS__)); \
+    }                                                                      \
   } while (0)
 
 #define FORGE_FAIL(...) ::forge::throw_error(__FILE__, __LINE__, FORGE_FORMAT(__VA_ARGS__))

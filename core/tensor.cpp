@@ -1,13 +1,12 @@
 #include "core/tensor.h"
 
-#include "core/cuda_tensor.h"
-
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <ostream>
 #include <sstream>
 
+#include "core/cuda_tensor.h"
 #include "core/threading.h"
 
 namespace forge {
@@ -91,7 +90,8 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
 }
 
 void Tensor::fill(double value) {
-  FORGE_IF_CUDA(*this) return cuda::fill(dtype(), device().index, raw_device_data(), numel(), value);
+  FORGE_IF_CUDA(*this)
+  return cuda::fill(dtype(), device().index, raw_device_data(), numel(), value);
   if (dtype() == DType::bf16 || dtype() == DType::f16) {
     const float f = static_cast<float>(value);
     const uint16_t bits = dtype() == DType::bf16 ? float_to_bf16_bits(f) : float_to_f16_bits(f);
@@ -251,7 +251,8 @@ void Tensor::copy_from(const Tensor& src) {
               src.numel(), dtype_name(src.dtype()));
   if (nbytes() == 0) return;
   const size_t esize = dtype_size(dtype());
-  void* dst = static_cast<char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(esize);
+  void* dst =
+      static_cast<char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(esize);
   const void* from = static_cast<const char*>(src.impl().storage->data()) +
                      src.impl().offset * static_cast<int64_t>(esize);
   if (device() == src.device()) {

@@ -218,13 +218,14 @@ void MultiHeadAttention::tick_redraw() {
   if (!projection_matrix.defined() || !is_training() || projections_fixed_ ||
       config.feature_redraw_interval == 0)
     return;
-  int64_t* calls = calls_since_last_redraw.data<int64_t>();
-  if (*calls >= config.feature_redraw_interval) {
+  // The counter is a buffer (it travels in checkpoints) and may sit on a GPU.
+  const auto calls = calls_since_last_redraw.item<int64_t>();
+  if (calls >= config.feature_redraw_interval) {
     redraw_projection();
-    *calls = 0;
+    calls_since_last_redraw.fill(0);
     return;
   }
-  *calls += 1;
+  calls_since_last_redraw.fill(static_cast<double>(calls + 1));
 }
 
 MultiHeadAttention::Projected MultiHeadAttention::project(const Tensor& x, const Tensor& mask,
@@ -288,9 +289,8 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
       // Causal with a ragged end: pad to whole buckets with masked positions at
       // the end (they come after every real query, so nothing real sees them).
       const int64_t pad = s - N % s;
-      const Tensor real =
-          key_mask.defined() ? key_mask.to(DType::u8)
-                             : Tensor::ones({q.size(0), N}, DType::u8, q.device());
+      const Tensor real = key_mask.defined() ? key_mask.to(DType::u8)
+                                             : Tensor::ones({q.size(0), N}, DType::u8, q.device());
       Tensor padded_mask = ops::pad(real, {0, pad});
       Tensor o = att::efficient(ops::pad(q, {0, 0, 0, pad}), ops::pad(k, {0, 0, 0, pad}),
                                 ops::pad(v, {0, 0, 0, pad}), padded_mask,
@@ -399,8 +399,7 @@ Tensor MultiHeadAttention::attention_maps(const Tensor& x, const Tensor& mask,
   // local heads a key outside the band of windows.
   auto blocked = [&](bool band) {
     std::vector<uint8_t> a(static_cast<size_t>(B * N * M));
-    const Tensor km =
-        p.key_mask.defined() ? p.key_mask.to(Device::cpu()).to(DType::u8) : Tensor();
+    const Tensor km = p.key_mask.defined() ? p.key_mask.to(Device::cpu()).to(DType::u8) : Tensor();
     const int64_t w = c.local_window, lb = c.local_look_backward;
     const int64_t lf = c.local_look_forward >= 0 ? c.local_look_forward : (c.causal ? 0 : 1);
     for (int64_t b = 0; b < B; ++b)

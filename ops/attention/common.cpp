@@ -11,8 +11,8 @@ Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
     FORGE_CHECK(t.defined(), "attention::{}: {} is undefined", op, names[i]);
     FORGE_CHECK(t.dim() == 4, "attention::{}: {} must be [B, H, len, dim], got {}", op, names[i],
                 shape_str(t.shape()));
-    FORGE_CHECK(t.device() == q.device(), "attention::{}: {} is on {} but q is on {}", op,
-                names[i], t.device().str(), q.device().str());
+    FORGE_CHECK(t.device() == q.device(), "attention::{}: {} is on {} but q is on {}", op, names[i],
+                t.device().str(), q.device().str());
     FORGE_CHECK(cuda_ok || t.device().is_cpu(),
                 "attention::{}: {} is on {}, and this mechanism runs on the CPU only so far (its "
                 "fused CUDA kernels are not written yet); on the GPU use the softmax mechanism, "

@@ -14,13 +14,13 @@
 #include "autograd/node.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/common.h"
+#include "ops/attention/registry.h"
+#include "ops/blas.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linalg/matmul.h"
 #include "ops/nn/functional.h"
 #include "ops/reduce/reduce.h"
-#include "ops/attention/common.h"
-#include "ops/attention/registry.h"
-#include "ops/blas.h"
 
 namespace forge::ops::attention {
 

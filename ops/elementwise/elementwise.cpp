@@ -16,6 +16,7 @@
 #include "autograd/node.h"
 #include "core/threading.h"
 #include "ops/elementwise/elementwise_cuda.h"
+#include "ops/elementwise/gelu_constants.h"
 
 namespace forge::ops {
 
@@ -652,10 +653,7 @@ Tensor relu(const Tensor& x) {
 
 namespace {
 
-constexpr double kInvSqrt2 = 0.70710678118654752440;     // 1 / sqrt(2)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1 / sqrt(2 pi)
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2 / pi)
-constexpr double kGeluCubic = 0.044715;
+using namespace gelu_constants;
 
 // Phi(x) = (1 + erf(x / sqrt 2)) / 2, written with erfc so that the far
 // negative tail keeps its relative precision instead of cancelling to 0.

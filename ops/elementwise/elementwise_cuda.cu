@@ -11,16 +11,13 @@
 #include "core/allocator.h"
 #include "core/cuda_kernels.cuh"
 #include "ops/elementwise/elementwise_cuda.h"
+#include "ops/elementwise/gelu_constants.h"
 
 namespace forge::cuda {
 
 namespace {
 
-// The same constants as the CPU ops (elementwise.cpp).
-constexpr double kInvSqrt2 = 0.70710678118654752440;     // 1 / sqrt(2)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1 / sqrt(2 pi)
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2 / pi)
-constexpr double kGeluCubic = 0.044715;
+using namespace ops::gelu_constants;  // the CPU ops' constants
 
 // An enum value as a type, so that a runtime op can pick a kernel template.
 template <auto V>

@@ -57,33 +57,41 @@ void with_element_size(size_t esize, F&& f) {
   }
 }
 
-// dst[i] = src[i] for every multi-index i of `sizes`, where element i lies
-// sum_k i_k * strides[k] elements past each base. Size-1 dims are dropped and
-// neighbouring dims that are contiguous in both src and dst are merged, so a
-// block copy becomes a few long memcpy runs; a permute that moves the last dim
-// keeps an element loop (reads strided, writes sequential).
-void strided_copy(const Shape& sizes, const char* src, const Strides& src_strides, char* dst,
-                  const Strides& dst_strides, size_t esize) {
+// The dims of a strided copy with size-1 dims dropped and neighbouring dims
+// that are contiguous in both src and dst merged (so a block copy becomes a
+// few long runs); empty when a size is 0, one dim of 1 for a single element.
+struct MergedDims {
   Shape n;
   Strides ss, ds;
+};
+
+MergedDims merge_dims(const Shape& sizes, const Strides& src_strides, const Strides& dst_strides) {
+  MergedDims m;
   for (size_t k = 0; k < sizes.size(); ++k) {
-    if (sizes[k] == 0) return;
+    if (sizes[k] == 0) return {};
     if (sizes[k] == 1) continue;
-    if (!n.empty() && ss.back() == src_strides[k] * sizes[k] &&
-        ds.back() == dst_strides[k] * sizes[k]) {
-      n.back() *= sizes[k];
-      ss.back() = src_strides[k];
-      ds.back() = dst_strides[k];
+    if (!m.n.empty() && m.ss.back() == src_strides[k] * sizes[k] &&
+        m.ds.back() == dst_strides[k] * sizes[k]) {
+      m.n.back() *= sizes[k];
+      m.ss.back() = src_strides[k];
+      m.ds.back() = dst_strides[k];
     } else {
-      n.push_back(sizes[k]);
-      ss.push_back(src_strides[k]);
-      ds.push_back(dst_strides[k]);
+      m.n.push_back(sizes[k]);
+      m.ss.push_back(src_strides[k]);
+      m.ds.push_back(dst_strides[k]);
     }
   }
-  if (n.empty()) {
-    std::memcpy(dst, src, esize);
-    return;
-  }
+  if (m.n.empty()) m = {{1}, {1}, {1}};
+  return m;
+}
+
+// dst[i] = src[i] for every multi-index i of the merged dims, where element i
+// lies sum_k i_k * strides[k] elements past each base: long memcpy runs where
+// the last dim is contiguous in both; a permute that moves the last dim keeps
+// an element loop (reads strided, writes sequential).
+void strided_copy(const MergedDims& m, const char* src, char* dst, size_t esize) {
+  const Shape& n = m.n;
+  const Strides &ss = m.ss, &ds = m.ds;
   // The last merged dim is the inner loop; the rest form `rows` walked by an odometer.
   const int64_t outer_dims = static_cast<int64_t>(n.size()) - 1;
   const int64_t inner = n.back(), inner_src = ss.back(), inner_dst = ds.back();
@@ -131,12 +139,15 @@ void strided_copy(const Shape& sizes, const char* src, const Strides& src_stride
 void copy_strided(const Shape& sizes, const Tensor& src, int64_t src_off, const Strides& ss,
                   const Tensor& dst, int64_t dst_off, const Strides& ds) {
   const auto esize = static_cast<int64_t>(dtype_size(src.dtype()));
+  const MergedDims m = merge_dims(sizes, ss, ds);
+  if (m.n.empty()) return;  // nothing to copy
   FORGE_IF_CUDA(dst) {
-    return cuda::strided_copy(dst.device().index, static_cast<size_t>(esize), sizes,
-                              static_cast<const char*>(src.raw_device_data()) + src_off * esize, ss,
-                              static_cast<char*>(dst.raw_device_data()) + dst_off * esize, ds);
+    return cuda::strided_copy(dst.device().index, static_cast<size_t>(esize), m.n,
+                              static_cast<const char*>(src.raw_device_data()) + src_off * esize,
+                              m.ss, static_cast<char*>(dst.raw_device_data()) + dst_off * esize,
+                              m.ds);
   }
-  strided_copy(sizes, bytes(src) + src_off * esize, ss, bytes(dst) + dst_off * esize, ds,
+  strided_copy(m, bytes(src) + src_off * esize, bytes(dst) + dst_off * esize,
                static_cast<size_t>(esize));
 }
 

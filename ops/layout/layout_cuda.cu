@@ -207,27 +207,9 @@ int64_t product(const std::vector<int64_t>& shape) {
 void strided_copy(int device, size_t esize, const std::vector<int64_t>& sizes, const void* src,
                   const std::vector<int64_t>& src_strides, void* dst,
                   const std::vector<int64_t>& dst_strides) {
-  // Merged dims, outermost first, exactly as the CPU's strided_copy merges them.
-  std::vector<int64_t> n, ss, ds;
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    if (sizes[k] == 0) return;
-    if (sizes[k] == 1) continue;
-    if (!n.empty() && ss.back() == src_strides[k] * sizes[k] &&
-        ds.back() == dst_strides[k] * sizes[k]) {
-      n.back() *= sizes[k];
-      ss.back() = src_strides[k];
-      ds.back() = dst_strides[k];
-    } else {
-      n.push_back(sizes[k]);
-      ss.push_back(src_strides[k]);
-      ds.push_back(dst_strides[k]);
-    }
-  }
-  if (n.empty()) {  // a single element
-    n = {1};
-    ss = {1};
-    ds = {1};
-  }
+  // The dims come merged by the caller (layout.cpp's merge_dims); the word
+  // widening below rescales copies of them.
+  std::vector<int64_t> n = sizes, ss = src_strides, ds = dst_strides;
   if (n.size() > static_cast<size_t>(kMaxLayoutDims)) {
     fail(("layout (CUDA): a copy over " + std::to_string(n.size()) +
           " dims that do not merge; at most " + std::to_string(kMaxLayoutDims) + " are supported")

@@ -18,8 +18,8 @@ constexpr int kMaxLayoutDims = 8;
 
 // dst[i] = src[i] for every multi-index i of `sizes`, where element i lies
 // sum_k i_k * strides[k] elements past each pointer; elements are esize bytes.
-// Size-1 dims are dropped and dims contiguous in both merged, which must leave
-// at most kMaxLayoutDims.
+// The dims are merged as layout.cpp's merge_dims makes them (at least one, no
+// size 0 or 1 unless the only one) and at most kMaxLayoutDims.
 void strided_copy(int device, size_t esize, const std::vector<int64_t>& sizes, const void* src,
                   const std::vector<int64_t>& src_strides, void* dst,
                   const std::vector<int64_t>& dst_strides);

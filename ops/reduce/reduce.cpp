@@ -14,7 +14,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
-#include "ops/layout/layout_cuda.h"
+#include "ops/layout/layout.h"
 #include "ops/reduce/reduce_cuda.h"
 
 namespace forge::ops {
@@ -105,14 +105,9 @@ Tensor permute_copy(const Tensor& src, const std::vector<int64_t>& perm) {
     out_shape[k] = in_shape[static_cast<size_t>(perm[k])];
     stride[k] = in_stride[static_cast<size_t>(perm[k])];
   }
+  // On the GPU: the layout op's copy (no autograd: src is detached).
+  FORGE_IF_CUDA(src) return permute(src.detach(), perm);
   Tensor out = Tensor::empty(out_shape, src.dtype(), src.device());
-  FORGE_IF_CUDA(src) {
-    std::vector<int64_t> out_stride(nd, 1);
-    for (size_t d = nd - 1; d > 0; --d) out_stride[d - 1] = out_stride[d] * out_shape[d];
-    cuda::strided_copy(src.device().index, dtype_size(src.dtype()), out_shape,
-                       src.raw_device_data(), stride, out.raw_device_data(), out_stride);
-    return out;
-  }
   const int64_t last = out_shape[nd - 1], rows = last == 0 ? 0 : out.numel() / last,
                 last_stride = stride[nd - 1];
   FORGE_DISPATCH_FLOAT(src.dtype(), "permute_copy", [&] {

@@ -12,6 +12,7 @@ what=${3:-all}
 src=$(pwd)
 mkdir -p "$out"
 dest=$(mktemp -d)
+trap 'rm -rf "$dest"' EXIT
 tar -C "$dest" -xJf "$archive" || { echo "run: cannot unpack $archive" >&2; exit 1; }
 root="$dest/attnforge-gpu"
 
@@ -42,7 +43,7 @@ if [[ $what == tests || $what == all ]]; then
   echo "== test_cuda"
   "$root/bin/test_cuda" --gtest_output="xml:$out/test_cuda.xml" 2>&1 | tee "$out/test_cuda.log"
   status=${PIPESTATUS[0]}
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) \]|tests ran' "$out/test_cuda.log"
+  grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\] [0-9]+ test|tests? from .* ran' "$out/test_cuda.log"
 fi
 if [[ $what == bench || $what == all ]]; then
   echo "== bench_cuda_matmul"

@@ -49,15 +49,16 @@ TEST(CudaCore, FillAndFactoriesOnTheGpu) {
 TEST(CudaCore, DtypeConversionsMatchTheCpuBitForBit) {
   FORGE_REQUIRE_CUDA();
   // Values that exercise rounding to nearest even, subnormals of f16, overflow and NaN.
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.01171875f, -2.5f, 65504.0f, 70000.0f,
-                          6e-8f, 3e-5f, 1e-40f, 3.14159265f, -1e30f, 1e-3f};
+  std::vector<float> v = {0.0f,     -0.0f, 1.0f,  1.00390625f, 1.01171875f, -2.5f,  65504.0f,
+                          70000.0f, 6e-8f, 3e-5f, 1e-40f,      3.14159265f, -1e30f, 1e-3f};
   for (int i = 0; i < 500; ++i) v.push_back(static_cast<float>(i) * 0.3719f - 91.0f);
   const Tensor h = Tensor::from_vector(v);
   for (DType dt : {DType::bf16, DType::f16, DType::f64, DType::i32, DType::boolean}) {
     const Tensor on_cpu = h.to(dt);
     const Tensor on_gpu = h.to(gpu()).to(dt).to(Device::cpu());
     if (dt == DType::i32 || dt == DType::boolean) {
-      EXPECT_EQ(on_gpu.to(DType::f64).to_vector<double>(), on_cpu.to(DType::f64).to_vector<double>())
+      EXPECT_EQ(on_gpu.to(DType::f64).to_vector<double>(),
+                on_cpu.to(DType::f64).to_vector<double>())
           << dtype_name(dt);
       continue;
     }

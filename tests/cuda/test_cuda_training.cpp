@@ -75,7 +75,8 @@ TEST(CudaTraining, AFewStepsGiveTheSameLossesOnCpuAndGpu) {
   const auto cpu = train_losses(Device::cpu(), DType::f32, 5);
   const auto cuda = train_losses(gpu(), DType::f32, 5);
   ASSERT_EQ(cpu.size(), cuda.size());
-  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(cuda[i], cpu[i], 1e-4 * std::abs(cpu[i])) << i;
+  for (size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_NEAR(cuda[i], cpu[i], 1e-4 * std::abs(cpu[i])) << i;
   EXPECT_LT(cpu.back(), cpu.front());
 }
 
@@ -110,8 +111,8 @@ TEST(CudaTraining, ModuleToMovesEveryTensorAndKeepsTies) {
 // ---- the trainer: recipes, devices and checkpoints ----
 
 std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() /
-                     ("attnforge_cuda_" + name + "_" + std::to_string(::getpid()));
+  const fs::path p =
+      fs::temp_directory_path() / ("attnforge_cuda_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   return p.string();
 }
