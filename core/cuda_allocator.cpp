@@ -80,7 +80,7 @@ void check_index(int index) {
 
 cudaStream_t stream(int index) {
   static std::mutex mu;
-  static std::vector<cudaStream_t> streams;  // never destroyed: used until exit
+  static std::vector<cudaStream_t> streams;  // the streams are never destroyed: used until exit
   std::lock_guard<std::mutex> lock(mu);
   if (streams.empty()) {
     check_index(index);

@@ -48,11 +48,11 @@ __host__ __device__ __forceinline__ T from_double(double v) {
 }
 template <>
 __host__ __device__ __forceinline__ __nv_bfloat16 from_double<__nv_bfloat16>(double v) {
-  return __double2bfloat16(v);
+  return __float2bfloat16_rn(static_cast<float>(v));  // through f32, as the CPU rounds
 }
 template <>
 __host__ __device__ __forceinline__ __half from_double<__half>(double v) {
-  return __double2half(v);
+  return __float2half_rn(static_cast<float>(v));  // through f32, as the CPU rounds
 }
 template <>
 __host__ __device__ __forceinline__ bool from_double<bool>(double v) {

@@ -310,6 +310,16 @@ void backward_query_tile(const Plan& s, const Saved<scalar_t>& g, int64_t bh, in
 
 namespace {
 
+void check_options(const Dims4& dims, const SoftmaxOptions& options) {
+  FORGE_CHECK(dims.d > 0 && dims.dv > 0,
+              "attention::softmax: q, k and v need a non-empty last dim, got d = {}, dv = {}",
+              dims.d, dims.dv);
+  FORGE_CHECK(std::isfinite(options.scale) && options.scale >= 0,
+              "attention::softmax: scale must be >= 0 (0: d^-1/2), got {}", options.scale);
+  FORGE_CHECK(options.dropout >= 0 && options.dropout < 1,
+              "attention::softmax: dropout must be in [0, 1), got {}", options.dropout);
+}
+
 // softmax attention on a GPU, composed of the primitive CUDA ops until the
 // fused kernel exists: S = scale q k^T materialised [B, H, N, M], masked
 // scores pushed to -big (finite, so a row with every key masked stays NaN-free
@@ -319,13 +329,15 @@ namespace {
 Tensor softmax_composed(const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& key_padding_mask, const SoftmaxOptions& options) {
   const Dims4 dims = check_qkv("softmax", q, k, v, key_padding_mask, options.causal, true);
+  check_options(dims, options);
   const double scale =
       options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(dims.d));
   Tensor scores = ops::mul(ops::matmul(q, k, false, true), scale);  // [B, H, N, M]
   // visible: 1 where query i may see key j, as [B or 1, 1, N or 1, M].
   Tensor visible;
   if (key_padding_mask.defined())
-    visible = key_padding_mask.to(scores.dtype()).view({dims.B, 1, 1, dims.M});
+    // Any non-zero mask byte is a real token, as on the CPU: through bool to 1 / 0.
+    visible = key_padding_mask.to(DType::boolean).to(scores.dtype()).view({dims.B, 1, 1, dims.M});
   if (options.causal) {
     Tensor c = Tensor::zeros({dims.N, dims.M}, DType::f32);
     float* cp = c.data<float>();
@@ -352,13 +364,7 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
                const SoftmaxOptions& options) {
   FORGE_IF_CUDA(q) return softmax_composed(q, k, v, key_padding_mask, options);
   const Dims4 dims = check_qkv("softmax", q, k, v, key_padding_mask, options.causal);
-  FORGE_CHECK(dims.d > 0 && dims.dv > 0,
-              "attention::softmax: q, k and v need a non-empty last dim, got d = {}, dv = {}",
-              dims.d, dims.dv);
-  FORGE_CHECK(std::isfinite(options.scale) && options.scale >= 0,
-              "attention::softmax: scale must be >= 0 (0: d^-1/2), got {}", options.scale);
-  FORGE_CHECK(options.dropout >= 0 && options.dropout < 1,
-              "attention::softmax: dropout must be in [0, 1), got {}", options.dropout);
+  check_options(dims, options);
   Plan s;
   s.B = dims.B, s.H = dims.H, s.N = dims.N, s.M = dims.M, s.d = dims.d, s.dv = dims.dv;
   s.scale = options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(dims.d));

@@ -220,6 +220,62 @@ TEST(TensorConvert, BetweenAllCpuDtypes) {
             (std::vector<int32_t>{-2, 2}));  // toward zero
 }
 
+// bf16 / f16 on the host: round to nearest even from f32, exact widening.
+TEST(TensorConvert, HalfFloatsRoundToNearestEven) {
+  const auto bf16 = [](float v) { return float_to_bf16_bits(v); };
+  const auto f16 = [](float v) { return float_to_f16_bits(v); };
+  EXPECT_EQ(bf16(1.0f), 0x3F80);
+  EXPECT_EQ(bf16(1.00390625f), 0x3F80);  // 1 + 2^-8: a tie, to the even 1
+  EXPECT_EQ(bf16(1.01171875f), 0x3F82);  // 1 + 3 * 2^-8: a tie, to the even 1 + 2^-6
+  EXPECT_EQ(bf16(-2.0f), 0xC000);
+  EXPECT_EQ(bf16(3.0e38f), 0x7F62);  // rounding in the top binade
+  EXPECT_TRUE(std::isnan(bf16_bits_to_float(bf16(NAN))));
+  EXPECT_EQ(f16(1.0f), 0x3C00);
+  EXPECT_EQ(f16(-2.0f), 0xC000);
+  EXPECT_EQ(f16(65504.0f), 0x7BFF);                      // the largest f16
+  EXPECT_EQ(f16(65519.0f), 0x7BFF);                      // below the halfway point to 65536
+  EXPECT_EQ(f16(65520.0f), 0x7C00);                      // the tie rounds to even: infinity
+  EXPECT_EQ(f16(std::ldexp(1.0f, -24)), 0x0001);         // the smallest subnormal
+  EXPECT_EQ(f16(std::ldexp(1.0f, -25)), 0x0000);         // a tie, to the even 0
+  EXPECT_EQ(f16(std::ldexp(3.0f, -25)), 0x0002);         // 1.5 units: to the even 2
+  EXPECT_EQ(f16(std::ldexp(1.0f, -14)), 0x0400);         // the smallest normal
+  EXPECT_EQ(f16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);  // a tie, to the even 1
+  EXPECT_TRUE(std::isnan(f16_bits_to_float(f16(NAN))));
+  // Widening is exact, subnormals included.
+  EXPECT_EQ(f16_bits_to_float(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(f16_bits_to_float(0x3555), 0.333251953125f);
+  EXPECT_EQ(f16_bits_to_float(0xFC00), -INFINITY);
+  EXPECT_EQ(bf16_bits_to_float(0x3F82), 1.015625f);
+  // Every f16 and every bf16 pattern that is not NaN survives a round trip.
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const auto h = static_cast<uint16_t>(b);
+    if (!std::isnan(f16_bits_to_float(h))) {
+      EXPECT_EQ(f16(f16_bits_to_float(h)), h) << b;
+    }
+    if (!std::isnan(bf16_bits_to_float(h))) {
+      EXPECT_EQ(bf16(bf16_bits_to_float(h)), h) << b;
+    }
+  }
+}
+
+TEST(TensorConvert, HalfFloatTensorsOnTheCpu) {
+  const Tensor x = Tensor::from_vector<float>({1.0f, 1.00390625f, -3.5f, 70000.0f});
+  const Tensor b = x.to(DType::bf16), h = x.to(DType::f16);
+  EXPECT_EQ(b.dtype(), DType::bf16);
+  EXPECT_EQ(b.nbytes(), 8u);
+  EXPECT_EQ(b.to(DType::f32).to_vector<float>(), (std::vector<float>{1.0f, 1.0f, -3.5f, 70144.0f}));
+  EXPECT_EQ(h.to(DType::f32).to_vector<float>(),
+            (std::vector<float>{1.0f, 1.00390625f, -3.5f, INFINITY}));  // f16 keeps 10 bits
+  // Through f64 and back, and fill / item / printing.
+  EXPECT_EQ(x.to(DType::f64).to(DType::bf16).to(DType::f64).to_vector<double>(),
+            (std::vector<double>{1.0, 1.0, -3.5, 70144.0}));
+  Tensor f = Tensor::full({3}, 0.1, DType::f16);
+  EXPECT_EQ(f.to_vector<float>(),
+            std::vector<float>(3, f16_bits_to_float(float_to_f16_bits(0.1f))));
+  EXPECT_FLOAT_EQ(static_cast<float>(Tensor::full({}, 2.5, DType::bf16).item()), 2.5f);
+  EXPECT_NE(b.str().find("bf16"), std::string::npos);
+}
+
 TEST(TensorConvert, CudaWithoutABackendIsAnError) {
   if (cuda_built()) GTEST_SKIP() << "this build has the CUDA backend";
   EXPECT_THROW(Tensor::ones({2}).to(Device::cuda(0)), Error);

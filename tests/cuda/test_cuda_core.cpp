@@ -48,7 +48,8 @@ TEST(CudaCore, FillAndFactoriesOnTheGpu) {
 
 TEST(CudaCore, DtypeConversionsMatchTheCpuBitForBit) {
   FORGE_REQUIRE_CUDA();
-  // Values that exercise rounding to nearest even, subnormals of f16, overflow and NaN.
+  // Values that exercise rounding to nearest even, subnormals of f16 and overflow
+  // (NaN is left out: its bit pattern is not specified, only its NaN-ness).
   std::vector<float> v = {0.0f,     -0.0f, 1.0f,  1.00390625f, 1.01171875f, -2.5f,  65504.0f,
                           70000.0f, 6e-8f, 3e-5f, 1e-40f,      3.14159265f, -1e30f, 1e-3f};
   for (int i = 0; i < 500; ++i) v.push_back(static_cast<float>(i) * 0.3719f - 91.0f);

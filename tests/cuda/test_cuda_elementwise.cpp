@@ -188,6 +188,9 @@ TEST(CudaElementwise, LargeBroadcastsAndTheirReductionsMatchTheCpu) {
   };
   for (const auto& [sa, sb] : shapes) {
     for (DType dt : kGpuTypes) {
+      // The scalar's gradient sums 300000 products (about 2.3e5): past f16's
+      // largest value 65504, so its f16 result is inf by design, not by error.
+      if (dt == DType::f16 && sb.empty()) continue;
       check_op("mul " + shape_str(sa) + " " + shape_str(sb), mul, {{sa, 0.5, 2}, {sb, 0.5, 2}}, dt);
     }
   }
