@@ -47,10 +47,10 @@ std::vector<double> train_losses(Device device, DType precision, int steps) {
   optim::GradScaler scaler(optim::GradScalerOptions{.enabled = precision == DType::f16});
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
-    Generator data(100 + static_cast<uint64_t>(s));
+    Generator data(100);  // one batch, seen every step: the loss must fall
     const Tensor x = Tensor::randn({16, 1, 28, 28}, DType::f32, &data).to(device);
     std::vector<int64_t> y(16);
-    for (int i = 0; i < 16; ++i) y[static_cast<size_t>(i)] = (i * 7 + s) % 10;
+    for (int i = 0; i < 16; ++i) y[static_cast<size_t>(i)] = (i * 7) % 10;
     const Tensor labels = Tensor::from_vector(y, {16}).to(device);
     Tensor loss;
     {
@@ -117,6 +117,41 @@ std::string fresh_dir(const std::string& name) {
   return p.string();
 }
 
+// A Fashion-MNIST-shaped data directory (plain IDX files) of synthetic 28x28
+// images: class c is a bright band on rows 2c .. 2c + 5 over noise. The GPU
+// machine has no Debian dataset package, so these tests bring their own data.
+std::string synthetic_fashion_mnist() {
+  static const std::string dir = [] {
+    const std::string d = fresh_dir("synthetic_fmnist");
+    fs::create_directories(d);
+    const auto u32 = [](std::string& s, uint32_t v) {
+      for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>(v >> shift));
+    };
+    Generator gen(11);
+    for (const auto& [prefix, n] : {std::pair<std::string, uint32_t>{"train", 512},
+                                    std::pair<std::string, uint32_t>{"t10k", 128}}) {
+      std::string images, labels;
+      for (uint32_t v : {0x00000803u, n, 28u, 28u}) u32(images, v);
+      for (uint32_t v : {0x00000801u, n}) u32(labels, v);
+      const std::vector<float> noise =
+          Tensor::rand({static_cast<int64_t>(n) * 28 * 28}, DType::f32, &gen).to_vector<float>();
+      for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t c = i % 10;
+        labels.push_back(static_cast<char>(c));
+        for (uint32_t p = 0; p < 28 * 28; ++p) {
+          const bool band = p / 28 >= 2 * c && p / 28 < 2 * c + 6;
+          images.push_back(static_cast<char>(
+              static_cast<uint8_t>((band ? 160.0f : 0.0f) + 80.0f * noise[i * 28 * 28 + p])));
+        }
+      }
+      testing::write_file(fs::path(d) / (prefix + "-images-idx3-ubyte"), images);
+      testing::write_file(fs::path(d) / (prefix + "-labels-idx1-ubyte"), labels);
+    }
+    return d;
+  }();
+  return dir;
+}
+
 train::Recipe recipe(const std::string& device, const std::string& precision) {
   train::Recipe r = train::Recipe::from_yaml(R"(
 name: gpu
@@ -154,6 +189,7 @@ checkpoint:
                                              "gpu.yaml");
   r.set("device=" + device);
   r.set("precision=" + precision);
+  r.set("data.root=" + synthetic_fashion_mnist());
   return r;
 }
 
@@ -170,7 +206,9 @@ TEST(CudaTraining, RecipesTrainOnTheGpuInEveryPrecision) {
     const std::string dir = fresh_dir(std::string("precision_") + precision);
     const train::TrainResult r = train::train(recipe("cuda", precision), quiet(dir));
     EXPECT_EQ(r.steps, 8) << precision;
-    EXPECT_GT(r.eval_accuracy, 0.1) << precision;
+    EXPECT_TRUE(std::isfinite(r.eval_loss)) << precision;
+    // Chance is ln 10 = 2.303; on the CPU this run ends near 2.16 after its 8 steps.
+    EXPECT_LT(r.eval_loss, 2.25) << precision << ": did not learn the easy synthetic classes";
     const std::string log = testing::read_file(fs::path(dir) / "train.log");
     EXPECT_NE(log.find("on cuda:0"), std::string::npos) << log;
     fs::remove_all(dir);
