@@ -82,11 +82,8 @@ cudaStream_t stream(int index) {
   static std::mutex mu;
   static std::vector<cudaStream_t> streams;  // the streams are never destroyed: used until exit
   std::lock_guard<std::mutex> lock(mu);
-  if (streams.empty()) {
-    check_index(index);
-    streams.assign(static_cast<size_t>(cuda_device_count()), nullptr);
-  }
   check_index(index);
+  if (streams.empty()) streams.assign(static_cast<size_t>(cuda_device_count()), nullptr);
   cudaStream_t& s = streams[static_cast<size_t>(index)];
   if (s == nullptr) {
     DeviceGuard guard(index);
@@ -232,11 +229,10 @@ Allocator& cuda_allocator(int index) {
   // Never destroyed: tensors in static storage may outlive exit-time destructors.
   static std::vector<CudaCachingAllocator*>* allocators = new std::vector<CudaCachingAllocator*>;
   std::lock_guard<std::mutex> lock(mu);
-  const int n = cuda_device_count();
-  FORGE_CHECK(index >= 0 && index < n, "cuda:{} requested but {} CUDA device(s) are visible{}",
-              index, n, n == 0 ? " (no GPU or no driver on this machine)" : "");
+  cuda::check_index(index);
   if (allocators->empty()) {
-    for (int i = 0; i < n; ++i) allocators->push_back(new CudaCachingAllocator(i));
+    for (int i = 0; i < cuda_device_count(); ++i)
+      allocators->push_back(new CudaCachingAllocator(i));
   }
   return *(*allocators)[static_cast<size_t>(index)];
 }

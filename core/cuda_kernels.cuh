@@ -67,6 +67,25 @@ __device__ __forceinline__ __half from_acc<__half, float>(float v) {
   return __float2half_rn(v);
 }
 
+// A double (a fill value, a scalar operand) as storage type T, on the host or
+// the device: bf16 / f16 round through f32 exactly as the CPU's conversions do.
+template <typename T>
+__host__ __device__ __forceinline__ T from_double(double v) {
+  return static_cast<T>(v);
+}
+template <>
+__host__ __device__ __forceinline__ __nv_bfloat16 from_double<__nv_bfloat16>(double v) {
+  return __float2bfloat16_rn(static_cast<float>(v));  // through f32, as the CPU rounds
+}
+template <>
+__host__ __device__ __forceinline__ __half from_double<__half>(double v) {
+  return __float2half_rn(static_cast<float>(v));  // through f32, as the CPU rounds
+}
+template <>
+__host__ __device__ __forceinline__ bool from_double<bool>(double v) {
+  return v != 0.0;
+}
+
 }  // namespace forge::cuda
 
 // Runs the body with `scalar_t` bound to the storage type of a floating dtype

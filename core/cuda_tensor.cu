@@ -42,22 +42,6 @@ template <>
 __device__ __forceinline__ double as_double<__half>(__half v) {
   return static_cast<double>(__half2float(v));
 }
-template <typename T>
-__host__ __device__ __forceinline__ T from_double(double v) {
-  return static_cast<T>(v);
-}
-template <>
-__host__ __device__ __forceinline__ __nv_bfloat16 from_double<__nv_bfloat16>(double v) {
-  return __float2bfloat16_rn(static_cast<float>(v));  // through f32, as the CPU rounds
-}
-template <>
-__host__ __device__ __forceinline__ __half from_double<__half>(double v) {
-  return __float2half_rn(static_cast<float>(v));  // through f32, as the CPU rounds
-}
-template <>
-__host__ __device__ __forceinline__ bool from_double<bool>(double v) {
-  return v != 0.0;
-}
 
 template <typename T>
 __global__ void fill_kernel(T* p, int64_t n, T v) {

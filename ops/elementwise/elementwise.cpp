@@ -17,6 +17,7 @@
 #include "core/threading.h"
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/elementwise/gelu_constants.h"
+#include "ops/reduce/reduce_cuda.h"
 
 namespace forge::ops {
 
@@ -405,52 +406,33 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
     }
   }
 
-  Tensor out;
-  FORGE_IF_CUDA(g) {
-    // One kernel: the kept groups index the output row-major, the reduced
-    // ones the sum, each group with its stride in g.
-    cuda::IndexDims kept, reduced;
-    int64_t stride = 1;
-    std::vector<int64_t> strides(groups.size());
-    for (size_t q = groups.size(); q-- > 0;) {
-      strides[q] = stride;
-      stride *= groups[q].size;
+  // One pass per reduced group, outermost first, each viewing the current
+  // tensor as [outer, R, inner]; the last pass writes the result. On a GPU
+  // each pass is the reduction op's kernel (ops/reduce/reduce_cuda.h).
+  Tensor cur = g;
+  for (size_t p = 0; p < groups.size();) {
+    if (!groups[p].reduced) {
+      ++p;
+      continue;
     }
-    for (size_t q = 0; q < groups.size(); ++q) {
-      cuda::IndexDims& d = groups[q].reduced ? reduced : kept;
-      FORGE_CHECK(d.ndim < cuda::kMaxElementwiseDims,
-                  "sum_to: summing shape {} to {} alternates between summed and kept dims more "
-                  "than the CUDA kernel's {} times",
-                  shape_str(g.shape()), shape_str(shape), cuda::kMaxElementwiseDims);
-      d.sizes[d.ndim] = groups[q].size;
-      d.strides[d.ndim] = strides[q];
-      ++d.ndim;
+    int64_t outer = 1, inner = 1;
+    for (size_t q = 0; q < p; ++q) outer *= groups[q].size;
+    for (size_t q = p + 1; q < groups.size(); ++q) inner *= groups[q].size;
+    const int64_t R = groups[p].size;
+    Tensor next = Tensor::empty({outer * inner}, g.dtype(), g.device());
+    FORGE_IF_CUDA(g) {
+      cuda::reduce_sum(g.dtype(), g.device().index, cur.raw_device_data(),
+                       next.raw_device_data(), outer, R, inner, 1.0);
     }
-    out = Tensor::empty(shape, g.dtype(), g.device());
-    cuda::sum_to(g.dtype(), g.raw_device_data(), out.raw_device_data(), kept, reduced,
-                 g.device().index);
+    if (g.device().is_cpu()) {
+      FORGE_DISPATCH_FLOAT(g.dtype(), "sum_to", [&] {
+        sum_middle(cur.data<scalar_t>(), next.data<scalar_t>(), outer, R, inner);
+      });
+    }
+    cur = next;
+    groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(p));
   }
-  if (g.device().is_cpu()) {
-    Tensor cur = g;
-    FORGE_DISPATCH_FLOAT(g.dtype(), "sum_to", [&] {
-      // One pass per reduced group, outermost first, each viewing the current
-      // tensor as [outer, R, inner]; the last pass writes the result.
-      for (size_t p = 0; p < groups.size();) {
-        if (!groups[p].reduced) {
-          ++p;
-          continue;
-        }
-        int64_t outer = 1, inner = 1;
-        for (size_t q = 0; q < p; ++q) outer *= groups[q].size;
-        for (size_t q = p + 1; q < groups.size(); ++q) inner *= groups[q].size;
-        Tensor next = Tensor::empty({outer * inner}, g.dtype());
-        sum_middle(cur.data<scalar_t>(), next.data<scalar_t>(), outer, groups[p].size, inner);
-        cur = next;
-        groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(p));
-      }
-    });
-    out = cur.view(shape);
-  }
+  const Tensor out = cur.view(shape);
   if (!autograd::needs_grad({g})) return out;
   // Forward summed g over its broadcast dims, so each g element gets the gradient of its sum.
   return autograd::record("sum_to", {g}, out, [from = g.shape()](const std::vector<Tensor>& grad) {

@@ -1,14 +1,12 @@
 // The elementwise ops on the GPU (see elementwise_cuda.h): one grid-stride
 // kernel per op, the op a template parameter. Broadcasting operands are read
 // through per-operand strides over the merged output dims, with 32-bit index
-// arithmetic wherever every index fits; sum_to sums over the reduced dims in
-// splits that fill the device, then adds the splits' partial sums in a fixed
-// order (deterministic).
+// arithmetic wherever every index fits. (sum_to's GPU passes are the
+// reduction op's kernel, ops/reduce/reduce_cuda.cu.)
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
-#include "core/allocator.h"
 #include "core/cuda_kernels.cuh"
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/elementwise/gelu_constants.h"
@@ -328,121 +326,6 @@ __global__ void masked_fill_kernel(const T* x, const uint8_t* mask, T value, T* 
   }
 }
 
-// A double rounded once to the storage type, on the host.
-template <typename T>
-T host_from_double(double v) {
-  return static_cast<T>(v);
-}
-template <>
-__nv_bfloat16 host_from_double<__nv_bfloat16>(double v) {
-  return __double2bfloat16(v);
-}
-template <>
-__half host_from_double<__half>(double v) {
-  return __double2half(v);
-}
-
-// ---- sum_to ----
-
-// The element offset of index i of `d` (outermost dim without modulo).
-__device__ __forceinline__ int64_t index_offset(int64_t i, const IndexDims& d) {
-  int64_t off = 0;
-#pragma unroll
-  for (int k = kMaxElementwiseDims - 1; k > 0; --k) {
-    if (k < d.ndim) {
-      off += (i % d.sizes[k]) * d.strides[k];
-      i /= d.sizes[k];
-    }
-  }
-  return d.ndim > 0 ? off + i * d.strides[0] : off;
-}
-
-// Stores output j's sum over split blockIdx.y of the reduced range: into out
-// when there is one split, else into partial[split][j] for sum_splits_kernel.
-template <typename T>
-__device__ __forceinline__ void store_sum(T* out, acc_t<T>* partial, int64_t m, int64_t j,
-                                          acc_t<T> s) {
-  if (partial == nullptr) {
-    out[j] = from_acc<T>(s);
-  } else {
-    partial[blockIdx.y * m + j] = s;
-  }
-}
-
-// g's innermost dim is kept: a thread per output j, so that neighbouring
-// threads read neighbouring elements, each looping over its split of r.
-template <typename T>
-__global__ void sum_columns_kernel(const T* g, T* out, acc_t<T>* partial, int64_t m, int64_t r,
-                                   int64_t chunk, IndexDims kept, IndexDims reduced) {
-  using A = acc_t<T>;
-  const int64_t r0 = blockIdx.y * chunk, r1 = min(r, r0 + chunk);
-  FORGE_GRID_STRIDE(j, m) {
-    const T* base = g + index_offset(j, kept);
-    A s = 0;
-    for (int64_t q = r0; q < r1; ++q) s += to_acc<A>(base[index_offset(q, reduced)]);
-    store_sum(out, partial, m, j, s);
-  }
-}
-
-// g's innermost dim is reduced: a warp per output j, its lanes reading
-// neighbouring elements of its split of r, then a warp sum.
-template <typename T>
-__global__ void sum_rows_kernel(const T* g, T* out, acc_t<T>* partial, int64_t m, int64_t r,
-                                int64_t chunk, IndexDims kept, IndexDims reduced) {
-  using A = acc_t<T>;
-  const int64_t r0 = blockIdx.y * chunk, r1 = min(r, r0 + chunk);
-  const int lane = threadIdx.x % kWarp;
-  const int64_t warps = blockDim.x / kWarp;
-  // j is the same for the whole warp, so every lane reaches warp_sum.
-  for (int64_t j = blockIdx.x * warps + threadIdx.x / kWarp; j < m; j += gridDim.x * warps) {
-    const T* base = g + index_offset(j, kept);
-    A s = 0;
-    for (int64_t q = r0 + lane; q < r1; q += kWarp) s += to_acc<A>(base[index_offset(q, reduced)]);
-    s = warp_sum(s);
-    if (lane == 0) store_sum(out, partial, m, j, s);
-  }
-}
-
-// out[j] = the sum of the splits' partial sums, in split order.
-template <typename T>
-__global__ void sum_splits_kernel(const acc_t<T>* partial, T* out, int64_t m, int64_t splits) {
-  using A = acc_t<T>;
-  FORGE_GRID_STRIDE(j, m) {
-    A s = 0;
-    for (int64_t k = 0; k < splits; ++k) s += partial[k * m + j];
-    out[j] = from_acc<T>(s);
-  }
-}
-
-int64_t index_count(const IndexDims& d) {
-  int64_t n = 1;
-  for (int k = 0; k < d.ndim; ++k) n *= d.sizes[k];
-  return n;
-}
-
-// Device memory from the caching allocator for the life of a launcher: all
-// work of a device runs in order on its one stream, so the block may be
-// handed out again as soon as the kernels using it are queued.
-class Scratch {
- public:
-  Scratch(size_t nbytes, int device)
-      : allocator_(allocator_for(Device::cuda(device))),
-        nbytes_(nbytes),
-        data_(allocator_.allocate(nbytes)) {}
-  ~Scratch() { allocator_.deallocate(data_, nbytes_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* data() const { return data_; }
-
- private:
-  Allocator& allocator_;
-  size_t nbytes_;
-  void* data_;
-};
-
-constexpr int64_t kMaxSplits = 1024;     // partial sums per output added by one thread
-constexpr int64_t kThreadsPerSm = 2048;  // resident threads per SM on sm_80 / sm_90
-
 }  // namespace
 
 void binary(BinaryOp op, DType dtype, const void* a, const void* b, void* out, int64_t n,
@@ -505,48 +388,6 @@ void expand(DType dtype, const void* x, void* out, int64_t n, const Broadcast<1>
   });
 }
 
-void sum_to(DType dtype, const void* g, void* out, const IndexDims& kept, const IndexDims& reduced,
-            int device) {
-  const int64_t m = index_count(kept), r = index_count(reduced);
-  if (m == 0) return;
-  DeviceGuard guard(device);
-  // A warp per output where g's innermost dim is summed, else a thread.
-  const bool rows = reduced.ndim > 0 && reduced.strides[reduced.ndim - 1] == 1;
-  const int64_t lanes = rows ? kWarp : 1;
-  // Split r so that the (output, split) pairs about fill the device, each
-  // lane still summing at least 32 elements (16 for a warp's lane).
-  const int64_t resident = multiprocessor_count(device) * kThreadsPerSm / lanes;
-  const int64_t min_chunk = rows ? 16 * kWarp : 32;
-  int64_t splits = std::clamp<int64_t>(resident / m, 1, kMaxSplits);
-  splits = std::min(splits, std::max<int64_t>(1, (r + min_chunk - 1) / min_chunk));
-  const int64_t chunk = std::max<int64_t>(1, (r + splits - 1) / splits);
-  splits = std::max<int64_t>(1, (r + chunk - 1) / chunk);  // no empty split
-
-  FORGE_CUDA_DISPATCH_FLOAT(dtype, "sum_to", [&] {
-    const auto* src = static_cast<const scalar_t*>(g);
-    auto* dst = static_cast<scalar_t*>(out);
-    const dim3 grid(grid_for(m * lanes, device), static_cast<unsigned>(splits));
-    auto run = [&](acc_type* partial) {
-      if (rows) {
-        sum_rows_kernel<<<grid, kThreads, 0, stream(device)>>>(src, dst, partial, m, r, chunk, kept,
-                                                               reduced);
-        FORGE_CUDA_CHECK_LAUNCH("sum_rows_kernel");
-      } else {
-        sum_columns_kernel<<<grid, kThreads, 0, stream(device)>>>(src, dst, partial, m, r, chunk,
-                                                                  kept, reduced);
-        FORGE_CUDA_CHECK_LAUNCH("sum_columns_kernel");
-      }
-    };
-    if (splits == 1) return run(nullptr);
-    const Scratch scratch(static_cast<size_t>(splits * m) * sizeof(acc_type), device);
-    auto* partial = static_cast<acc_type*>(scratch.data());
-    run(partial);
-    sum_splits_kernel<<<grid_for(m, device), kThreads, 0, stream(device)>>>(partial, dst, m,
-                                                                            splits);
-    FORGE_CUDA_CHECK_LAUNCH("sum_splits_kernel");
-  });
-}
-
 void where(DType dtype, const uint8_t* cond, const void* a, const void* b, void* out, int64_t n,
            const Broadcast<3>& b3, int device) {
   if (n == 0) return;
@@ -569,7 +410,7 @@ void masked_fill(DType dtype, const void* x, const uint8_t* mask, double value, 
     with_index_type(n, [&](auto index) {
       masked_fill_kernel<scalar_t, decltype(index)>
           <<<grid_for(n, device), kThreads, 0, stream(device)>>>(
-              static_cast<const scalar_t*>(x), mask, host_from_double<scalar_t>(value),
+              static_cast<const scalar_t*>(x), mask, from_double<scalar_t>(value),
               static_cast<scalar_t*>(out), n, b2);
       FORGE_CUDA_CHECK_LAUNCH("masked_fill_kernel");
     });

@@ -11,7 +11,7 @@
 
 namespace forge::cuda {
 
-// Most dims a broadcast or a sum_to layout may have after merging neighbours.
+// Most dims a broadcast may have after merging neighbours.
 constexpr int kMaxElementwiseDims = 8;
 
 // How K operands are read while walking an output of `ndim` dims: element
@@ -22,14 +22,6 @@ struct Broadcast {
   int ndim = 0;
   int64_t sizes[kMaxElementwiseDims] = {};
   int64_t strides[K][kMaxElementwiseDims] = {};
-};
-
-// Dims of a contiguous tensor picked out as a row-major index space: index i
-// of [0, prod sizes) lies at element offset sum_k coord_k(i) * strides[k].
-struct IndexDims {
-  int ndim = 0;
-  int64_t sizes[kMaxElementwiseDims] = {};
-  int64_t strides[kMaxElementwiseDims] = {};
 };
 
 enum class BinaryOp { add, sub, mul, div };
@@ -93,10 +85,6 @@ void unary_backward(UnaryGrad grad, double p0, double p1, DType dtype, const voi
 // out = x broadcast over `b1`; n = numel(out).
 void expand(DType dtype, const void* x, void* out, int64_t n, const Broadcast<1>& b1, int device);
 
-// out[j] = sum_r g[kept(j) + reduced(r)]: the sum of contiguous g over the
-// `reduced` dims for every index j of the `kept` dims (out is contiguous in j).
-void sum_to(DType dtype, const void* g, void* out, const IndexDims& kept, const IndexDims& reduced,
-            int device);
 
 // out = cond ? a : b over the broadcast `b3` (operands cond, a, b); n = numel(out).
 void where(DType dtype, const uint8_t* cond, const void* a, const void* b, void* out, int64_t n,

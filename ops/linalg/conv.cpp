@@ -8,6 +8,7 @@
 
 #include "autograd/node.h"
 #include "ops/autocast.h"
+#include "ops/elementwise/elementwise.h"
 #include "ops/layout/layout.h"
 #include "ops/linalg/conv_cuda.h"
 #include "ops/linalg/matmul.h"
@@ -90,11 +91,7 @@ Tensor patch_embed(const Tensor& images, const Tensor& weight, const Tensor& bia
               if (dw.dtype() != dtype) dw = dw.to(dtype);
             }
           }
-          if (need_b) {
-            db = Tensor::empty({s.D}, dtype, dout.device());
-            cuda::sum_rows(dtype, dout.raw_device_data(), db.raw_device_data(), s.B * tokens, s.D,
-                           device);
-          }
+          if (need_b) db = sum_to(dout.view({s.B * tokens, s.D}), {s.D});
           return {dx, dw, db};
         });
   }

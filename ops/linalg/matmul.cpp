@@ -238,11 +238,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
           Tensor dx, dw, db;
           if (need_x) dx = product(g, w_saved, false, false, dtype).view(x_shape);  // (rows, in)
           if (need_w) dw = product(g, x_saved, true, false, dtype);                 // (out, in)
-          if (need_b) {
-            db = Tensor::empty({out}, dtype, dy.device());
-            cuda::sum_rows(dtype, dy.raw_device_data(), db.raw_device_data(), rows, out,
-                           dy.device().index);
-          }
+          if (need_b) db = sum_to(dy, {out});
           return {dx, dw, db};
         });
   }

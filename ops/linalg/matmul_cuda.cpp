@@ -8,7 +8,6 @@
 #include <climits>
 
 #include "core/error.h"
-#include "core/tensor.h"
 #include "ops/linalg/handles_cuda.h"
 
 namespace forge::cuda {
@@ -81,22 +80,6 @@ void gemm(const GemmArgs& g, int device) {
         h, op_b, op_a, m, n, k, alpha, g.b, ab, ldb, g.stride_b, g.a, ab, lda, g.stride_a, beta,
         g.c, c, ldc, g.n * g.m, as_int(g.batch, "the batch count"), compute, CUBLAS_GEMM_DEFAULT));
   }
-}
-
-void sum_rows(DType dtype, const void* in, void* out, int64_t rows, int64_t cols, int device) {
-  // out (1, cols) = ones (1, rows) in (rows, cols). The ones go back to the
-  // caching allocator on return, which is safe: the GEMM reading them is
-  // queued on the device's stream before any later use of the block.
-  const Tensor ones = Tensor::full({rows}, 1.0, dtype, Device::cuda(device));
-  gemm({.n = 1,
-        .m = cols,
-        .k = rows,
-        .ab_dtype = dtype,
-        .a = ones.raw_device_data(),
-        .b = in,
-        .c_dtype = dtype,
-        .c = out},
-       device);
 }
 
 }  // namespace forge::cuda

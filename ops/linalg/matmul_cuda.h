@@ -32,10 +32,6 @@ struct GemmArgs {
 };
 void gemm(const GemmArgs& g, int device);
 
-// out (cols) = the sum of the rows of in (rows, cols), both `dtype`: a GEMM with
-// a vector of ones, summed in f32 (f64 for f64).
-void sum_rows(DType dtype, const void* in, void* out, int64_t rows, int64_t cols, int device);
-
 // Every row of out (rows, cols) set to `row` (cols), both `dtype`: the bias that
 // a GEMM then accumulates into (linear_cuda.cu).
 void fill_rows(DType dtype, const void* row, void* out, int64_t rows, int64_t cols, int device);
