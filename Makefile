@@ -58,7 +58,7 @@ bench-stack: build
 bench-vit: build
 	@dpkg-query -W -f='$${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch)
-	/usr/bin/python3 bench/torch_vit_step.py --ours $(BUILD)/bench/bench_vit_step --threads $(JOBS)
+	/usr/bin/python3 bench/torch_train_step.py --ours $(BUILD)/bench/bench_train_step --threads $(JOBS)
 
 # Our attention ops against eager PyTorch (Debian's python3-torch), same run.
 bench-torch: build

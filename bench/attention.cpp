@@ -1,19 +1,20 @@
 // Attention benchmark (a program, not a test): every mechanism and main
-// option, forward and forward+backward time and peak memory, B = 1, H = 8,
-// d = 64, f32, over N = 256 .. 16384.
+// option, forward and forward+backward time and peak memory, by default
+// B = 1, H = 8, d = 64, f32 on the CPU, over N = 256 .. 16384.
 //
-//   bench_attention [--max-n N] [--csv]   the whole table (Markdown, or CSV)
-//   bench_attention --one NAME N           one configuration as a CSV line, for
-//                                          bench/torch_attention.py, which runs
-//                                          each configuration in its own process
-//                                          and compares with PyTorch.
+//   bench_attention [--max-n N] [--csv] [SHAPE]   the whole table (Markdown, or CSV)
+//   bench_attention --one NAME N [SHAPE]           one configuration as a CSV line, for
+//                                                  bench/torch_attention.py, which runs
+//                                                  each configuration in its own process
+//                                                  and compares with PyTorch.
+//   SHAPE: [--batch B] [--heads H] [--dim d] [--device cpu|cuda] [--dtype f32|bf16|f16]
+//          [--tokens T] (B = max(1, T / N) for each N) [--ns N1,N2,..] [--mechanisms a,b,..]
 // Peak memory: the allocator's peak bytes above the inputs during one
-// forward+backward; with --one also the process's peak-RSS growth (VmHWM
-// after a reset through /proc/self/clear_refs), measured the same way as
-// the PyTorch side.
+// forward+backward (on the GPU: the CUDA allocator's); with --one on the CPU
+// also the process's peak-RSS growth (VmHWM after a reset through
+// /proc/self/clear_refs), measured the same way as the PyTorch side (0 on
+// the GPU). GPU times wait for the device before the clock is read.
 #include "bench/attention.h"
-
-#include "ops/attention/attention.h"
 
 #include <algorithm>
 #include <chrono>
@@ -28,7 +29,10 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "core/allocator.h"
+#include "core/device.h"
 #include "core/threading.h"
+#include "ops/attention/attention.h"
 #include "ops/ops.h"
 
 namespace {
@@ -37,10 +41,23 @@ using forge::DType;
 using forge::Tensor;
 namespace att = forge::ops::attention;
 
-constexpr int64_t kB = 1, kH = 8, kD = 64;
 constexpr int64_t kLinformerK = 256;  // linformer-pytorch's default projected length
-const int64_t kFavorM =
-    static_cast<int64_t>(kD * std::log(static_cast<double>(kD)));  // int(d ln d)
+
+// The benchmarked shape, device and dtype (the same for every mechanism).
+struct Config {
+  int64_t B = 1, H = 8, D = 64;
+  int64_t tokens = 0;  // > 0: B = max(1, tokens / N) for each N
+  forge::Device device = forge::Device::cpu();
+  DType dtype = DType::f32;
+  int64_t favor_m() const {  // int(d ln d)
+    return static_cast<int64_t>(static_cast<double>(D) * std::log(static_cast<double>(D)));
+  }
+};
+Config cfg;
+
+void sync() {
+  if (cfg.device.is_cuda()) forge::cuda_synchronize(cfg.device);
+}
 
 struct Inputs {
   Tensor q, k, v, E, F, bE, bF, W, tau;
@@ -92,23 +109,25 @@ const std::vector<Mechanism>& mechanisms() {
   return all;
 }
 
+// Drawn in f32 on the CPU, then moved to the benchmarked device and dtype.
 Inputs make_inputs(int64_t N) {
   forge::Generator g(1234);
+  auto place = [](Tensor t) { return t.to(cfg.device).to(cfg.dtype); };
   auto leaf = [&](const forge::Shape& s, double scale) {
-    Tensor t = forge::ops::mul(Tensor::randn(s, DType::f32, &g), scale);
+    Tensor t = place(forge::ops::mul(Tensor::randn(s, DType::f32, &g), scale));
     return t.set_requires_grad(true);
   };
   Inputs x;
-  x.q = leaf({kB, kH, N, kD}, 1.0);
-  x.k = leaf({kB, kH, N, kD}, 1.0);
-  x.v = leaf({kB, kH, N, kD}, 1.0);
+  x.q = leaf({cfg.B, cfg.H, N, cfg.D}, 1.0);
+  x.k = leaf({cfg.B, cfg.H, N, cfg.D}, 1.0);
+  x.v = leaf({cfg.B, cfg.H, N, cfg.D}, 1.0);
   const double xavier = std::sqrt(2.0 / static_cast<double>(kLinformerK + N));
   x.E = leaf({kLinformerK, N}, xavier);
   x.F = leaf({kLinformerK, N}, xavier);
   x.bE = leaf({kLinformerK}, 0.0);
   x.bF = leaf({kLinformerK}, 0.0);
-  x.W = att::gaussian_orthogonal_random_matrix(kFavorM, kD, 0, DType::f32, &g);
-  x.tau = Tensor::ones({kH}).set_requires_grad(true);
+  x.W = place(att::gaussian_orthogonal_random_matrix(cfg.favor_m(), cfg.D, 0, DType::f32, &g));
+  x.tau = place(Tensor::ones({cfg.H})).set_requires_grad(true);
   return x;
 }
 
@@ -121,8 +140,10 @@ double median_time(const std::function<void()>& fn, double budget) {
   std::vector<double> t;
   const auto start = std::chrono::steady_clock::now();
   while (t.size() < 3 || (seconds_since(start) < budget && t.size() < 50)) {
+    sync();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
+    sync();
     t.push_back(seconds_since(t0));
   }
   std::sort(t.begin(), t.end());
@@ -170,15 +191,17 @@ Result measure(const Mechanism& m, int64_t N, double budget) {
   // Give cached blocks back first: the temporaries of make_inputs would
   // otherwise serve the run and hide its memory from the RSS figure.
   forge::empty_cache();
+  sync();
   const long rss0 = reset_peak_rss_kib();
   // The first run is the warm-up and the memory measurement.
-  const int64_t base = forge::memory_stats().current;
-  forge::reset_peak_memory();
+  const int64_t base = forge::memory_stats(cfg.device).current;
+  forge::reset_peak_memory(cfg.device);
   fwdbwd();
+  sync();
   for (Tensor& t : leaves) t.zero_grad();
   Result r;
-  r.peak_bytes = forge::memory_stats().peak - base;
-  r.rss_growth_kib = proc_status_kib("VmHWM") - rss0;
+  r.peak_bytes = forge::memory_stats(cfg.device).peak - base;
+  r.rss_growth_kib = cfg.device.is_cpu() ? proc_status_kib("VmHWM") - rss0 : 0;
   r.fwdbwd_ms = 1e3 * median_time(fwdbwd, budget);
   for (Tensor& t : leaves) t.zero_grad();
   r.fwd_ms = 1e3 * median_time(
@@ -188,6 +211,17 @@ Result measure(const Mechanism& m, int64_t N, double budget) {
                        },
                        budget);
   return r;
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    if (comma > at) out.push_back(s.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
 }
 
 const Mechanism* find(const std::string& name) {
@@ -200,17 +234,43 @@ const Mechanism* find(const std::string& name) {
 
 int bench_attention_main(int argc, char** argv) {
   int64_t max_n = 16384;
+  std::vector<int64_t> ns;         // empty: 256, 512, .. max_n
+  std::vector<std::string> names;  // empty: every mechanism
   bool csv = false;
+  const Mechanism* one = nullptr;
+  int64_t one_n = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
     if (a == "--one" && i + 2 < argc) {
-      const Mechanism* m = find(argv[i + 1]);
-      FORGE_CHECK(m != nullptr, "unknown mechanism {}", argv[i + 1]);
-      const int64_t N = std::stoll(argv[i + 2]);
-      const Result r = measure(*m, N, 1.0);
-      std::printf("%s,%lld,%.3f,%.3f,%lld,%ld\n", m->name.c_str(), static_cast<long long>(N),
-                  r.fwd_ms, r.fwdbwd_ms, static_cast<long long>(r.peak_bytes), r.rss_growth_kib);
-      return 0;
+      one = find(argv[i + 1]);
+      FORGE_CHECK(one != nullptr, "unknown mechanism {} (see --list)", argv[i + 1]);
+      one_n = std::stoll(argv[i + 2]);
+      i += 2;
+    } else if (a == "--batch" && has_value) {
+      cfg.B = std::stoll(argv[++i]);
+    } else if (a == "--tokens" && has_value) {
+      cfg.tokens = std::stoll(argv[++i]);
+    } else if (a == "--ns" && has_value) {
+      ns.clear();
+      for (const std::string& n : split_commas(argv[++i])) ns.push_back(std::stoll(n));
+    } else if (a == "--mechanisms" && has_value) {
+      names = split_commas(argv[++i]);
+    } else if (a == "--heads" && has_value) {
+      cfg.H = std::stoll(argv[++i]);
+    } else if (a == "--dim" && has_value) {
+      cfg.D = std::stoll(argv[++i]);
+    } else if (a == "--device" && has_value) {
+      const std::string v = argv[++i];
+      FORGE_CHECK(v == "cpu" || v == "cuda", "--device must be cpu or cuda, got {}", v);
+      cfg.device = v == "cpu" ? forge::Device::cpu() : forge::Device::cuda(0);
+      FORGE_CHECK(cfg.device.is_cpu() || forge::cuda_device_count() > 0,
+                  "--device cuda, but no CUDA device is visible");
+    } else if (a == "--dtype" && has_value) {
+      const std::string v = argv[++i];
+      FORGE_CHECK(v == "f32" || v == "bf16" || v == "f16",
+                  "--dtype must be f32, bf16 or f16, got {}", v);
+      cfg.dtype = v == "f32" ? DType::f32 : v == "bf16" ? DType::bf16 : DType::f16;
     } else if (a == "--list") {
       for (const Mechanism& m : mechanisms()) std::printf("%s\n", m.name.c_str());
       return 0;
@@ -219,25 +279,53 @@ int bench_attention_main(int argc, char** argv) {
     } else if (a == "--csv") {
       csv = true;
     } else {
-      FORGE_FAIL("unknown argument {} (use --max-n N, --csv, --list or --one NAME N)", a);
+      FORGE_FAIL(
+          "unknown argument {} (use --max-n N, --csv, --list, --one NAME N, --batch B, --heads H, "
+          "--dim d, --device cpu|cuda, --dtype f32|bf16|f16)",
+          a);
     }
   }
-  std::printf(csv ? "mechanism,N,fwd_ms,fwdbwd_ms,peak_MiB\n"
-                  : "B = %lld, H = %lld, d = %lld, f32, %d threads\n\n| mechanism | N | fwd ms | "
-                    "fwd+bwd ms | peak MiB "
-                    "|\n|---|---|---|---|---|\n",
-              static_cast<long long>(kB), static_cast<long long>(kH), static_cast<long long>(kD),
-              forge::num_threads());
-  for (const Mechanism& m : mechanisms()) {
-    for (int64_t N = 256; N <= max_n; N *= 2) {
-      const Result r = measure(m, N, 0.5);
-      std::printf(csv ? "%s,%lld,%.3f,%.3f,%.1f\n" : "| %s | %lld | %.2f | %.2f | %.1f |\n",
-                  m.name.c_str(), static_cast<long long>(N), r.fwd_ms, r.fwdbwd_ms,
-                  static_cast<double>(r.peak_bytes) / (1 << 20));
+  if (ns.empty())
+    for (int64_t N = 256; N <= max_n; N *= 2) ns.push_back(N);
+  auto batch_for = [](int64_t N) {
+    return cfg.tokens > 0 ? std::max<int64_t>(1, cfg.tokens / N) : cfg.B;
+  };
+  if (one != nullptr) {
+    cfg.B = batch_for(one_n);
+    const Result r = measure(*one, one_n, 1.0);
+    std::printf("%s,%lld,%.3f,%.3f,%lld,%ld\n", one->name.c_str(), static_cast<long long>(one_n),
+                r.fwd_ms, r.fwdbwd_ms, static_cast<long long>(r.peak_bytes), r.rss_growth_kib);
+    return 0;
+  }
+  std::printf(csv ? "mechanism,B,N,fwd_ms,fwdbwd_ms,peak_MiB\n"
+                  : "H = %lld, d = %lld, %s on %s, %d threads\n\n| mechanism | B | N | fwd ms | "
+                    "fwd+bwd ms | peak MiB |\n|---|---|---|---|---|---|\n",
+              static_cast<long long>(cfg.H), static_cast<long long>(cfg.D),
+              forge::dtype_name(cfg.dtype), cfg.device.str().c_str(), forge::num_threads());
+  if (names.empty())
+    for (const Mechanism& m : mechanisms()) names.push_back(m.name);
+  for (const std::string& name : names) {
+    const Mechanism* m = find(name);
+    FORGE_CHECK(m != nullptr, "unknown mechanism {} (see --list)", name);
+    for (int64_t N : ns) {
+      cfg.B = batch_for(N);
+      Result r;
+      try {
+        r = measure(*m, N, 0.5);
+      } catch (const std::exception& e) {  // out of memory, most likely: say so, go on
+        std::printf(
+            csv ? "%s,%lld,%lld,failed,failed,failed\n" : "| %s | %lld | %lld | failed: %s |\n",
+            m->name.c_str(), static_cast<long long>(cfg.B), static_cast<long long>(N), e.what());
+        std::fflush(stdout);
+        break;
+      }
+      std::printf(
+          csv ? "%s,%lld,%lld,%.3f,%.3f,%.1f\n" : "| %s | %lld | %lld | %.2f | %.2f | %.1f |\n",
+          m->name.c_str(), static_cast<long long>(cfg.B), static_cast<long long>(N), r.fwd_ms,
+          r.fwdbwd_ms, static_cast<double>(r.peak_bytes) / (1 << 20));
       std::fflush(stdout);
       if (r.fwdbwd_ms > 30000) break;  // the next N would take minutes
     }
   }
   return 0;
 }
-

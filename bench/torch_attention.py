@@ -33,7 +33,7 @@ def mechanisms(torch):
         s = q @ k.transpose(-1, -2) * D ** -0.5
         if causal:
             n = q.shape[-2]
-            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         return s.softmax(-1) @ v
 
     def local_attn(q, k, v, causal=False, w=64):
@@ -49,11 +49,11 @@ def mechanisms(torch):
 
         kk, vv = look_around(kw, 0.0), look_around(vw, 0.0)
         s = qw @ kk.transpose(-1, -2) * d ** -0.5
-        pos = torch.arange(n).reshape(nw, w)
+        pos = torch.arange(n, device=q.device).reshape(nw, w)
         kpos = look_around(pos.reshape(1, 1, nw, w, 1).float(), -1.0)[0, 0, :, :, 0]
         # Keys from absent windows (before 0 / after the last) carry position -1 or out of range.
-        window_idx = torch.arange(nw).reshape(nw, 1)
-        offs = torch.arange(1 + 1 + lf).repeat_interleave(w).reshape(1, -1) - 1
+        window_idx = torch.arange(nw, device=q.device).reshape(nw, 1)
+        offs = torch.arange(1 + 1 + lf, device=q.device).repeat_interleave(w).reshape(1, -1) - 1
         absent = ((window_idx + offs) < 0) | ((window_idx + offs) >= nw)
         mask = absent.unsqueeze(1).expand(nw, w, -1)
         if causal:

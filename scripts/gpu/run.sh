@@ -4,7 +4,10 @@
 # the comparison), but without our Debian dependencies. Logs go to OUT_DIR.
 #
 #   scripts/gpu/run.sh [ARCHIVE=.gpu/attnforge-gpu.tar.xz] [OUT_DIR=${OUT:-gpu-out}] [WHAT=all]
-# WHAT: tests | bench | all. Exit status: that of the tests (benchmarks report only).
+# WHAT (comma-separated): tests | matmul | attention | attention64 | attention128 | steps |
+#   bench (= matmul, attention, steps) | all (= tests, bench). Each part fits in one
+#   10-minute call of the device tool; raw CSV goes to OUT_DIR too.
+# Exit status: that of the tests (benchmarks report only).
 set -uo pipefail
 archive=${1:-.gpu/attnforge-gpu.tar.xz}
 out=${2:-${OUT:-gpu-out}}
@@ -39,17 +42,37 @@ export PYTHONUNBUFFERED=1
 } | tee "$out/environment.txt"
 
 status=0
-if [[ $what == tests || $what == all ]]; then
+# want PART [GROUP]: WHAT names the part, its group, or all.
+want() {
+  local w=",$what,"
+  [[ $w == *",$1,"* || $w == *",all,"* || (-n ${2:-} && $w == *",$2,"*) ]]
+}
+if want tests; then
   echo "== test_cuda"
   "$root/bin/test_cuda" --gtest_output="xml:$out/test_cuda.xml" 2>&1 | tee "$out/test_cuda.log"
   status=${PIPESTATUS[0]}
   grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\] [0-9]+ test|tests? from .* ran' "$out/test_cuda.log"
 fi
-if [[ $what == bench || $what == all ]]; then
+if want matmul bench; then
   echo "== bench_cuda_matmul"
   "$root/bin/bench_cuda_matmul" 2>&1 | tee "$out/bench_cuda_matmul.log"
-  echo "== ViT-S/16 training step, bf16, ours vs PyTorch"
-  (cd "$src" && python3 bench/torch_vit_step.py --ours "$root/bin/bench_vit_step" --model s16 \
-      --device cuda --precision bf16 --batches 128 --steps 20) 2>&1 | tee "$out/bench_vit_s16.log"
+fi
+for d in 64 128; do
+  if want "attention$d" || want attention bench; then
+    echo "== attention ops, d = $d, bf16, ours vs eager PyTorch vs SDPA"
+    (cd "$src" && python3 bench/torch_cuda_attention.py --ours "$root/bin/bench_attention" --dims "$d" \
+        --raw "$out/attention_d$d.csv") 2>&1 | tee "$out/bench_attention_d$d.log"
+  fi
+done
+if want steps bench; then
+  for model in s16 listops; do
+    batch=$([[ $model == s16 ]] && echo 128 || echo 32)
+    for att in softmax favor taylorshift; do
+      echo "== $model training step, $att attention, bf16, ours vs PyTorch"
+      (cd "$src" && python3 bench/torch_train_step.py --ours "$root/bin/bench_train_step" --model "$model" \
+          --attention "$att" --device cuda --precision bf16 --batches "$batch" --steps 10) 2>&1 |
+        tee "$out/bench_step_${model}_$att.log"
+    done
+  done
 fi
 exit "$status"

@@ -1,8 +1,8 @@
 // One training step (forward, cross-entropy, backward, AdamW update) of a ViT
 // on random images, for the comparison with the same model in plain PyTorch
-// (bench/torch_vit_step.py runs both in one process tree).
+// (bench/torch_train_step.py runs both in one process tree).
 //
-//   bench_vit_step [--model tiny|s16] [--device cpu|cuda] [--precision fp32|bf16|fp16]
+//   bench_train_step [--model tiny|s16] [--device cpu|cuda] [--precision fp32|bf16|fp16]
 //                  [--batch 128] [--steps 30] [--warmup 5]
 // tiny: the default recipe's ViT (recipes/vit/fmnist_tiny.yaml: 28x28x1
 // images, 4x4 patches, width 64, depth 4, 4 heads, feed-forward 128).
@@ -16,6 +16,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,7 +33,7 @@ using namespace forge;
 
 int main(int argc, char** argv) {
   int64_t B = 128, steps = 30, warmup = 5;
-  std::string model_name = "tiny", device_name = "cpu", precision = "fp32";
+  std::string model_name = "tiny", device_name = "cpu", precision = "fp32", attention = "softmax";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--batch")
@@ -46,20 +48,23 @@ int main(int argc, char** argv) {
       device_name = v;
     else if (a == "--precision")
       precision = v;
+    else if (a == "--attention")
+      attention = v;
     else {
-      std::fprintf(stderr, "bench_vit_step: unknown option %s\n", a.c_str());
+      std::fprintf(stderr, "bench_train_step: unknown option %s\n", a.c_str());
       return 2;
     }
   }
-  if ((model_name != "tiny" && model_name != "s16") ||
+  if ((model_name != "tiny" && model_name != "s16" && model_name != "listops") ||
+      (attention != "softmax" && attention != "favor" && attention != "taylorshift") ||
       (device_name != "cpu" && device_name != "cuda") ||
       (precision != "fp32" && precision != "bf16" && precision != "fp16") || B <= 0 || steps <= 0) {
-    std::fprintf(stderr,
-                 "bench_vit_step: bad arguments (see the comment at the top of vit_step.cpp)\n");
+    std::fprintf(
+        stderr, "bench_train_step: bad arguments (see the comment at the top of train_step.cpp)\n");
     return 2;
   }
   if (device_name == "cuda" && cuda_device_count() == 0) {
-    std::fprintf(stderr, "bench_vit_step: --device cuda, but no CUDA device is visible\n");
+    std::fprintf(stderr, "bench_train_step: --device cuda, but no CUDA device is visible\n");
     return 1;
   }
   const Device device = device_name == "cuda" ? Device::cuda(0) : Device::cpu();
@@ -67,29 +72,59 @@ int main(int argc, char** argv) {
                          : precision == "fp16" ? DType::f16
                                                : DType::f32;
 
-  nn::ViTConfig c;
-  if (model_name == "tiny") {
-    c.image_size = 28;
-    c.patch_size = 4;
-    c.channels = 1;
-    c.classes = 10;
-    c.dim = 64;
-    c.depth = 4;
-    c.heads = 4;
-    c.mlp_ratio = 2;
-  } else {
-    c = nn::ViTConfig::preset("S", 224, 16, 1000);
-  }
+  const nn::Mechanism kind = attention == "favor"         ? nn::Mechanism::favor
+                             : attention == "taylorshift" ? nn::Mechanism::taylorshift
+                                                          : nn::Mechanism::softmax;
   Generator gen(0);
-  nn::ViT model(c, &gen);
-  model.to(device);
-  model.set_generator(&gen);
-  optim::AdamW opt(optim::param_groups(model, 0.05, true), 2e-3);
+  std::unique_ptr<nn::Module> model;
+  std::function<Tensor()> forward;
+  int64_t classes = 0;
+  Tensor x;
+  if (model_name == "listops") {
+    constexpr int64_t kTokens = 2000;
+    nn::SequenceClassifierConfig c;
+    c.vocab_size = 16;  // data/listops.h kListOpsVocabSize
+    c.max_len = kTokens;
+    c.dim = 512;
+    c.classes = classes = 10;
+    c.stack.depth = 4;
+    c.stack.block.attention.heads = 8;
+    c.stack.block.attention.kind = kind;
+    c.stack.block.ff.hidden = 1024;
+    auto* m = new nn::SequenceClassifier(c, &gen);
+    model.reset(m);
+    std::vector<int64_t> ids(static_cast<size_t>(B * kTokens));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = 1 + static_cast<int64_t>(i * 7919 % 15);
+    x = Tensor::from_vector(ids, {B, kTokens});
+    forward = [m, &x] { return m->forward(x); };
+  } else {
+    nn::ViTConfig c;
+    if (model_name == "tiny") {
+      c.image_size = 28;
+      c.patch_size = 4;
+      c.channels = 1;
+      c.classes = 10;
+      c.dim = 64;
+      c.depth = 4;
+      c.heads = 4;
+      c.mlp_ratio = 2;
+    } else {
+      c = nn::ViTConfig::preset("S", 224, 16, 1000);
+    }
+    c.stack.block.attention.kind = kind;
+    classes = c.classes;
+    auto* m = new nn::ViT(c, &gen);
+    model.reset(m);
+    x = Tensor::randn({B, c.channels, c.image_size, c.image_size}, DType::f32, &gen);
+    forward = [m, &x] { return m->forward(x); };
+  }
+  model->to(device);
+  model->set_generator(&gen);
+  x = x.to(device);
+  optim::AdamW opt(optim::param_groups(*model, 0.05, true), 2e-3);
   optim::GradScaler scaler(optim::GradScalerOptions{.enabled = precision == "fp16"});
-  const Tensor x =
-      Tensor::randn({B, c.channels, c.image_size, c.image_size}, DType::f32, &gen).to(device);
   std::vector<int64_t> labels(static_cast<size_t>(B));
-  for (int64_t i = 0; i < B; ++i) labels[static_cast<size_t>(i)] = i % c.classes;
+  for (int64_t i = 0; i < B; ++i) labels[static_cast<size_t>(i)] = i % classes;
   const Tensor y = Tensor::from_vector(labels, {B}).to(device);
 
   std::vector<double> ms;
@@ -101,7 +136,7 @@ int main(int argc, char** argv) {
     Tensor loss;
     {
       ops::AutocastGuard guard(autocast);
-      loss = ops::cross_entropy(model.forward(x), y);
+      loss = ops::cross_entropy(forward(), y);
     }
     autograd::backward(scaler.enabled() ? scaler.scale(loss) : loss);
     if (scaler.enabled()) {
@@ -110,7 +145,7 @@ int main(int argc, char** argv) {
     } else {
       opt.step();
     }
-    model.zero_grad();
+    model->zero_grad();
     cuda_synchronize(device);
     const double t =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
