@@ -1,5 +1,6 @@
 // linformer: Linformer attention (Wang et al. 2020, as in linformer-pytorch),
-// one autograd op with a fused CPU forward and backward (f32, f64).
+// one autograd op with a fused CPU forward and backward (f32, f64) and a GPU
+// path (f32, f64, bf16, f16).
 //
 //   K = E[:, :M] k + bE [k, d],  V = F[:, :M] v + bF [k, dv]  (k, v zeroed at padding)
 //   P = dropout(softmax(q K^T / sqrt(d)))  [N, k],  o = P V
@@ -9,6 +10,11 @@
 // holds at most a rows x kdim tile per thread (never N x M). The backward saves
 // the inputs, the row log-sum-exp [B, H, N] and the dropout's Philox (seed,
 // offset), and recomputes K, V and P.
+//
+// On a GPU the projections and their gradients are cuBLAS GEMMs and the
+// attention over the kdim projected keys is the flash kernels (flash_cuda.h)
+// with the CPU's dropout draws; the forward saves K, V and o besides, which
+// the flash backward needs (K, V are [B, H, kdim, d]: no N in their size).
 
 #include <algorithm>
 #include <cmath>
@@ -21,8 +27,14 @@
 #include "core/threading.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
+#include "ops/attention/flash_cuda.h"
+#include "ops/attention/linformer_cuda.h"
 #include "ops/attention/registry.h"
 #include "ops/blas.h"
+#include "ops/layout/layout.h"
+#include "ops/linalg/matmul.h"
+#include "ops/linalg/matmul_cuda.h"
+#include "ops/reduce/reduce.h"
 
 namespace forge::ops::attention {
 
@@ -100,11 +112,12 @@ void project(const Params<T>& a, const LinformerDims& L, T* K_all, T* V_all) {
   });
 }
 
-// The dropout factor of P[bh, i, j]: 0 or 1 / (1 - p).
+// The dropout factor of P[bh, i, j]: 0 or 1 / (1 - p). The draw is compared
+// with p in double, as every other dropout here (and the GPU kernels) does.
 template <typename T>
 T keep_factor(const LinformerDims& L, int64_t bh, int64_t i, int64_t j) {
   const uint64_t idx = static_cast<uint64_t>((bh * L.s.N + i) * L.kdim + j);
-  return Generator::uniform_f32(L.seed, L.offset, idx) >= static_cast<float>(L.p)
+  return static_cast<double>(Generator::uniform_f32(L.seed, L.offset, idx)) >= L.p
              ? T(1.0 / (1.0 - L.p))
              : T(0);
 }
@@ -286,11 +299,180 @@ void backward_kernel(const Params<T>& a, const T* K_all, const T* V_all, const T
   });
 }
 
+// ---- the GPU path: cuBLAS projections around the flash kernels ----
+// The functions that call the CUDA entry points are inline: a compiler emits
+// an inline function only where it is called, and in a build without CUDA its
+// only callers, the FORGE_IF_CUDA branches, are compiled away, so nothing
+// there refers to the entry points that such a build does not define.
+
+// The type the kernels accumulate in, and the dtype of lse: f64 for f64, f32
+// otherwise (on the CPU, where q is f32 or f64, q's dtype).
+DType acc_dtype(DType dtype) {
+  return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
+
+const uint8_t* device_mask(const Tensor& mask) {
+  return mask.defined() ? static_cast<const uint8_t*>(mask.raw_device_data()) : nullptr;
+}
+
+// W[:, :M] (W = E or F, detached, [kdim, Mmax]) as a dense [kdim, M] matrix,
+// since the GEMMs take dense operands only: W itself when M == Mmax, else a
+// copy of its first M columns (kdim x M elements).
+Tensor first_columns(const Tensor& W, int64_t M) {
+  return W.size(1) == M ? W : ops::narrow(W, 1, 0, M);
+}
+
+// Attention of q over the kdim projected keys: no mask, no band, not causal;
+// dropout element (bh, i, j) is draw (bh * N + i) * kdim + j, the CPU's keep_factor.
+cuda::FlashArgs flash_args(const LinformerDims& L, DType dtype) {
+  cuda::FlashArgs f;
+  f.B = L.s.B;
+  f.H = L.s.H;
+  f.N = L.s.N;
+  f.M = L.kdim;
+  f.d = L.s.d;
+  f.dv = L.s.dv;
+  f.dtype = dtype;
+  f.scale = 1.0 / std::sqrt(static_cast<double>(L.s.d));
+  f.dropout = L.p;
+  f.seed = L.seed;
+  f.offset = L.offset;
+  return f;
+}
+
+// X [B, H, kdim, cols] = Ws x_bh + bias per batch-head, with Ws = W[:, :M]
+// [kdim, M] (one matrix for every batch-head: stride 0), x [B, H, M, cols] (k
+// or v) with the rows of padded keys zeroed, bias [kdim] or undefined.
+inline Tensor project_cuda(const Tensor& Ws, const Tensor& bias, const Tensor& x,
+                           const Tensor& mask, const LinformerDims& L) {
+  const Dims4& s = L.s;
+  const int device = x.device().index;
+  const int64_t cols = x.size(3);
+  Tensor xm = x;
+  if (mask.defined()) {
+    xm = Tensor::empty(x.shape(), x.dtype(), x.device());
+    cuda::linformer_mask_rows(x.dtype(), x.raw_device_data(), xm.raw_device_data(),
+                              device_mask(mask), s.B, s.H, s.M, cols, cuda::MaskRows::kMultiply,
+                              false, device);
+  }
+  Tensor X = Tensor::empty({s.B, s.H, L.kdim, cols}, x.dtype(), x.device());
+  if (bias.defined())
+    cuda::linformer_bias_rows(x.dtype(), bias.raw_device_data(), X.raw_device_data(), s.B * s.H,
+                              L.kdim, cols, device);
+  cuda::gemm({.n = L.kdim,
+              .m = cols,
+              .k = s.M,
+              .batch = s.B * s.H,
+              .ab_dtype = x.dtype(),
+              .a = Ws.raw_device_data(),
+              .stride_a = 0,
+              .b = xm.raw_device_data(),
+              .stride_b = s.M * cols,
+              .c_dtype = x.dtype(),
+              .c = X.raw_device_data(),
+              .accumulate = bias.defined(),
+              .tf32 = ops::allow_tf32()},
+             device);
+  return X;
+}
+
+// dx [B, H, M, cols] = Ws^T dX_bh per batch-head (Ws = W[:, :M] [kdim, M],
+// dX [B, H, kdim, cols]), zero at padded keys.
+inline Tensor input_grad_cuda(const Tensor& Ws, const Tensor& dX, const Tensor& mask,
+                              const LinformerDims& L) {
+  const Dims4& s = L.s;
+  const int device = dX.device().index;
+  const int64_t cols = dX.size(3);
+  Tensor dx = Tensor::empty({s.B, s.H, s.M, cols}, dX.dtype(), dX.device());
+  cuda::gemm({.ta = true,
+              .n = s.M,
+              .m = cols,
+              .k = L.kdim,
+              .batch = s.B * s.H,
+              .ab_dtype = dX.dtype(),
+              .a = Ws.raw_device_data(),
+              .stride_a = 0,
+              .b = dX.raw_device_data(),
+              .stride_b = L.kdim * cols,
+              .c_dtype = dX.dtype(),
+              .c = dx.raw_device_data(),
+              .tf32 = ops::allow_tf32()},
+             device);
+  if (mask.defined())
+    cuda::linformer_mask_rows(dx.dtype(), dx.raw_device_data(), dx.raw_device_data(),
+                              device_mask(mask), s.B, s.H, s.M, cols, cuda::MaskRows::kZero, false,
+                              device);
+  return dx;
+}
+
+struct WeightGrads {
+  Tensor dW, db;  // [kdim, Mmax], [kdim] (undefined without a bias)
+};
+
+// The gradients of W [kdim, Mmax] and its bias from dX [B, H, kdim, cols] and
+// x [B, H, M, cols]. dW[:, :M] = sum_bh dX_bh xm_bh^T (xm: x with the rows of
+// padded keys zeroed) is one GEMM whose inner dimension runs over every
+// batch-head and column: dX as [kdim, BH, cols] times xm as [M, BH, cols]
+// transposed (copies of the size of dX and x; no atomics, one summation order).
+// dW is zero beyond column M; db = the sums of dX's rows over every batch-head.
+inline WeightGrads weight_grads_cuda(const Tensor& dX, const Tensor& x, const Tensor& mask,
+                                     bool bias, const LinformerDims& L) {
+  const Dims4& s = L.s;
+  const int device = x.device().index;
+  const int64_t BH = s.B * s.H, cols = x.size(3);
+  const Tensor dXt = ops::permute(dX.view({BH, L.kdim, cols}), {1, 0, 2});  // [kdim, BH, cols]
+  Tensor xt = Tensor::empty({s.M, BH, cols}, x.dtype(), x.device());
+  cuda::linformer_mask_rows(x.dtype(), x.raw_device_data(), xt.raw_device_data(), device_mask(mask),
+                            s.B, s.H, s.M, cols, cuda::MaskRows::kMultiply, true, device);
+  Tensor dWs = Tensor::empty({L.kdim, s.M}, x.dtype(), x.device());
+  cuda::gemm({.tb = true,
+              .n = L.kdim,
+              .m = s.M,
+              .k = BH * cols,
+              .ab_dtype = x.dtype(),
+              .a = dXt.raw_device_data(),
+              .b = xt.raw_device_data(),
+              .c_dtype = x.dtype(),
+              .c = dWs.raw_device_data(),
+              .tf32 = ops::allow_tf32()},
+             device);
+  WeightGrads w;
+  w.dW = s.M == L.Mmax ? dWs : ops::pad(dWs, {0, L.Mmax - s.M});
+  if (bias) w.db = ops::sum(dXt.view({L.kdim, BH * cols}), {1});
+  return w;
+}
+
+// The GPU backward: {dq, dk, dv, dE, dF, dbE, dbF} from the saved inputs, the
+// forward's K, V [B, H, kdim, d / dv], o and lse, and g = dL/do.
+inline std::vector<Tensor> backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& E, const Tensor& F, bool bias_E, bool bias_F,
+                                         const Tensor& mask, const Tensor& K, const Tensor& V,
+                                         const Tensor& o, const Tensor& lse, const Tensor& g,
+                                         const LinformerDims& L) {
+  const Dims4& s = L.s;
+  const Device dev = q.device();
+  // Through the attention: dq and the gradients of the projections dK, dV.
+  Tensor dq = Tensor::empty(q.shape(), q.dtype(), dev),
+         dK = Tensor::empty(K.shape(), K.dtype(), dev),
+         dV = Tensor::empty(V.shape(), V.dtype(), dev);
+  Tensor row_dots = Tensor::empty({s.B * s.H * s.N}, acc_dtype(q.dtype()), dev);
+  cuda::flash_backward(flash_args(L, q.dtype()), q.raw_device_data(), K.raw_device_data(),
+                       V.raw_device_data(), o.raw_device_data(), lse.raw_device_data(),
+                       g.raw_device_data(), row_dots.raw_device_data(), dq.raw_device_data(),
+                       dK.raw_device_data(), dV.raw_device_data(), dev.index);
+  // Through K = E[:, :M] km + bE and V = F[:, :M] vm + bF.
+  const Tensor Es = first_columns(E, s.M), Fs = first_columns(F, s.M);
+  const Tensor dk = input_grad_cuda(Es, dK, mask, L), dv = input_grad_cuda(Fs, dV, mask, L);
+  const WeightGrads wE = weight_grads_cuda(dK, k, mask, bias_E, L),
+                    wF = weight_grads_cuda(dV, v, mask, bias_F, L);
+  return {dq, dk, dv, wE.dW, wF.dW, wE.db, wF.db};
+}
+
 void check_projection(const char* name, const Tensor& t, const Tensor& q, const Shape& expected) {
   FORGE_CHECK(t.defined(), "attention::linformer: {} is undefined; expected {}", name,
               shape_str(expected));
-  FORGE_CHECK(t.device().is_cpu(), "attention::linformer: {} is on {}; this op runs on the CPU",
-              name, t.device().str());
+  FORGE_CHECK(t.device() == q.device(), "attention::linformer: {} is on {} but q is on {}", name,
+              t.device().str(), q.device().str());
   FORGE_CHECK(t.dtype() == q.dtype(), "attention::linformer: {} is {} but q is {}", name,
               dtype_name(t.dtype()), dtype_name(q.dtype()));
   FORGE_CHECK(t.shape() == expected, "attention::linformer: {} must be {}, got {}", name,
@@ -303,7 +485,7 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                  const Tensor& F, const Tensor& bias_E, const Tensor& bias_F,
                  const Tensor& key_padding_mask, const LinformerOptions& options) {
   LinformerDims L;
-  L.s = check_qkv("linformer", q, k, v, key_padding_mask, false);
+  L.s = check_qkv("linformer", q, k, v, key_padding_mask, false, true);
   FORGE_CHECK(E.defined() && E.dim() == 2, "attention::linformer: E must be [kdim, Mmax], got {}",
               E.defined() ? shape_str(E.shape()) : std::string("an undefined tensor"));
   L.kdim = E.size(0);
@@ -329,24 +511,41 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   }
   const Dims4& s = L.s;
   const Tensor mask = key_padding_mask.defined() ? key_padding_mask.detach() : Tensor();
-  Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype()),
-         lse = Tensor::empty({s.B, s.H, s.N}, q.dtype());
-  FORGE_DISPATCH_FLOAT(q.dtype(), "attention::linformer", [&] {
-    const Params<scalar_t> a = params<scalar_t>(q, k, v, E, F, bias_E, bias_F, mask);
-    // K [BH, kdim, d], V [BH, kdim, dv]
-    Tensor K = scratch<scalar_t>(s.B * s.H * L.kdim * s.d),
-           V = scratch<scalar_t>(s.B * s.H * L.kdim * s.dv);
-    project(a, L, K.data<scalar_t>(), V.data<scalar_t>());
-    forward_kernel(a.q, K.data<scalar_t>(), V.data<scalar_t>(), L, o.data<scalar_t>(),
-                   lse.data<scalar_t>());
-  });
+  Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype(), q.device()),
+         lse = Tensor::empty({s.B, s.H, s.N}, acc_dtype(q.dtype()), q.device());
+  Tensor K, V;  // on a GPU: the projections [B, H, kdim, d / dv], saved for the backward
+  FORGE_IF_CUDA(q) {
+    FORGE_CHECK(s.d <= cuda::kFlashMaxHeadDim && s.dv <= cuda::kFlashMaxHeadDim,
+                "attention::linformer: on a GPU the head dims must be <= {}, got d = {}, dv = {}",
+                cuda::kFlashMaxHeadDim, s.d, s.dv);
+    K = project_cuda(first_columns(E.detach(), s.M), bias_E, k, mask, L);
+    V = project_cuda(first_columns(F.detach(), s.M), bias_F, v, mask, L);
+    cuda::flash_forward(flash_args(L, q.dtype()), q.raw_device_data(), K.raw_device_data(),
+                        V.raw_device_data(), o.raw_device_data(), lse.raw_device_data(),
+                        q.device().index);
+  }
+  if (q.device().is_cpu()) {
+    FORGE_DISPATCH_FLOAT(q.dtype(), "attention::linformer", [&] {
+      const Params<scalar_t> a = params<scalar_t>(q, k, v, E, F, bias_E, bias_F, mask);
+      // K [BH, kdim, d], V [BH, kdim, dv]
+      Tensor Kc = scratch<scalar_t>(s.B * s.H * L.kdim * s.d),
+             Vc = scratch<scalar_t>(s.B * s.H * L.kdim * s.dv);
+      project(a, L, Kc.data<scalar_t>(), Vc.data<scalar_t>());
+      forward_kernel(a.q, Kc.data<scalar_t>(), Vc.data<scalar_t>(), L, o.data<scalar_t>(),
+                     lse.data<scalar_t>());
+    });
+  }
   return autograd::record(
       "attention::linformer", {q, k, v, E, F, bias_E, bias_F}, o,
       [q = q.detach(), k = k.detach(), v = v.detach(), E = E.detach(), F = F.detach(),
        bE = bias_E.defined() ? bias_E.detach() : Tensor(),
-       bF = bias_F.defined() ? bias_F.detach() : Tensor(), mask, lse,
+       bF = bias_F.defined() ? bias_F.detach() : Tensor(), mask, lse, K, V,
+       o = q.device().is_cuda() ? o.detach() : Tensor(),
        L](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
         const Tensor g = grads[0];
+        FORGE_IF_CUDA(g) {
+          return backward_cuda(q, k, v, E, F, bE.defined(), bF.defined(), mask, K, V, o, lse, g, L);
+        }
         const Dims4& s = L.s;
         Tensor dq = Tensor::empty(q.shape(), q.dtype()), dk = Tensor::empty(k.shape(), k.dtype()),
                dv = Tensor::empty(v.shape(), v.dtype()), dE = Tensor::zeros(E.shape(), E.dtype()),
@@ -355,10 +554,10 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                dbF = bF.defined() ? Tensor::empty(bF.shape(), bF.dtype()) : Tensor();
         FORGE_DISPATCH_FLOAT(q.dtype(), "attention::linformer backward", [&] {
           const Params<scalar_t> a = params<scalar_t>(q, k, v, E, F, bE, bF, mask);
-          Tensor K = scratch<scalar_t>(s.B * s.H * L.kdim * s.d),
-                 V = scratch<scalar_t>(s.B * s.H * L.kdim * s.dv);
-          project(a, L, K.data<scalar_t>(), V.data<scalar_t>());
-          backward_kernel(a, K.data<scalar_t>(), V.data<scalar_t>(), lse.data<scalar_t>(),
+          Tensor Kc = scratch<scalar_t>(s.B * s.H * L.kdim * s.d),
+                 Vc = scratch<scalar_t>(s.B * s.H * L.kdim * s.dv);
+          project(a, L, Kc.data<scalar_t>(), Vc.data<scalar_t>());
+          backward_kernel(a, Kc.data<scalar_t>(), Vc.data<scalar_t>(), lse.data<scalar_t>(),
                           g.data<scalar_t>(), L, dq.data<scalar_t>(), dk.data<scalar_t>(),
                           dv.data<scalar_t>(), dE.data<scalar_t>(), dF.data<scalar_t>(),
                           dbE.defined() ? dbE.data<scalar_t>() : nullptr,

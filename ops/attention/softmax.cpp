@@ -1,8 +1,9 @@
-// softmax attention (scaled dot-product, ATTENTION.md "softmax") on the CPU,
-// computed in tiles with an online softmax (FlashAttention-style) so that no
-// N x M buffer ever exists. The forward saves the output and the per-row
-// logsumexp L [B, H, N]; the backward recomputes every score tile from q, k
-// and L. Dropout is keyed by (seed, offset) and recomputed, never stored.
+// softmax attention (scaled dot-product, ATTENTION.md "softmax") on the CPU and,
+// through the kernels of flash_cuda.cu, the GPU, computed in tiles with an
+// online softmax (FlashAttention-style) so that no N x M buffer ever exists.
+// The forward saves the output and the per-row logsumexp L [B, H, N]; the
+// backward recomputes every score tile from q, k and L. Dropout is keyed by
+// (seed, offset) and recomputed, never stored.
 
 #include <algorithm>
 #include <array>
@@ -15,12 +16,9 @@
 #include "core/threading.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
+#include "ops/attention/flash_cuda.h"
 #include "ops/attention/registry.h"
 #include "ops/blas.h"
-#include "ops/elementwise/elementwise.h"
-#include "ops/linalg/matmul.h"
-#include "ops/nn/functional.h"
-#include "ops/reduce/reduce.h"
 
 namespace forge::ops::attention {
 
@@ -320,56 +318,63 @@ void check_options(const Dims4& dims, const SoftmaxOptions& options) {
               "attention::softmax: dropout must be in [0, 1), got {}", options.dropout);
 }
 
-// softmax attention on a GPU, composed of the primitive CUDA ops until the
-// fused kernel exists: S = scale q k^T materialised [B, H, N, M], masked
-// scores pushed to -big (finite, so a row with every key masked stays NaN-free
-// and is then zeroed like the CPU op's), softmax, dropout with the same
-// (b, h, i, j) draws as the CPU op, P v. Same values and gradients as the
-// fused CPU op; O(N M) memory.
-Tensor softmax_composed(const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& key_padding_mask, const SoftmaxOptions& options) {
-  const Dims4 dims = check_qkv("softmax", q, k, v, key_padding_mask, options.causal, true);
-  check_options(dims, options);
-  const double scale =
-      options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(dims.d));
-  Tensor scores = ops::mul(ops::matmul(q, k, false, true), scale);  // [B, H, N, M]
-  // visible: 1 where query i may see key j, as [B or 1, 1, N or 1, M].
-  Tensor visible;
+// softmax attention on a GPU: the tiled kernels of flash_cuda.cu, one autograd
+// node like the CPU op. The forward saves o and the logsumexp (in the
+// accumulation type); the backward recomputes every score tile from them.
+// Dropout draws come from the stream `s` reserved, numbered as on the CPU.
+Tensor softmax_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                    const Tensor& key_padding_mask, const Plan& s) {
+  FORGE_CHECK(s.d <= cuda::kFlashMaxHeadDim && s.dv <= cuda::kFlashMaxHeadDim,
+              "attention::softmax: on a GPU the head dims must be <= {}, got d = {}, dv = {}",
+              cuda::kFlashMaxHeadDim, s.d, s.dv);
+  cuda::FlashArgs a;
+  a.B = s.B, a.H = s.H, a.N = s.N, a.M = s.M, a.d = s.d, a.dv = s.dv;
+  a.dtype = q.dtype();
+  a.scale = s.scale;
+  a.causal = s.causal;
   if (key_padding_mask.defined())
-    // Any non-zero mask byte is a real token, as on the CPU: through bool to 1 / 0.
-    visible = key_padding_mask.to(DType::boolean).to(scores.dtype()).view({dims.B, 1, 1, dims.M});
-  if (options.causal) {
-    Tensor c = Tensor::zeros({dims.N, dims.M}, DType::f32);
-    float* cp = c.data<float>();
-    for (int64_t i = 0; i < dims.N; ++i)
-      for (int64_t j = 0; j <= i && j < dims.M; ++j) cp[i * dims.M + j] = 1.0f;
-    c = c.to(scores.dtype()).to(q.device()).view({1, 1, dims.N, dims.M});
-    visible = visible.defined() ? ops::mul(visible, c) : c;
+    a.kpm = static_cast<const uint8_t*>(key_padding_mask.raw_device_data());
+  a.dropout = s.p;
+  a.seed = s.seed;
+  a.offset = s.offset;
+  const DType acc = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype(), q.device());
+  Tensor lse = Tensor::empty({s.B, s.H, s.N}, acc, q.device());  // logsumexp of each score row
+  FORGE_IF_CUDA(q) {
+    cuda::flash_forward(a, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
+                        out.raw_device_data(), lse.raw_device_data(), q.device().index);
   }
-  if (visible.defined()) {
-    // f16 cannot hold 1e30; -3e4 still underflows exp to 0 next to any real score.
-    const double big = scores.dtype() == DType::f16 ? 3e4 : 1e30;
-    scores = ops::add(scores, ops::mul(ops::add(visible, -1.0), big));
-  }
-  Tensor probs = ops::softmax(scores, -1);
-  // Rows with no visible key: the softmax above is uniform there; the op gives 0.
-  if (visible.defined()) probs = ops::mul(probs, ops::max(visible, {-1}, true));
-  if (options.dropout > 0) probs = ops::dropout(probs, options.dropout, true, options.gen);
-  return ops::matmul(probs, v);
+  if (!autograd::needs_grad({q, k, v})) return out;
+  return autograd::record(
+      "attention::softmax", {q, k, v}, out,
+      [a, q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse,
+       mask = key_padding_mask, need_q = q.requires_grad(), need_k = k.requires_grad(),
+       need_v = v.requires_grad()](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+        const Tensor& dout = grads[0];
+        Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.device()),
+               dk = Tensor::empty(k.shape(), k.dtype(), k.device()),
+               dv = Tensor::empty(v.shape(), v.dtype(), v.device());
+        Tensor delta = Tensor::empty({a.B * a.H * a.N}, lse.dtype(), q.device());  // rowsum(do * o)
+        FORGE_IF_CUDA(dout) {
+          cuda::flash_backward(a, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
+                               o.raw_device_data(), lse.raw_device_data(), dout.raw_device_data(),
+                               delta.raw_device_data(), dq.raw_device_data(), dk.raw_device_data(),
+                               dv.raw_device_data(), q.device().index);
+        }
+        return {need_q ? dq : Tensor(), need_k ? dk : Tensor(), need_v ? dv : Tensor()};
+      });
 }
 
 }  // namespace
 
 Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                const SoftmaxOptions& options) {
-  FORGE_IF_CUDA(q) return softmax_composed(q, k, v, key_padding_mask, options);
-  const Dims4 dims = check_qkv("softmax", q, k, v, key_padding_mask, options.causal);
+  const Dims4 dims = check_qkv("softmax", q, k, v, key_padding_mask, options.causal, true);
   check_options(dims, options);
   Plan s;
   s.B = dims.B, s.H = dims.H, s.N = dims.N, s.M = dims.M, s.d = dims.d, s.dv = dims.dv;
   s.scale = options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(dims.d));
   s.causal = options.causal;
-  s.kpm = mask_bytes(key_padding_mask);
   s.p = options.dropout;
   if (s.p > 0) {
     // One draw per score element (b, h, i, j), reserved once per call.
@@ -377,6 +382,8 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
     s.seed = g.seed();
     s.offset = g.reserve(static_cast<uint64_t>(s.B * s.H * s.N * s.M));
   }
+  FORGE_IF_CUDA(q) return softmax_cuda(q, k, v, key_padding_mask, s);
+  s.kpm = mask_bytes(key_padding_mask);
   Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
   Tensor lse = Tensor::empty({s.B, s.H, s.N}, q.dtype());  // logsumexp of each score row
   const int64_t q_tiles = (s.N + kTileQ - 1) / kTileQ;

@@ -65,8 +65,8 @@ Tensor naive_linformer(const Inputs& in, const Tensor& mask, double p, Generator
     Tensor keep = Tensor::empty(P.shape(), DType::f64);
     double* kp = keep.data<double>();
     for (int64_t x = 0; x < keep.numel(); ++x)
-      kp[x] = Generator::uniform_f32(rng.seed, offset, static_cast<uint64_t>(x)) >=
-                      static_cast<float>(p)
+      kp[x] = static_cast<double>(
+                  Generator::uniform_f32(rng.seed, offset, static_cast<uint64_t>(x))) >= p
                   ? 1.0 / (1.0 - p)
                   : 0.0;
     P = P * keep.to(P.dtype());

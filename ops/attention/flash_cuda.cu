@@ -1,0 +1,850 @@
+// The tiled ("flash") softmax-attention kernels (see flash_cuda.h for the
+// contract). Three kernels and a preprocess, all over square tiles of kTile
+// query rows x kTile keys held in shared memory:
+//   forward:  a block per (query tile, bh) walks the key tiles its rows can see:
+//             S = Q K^T, online softmax (running max m and sum l per row, l of
+//             the undropped probabilities), O = O exp(m_old - m_new) + dropout(P) V;
+//             at the end o = O / l and lse = m + log l.
+//   backward: D = rowsum(do * o) per row (into `scratch`); a block per (key tile, bh)
+//             walks the query tiles that see its keys and accumulates dv and dk;
+//             a block per (query tile, bh) walks its key tiles and accumulates dq.
+//             Each recomputes P = exp(scale S - lse) and dS = P (dP Z - D), with
+//             Z the dropout factors and dP = do v^T; no atomics, so the result
+//             does not depend on scheduling.
+// Tile products run on tensor cores (WMMA, 16x16x16, f32 accumulators) for bf16
+// / f16 and as register-blocked FMA loops for f32 / f64; everything else (the
+// softmax statistics, the accumulators of o, dk, dv, dq) is in the
+// accumulation type. The tile size (64, 32 or 16) is the largest whose shared
+// memory lets two blocks share an SM (else one block) for the given head dims.
+#include <mma.h>
+
+#include <climits>
+#include <type_traits>
+
+#include "core/cuda_kernels.cuh"
+#include "ops/attention/flash_cuda.h"
+
+namespace forge::cuda {
+
+namespace {
+
+constexpr int kFlashThreads = 256;
+constexpr int kFlashWarps = kFlashThreads / kWarp;
+
+// Whether tile products of T run on tensor cores.
+template <typename T>
+constexpr bool kTensorCore = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+
+// Leading dims (in elements) of the shared-memory tiles: n columns plus a pad.
+// Operand tiles of 16-bit types pad by 8 (rows stay 16-byte aligned, as WMMA
+// and the vector loads need, and shift by 4 banks); those of f32 / f64 by 1 (an
+// odd row stride: the FMA loops read columns without bank conflicts). Tiles
+// in the accumulation type pad by 4 (WMMA stores f32 with a multiple of 4).
+template <typename T>
+__host__ __device__ constexpr int ld_op(int n) {
+  return n + (kTensorCore<T> ? 8 : 1);
+}
+__host__ __device__ constexpr int ld_acc(int n) {
+  return n + 4;
+}
+
+// Head dims rounded up to the 16 of a WMMA step; the extra columns hold zeros.
+inline int pad16(int64_t n) {
+  return static_cast<int>((n + 15) / 16 * 16);
+}
+
+// The launch parameters of every kernel, from FlashArgs.
+struct Params {
+  int64_t N = 0, M = 0, H = 0;
+  int d = 0, dv = 0, dp = 0, dvp = 0;  // head dims and their 16-padded widths
+  double scale = 0;
+  bool causal = false;
+  const uint8_t* kpm = nullptr;  // [B, M]
+  int64_t window = 0, look_backward = 0, look_forward = 0;
+  double dropout = 0;  // p; 0: none
+  double keep = 1;     // 1 / (1 - p), the factor of a kept entry
+  int64_t drop_row = 0;
+  uint64_t seed = 0, offset = 0;
+  bool vec_d = false, vec_dv = false;  // tiles of width d / dv load as 16-byte vectors
+};
+
+// Shared memory is carved into 128-byte aligned arrays; on the host (base null)
+// the same walk only counts the bytes, so both sides agree on the layout.
+struct Carver {
+  unsigned char* base = nullptr;
+  size_t bytes = 0;
+  template <typename X>
+  __host__ __device__ X* take(int64_t n) {
+    const size_t at = bytes;
+    bytes += (static_cast<size_t>(n) * sizeof(X) + 127) / 128 * 128;
+    return base ? reinterpret_cast<X*>(base + at) : nullptr;
+  }
+};
+
+// The shared memory of each kernel, for tiles of `tile` rows: operand tiles of
+// T (q, k, v, do, and P, dS as products' operands), tiles in the accumulation
+// type (scores, dP, accumulators of o, dk, dv, dq), per-row statistics, and
+// real[c] = 1 where key j0 + c exists and is not padding.
+template <typename T>
+struct ForwardSmem {
+  T* q;               // [tile, ld_op(dp)]
+  T* k;               // [tile, ld_op(dp)]
+  T* v;               // [tile, ld_op(dvp)]
+  T* p;               // [tile, ld_op(tile)] dropout(P)
+  acc_t<T>* s;        // [tile, ld_acc(tile)] scores, then P
+  acc_t<T>* o;        // [tile, ld_acc(dvp)] output accumulator
+  acc_t<T>* row_max;  // [tile] running max m
+  acc_t<T>* row_sum;  // [tile] running sum l
+  uint8_t* real;      // [tile]
+  __host__ __device__ ForwardSmem(Carver& c, int tile, int dp, int dvp)
+      : q(c.take<T>(tile * ld_op<T>(dp))),
+        k(c.take<T>(tile * ld_op<T>(dp))),
+        v(c.take<T>(tile * ld_op<T>(dvp))),
+        p(c.take<T>(tile * ld_op<T>(tile))),
+        s(c.take<acc_t<T>>(tile * ld_acc(tile))),
+        o(c.take<acc_t<T>>(tile * ld_acc(dvp))),
+        row_max(c.take<acc_t<T>>(tile)),
+        row_sum(c.take<acc_t<T>>(tile)),
+        real(c.take<uint8_t>(tile)) {}
+};
+
+template <typename T>
+struct KeyValueGradSmem {
+  T* k;             // [tile, ld_op(dp)]  the block's keys
+  T* v;             // [tile, ld_op(dvp)]
+  T* q;             // [tile, ld_op(dp)]  the current query tile
+  T* dout;          // [tile, ld_op(dvp)]
+  T* pd;            // [tile, ld_op(tile)] dropout(P)
+  T* ds;            // [tile, ld_op(tile)] dS
+  acc_t<T>* s;      // [tile, ld_acc(tile)] scores, then P
+  acc_t<T>* dp;     // [tile, ld_acc(tile)] do v^T
+  acc_t<T>* dk;     // [tile, ld_acc(dp)] accumulators
+  acc_t<T>* dv;     // [tile, ld_acc(dvp)]
+  acc_t<T>* lse;    // [tile] of the query tile
+  acc_t<T>* delta;  // [tile] D of the query tile
+  uint8_t* real;    // [tile]
+  __host__ __device__ KeyValueGradSmem(Carver& c, int tile, int dp_, int dvp)
+      : k(c.take<T>(tile * ld_op<T>(dp_))),
+        v(c.take<T>(tile * ld_op<T>(dvp))),
+        q(c.take<T>(tile * ld_op<T>(dp_))),
+        dout(c.take<T>(tile * ld_op<T>(dvp))),
+        pd(c.take<T>(tile * ld_op<T>(tile))),
+        ds(c.take<T>(tile * ld_op<T>(tile))),
+        s(c.take<acc_t<T>>(tile * ld_acc(tile))),
+        dp(c.take<acc_t<T>>(tile * ld_acc(tile))),
+        dk(c.take<acc_t<T>>(tile * ld_acc(dp_))),
+        dv(c.take<acc_t<T>>(tile * ld_acc(dvp))),
+        lse(c.take<acc_t<T>>(tile)),
+        delta(c.take<acc_t<T>>(tile)),
+        real(c.take<uint8_t>(tile)) {}
+};
+
+template <typename T>
+struct QueryGradSmem {
+  T* q;             // [tile, ld_op(dp)]  the block's queries
+  T* dout;          // [tile, ld_op(dvp)]
+  T* k;             // [tile, ld_op(dp)]  the current key tile
+  T* v;             // [tile, ld_op(dvp)]
+  T* ds;            // [tile, ld_op(tile)] dS
+  acc_t<T>* s;      // [tile, ld_acc(tile)] scores, then P
+  acc_t<T>* dp;     // [tile, ld_acc(tile)] do v^T
+  acc_t<T>* dq;     // [tile, ld_acc(dp)] accumulator
+  acc_t<T>* lse;    // [tile]
+  acc_t<T>* delta;  // [tile]
+  uint8_t* real;    // [tile]
+  __host__ __device__ QueryGradSmem(Carver& c, int tile, int dp_, int dvp)
+      : q(c.take<T>(tile * ld_op<T>(dp_))),
+        dout(c.take<T>(tile * ld_op<T>(dvp))),
+        k(c.take<T>(tile * ld_op<T>(dp_))),
+        v(c.take<T>(tile * ld_op<T>(dvp))),
+        ds(c.take<T>(tile * ld_op<T>(tile))),
+        s(c.take<acc_t<T>>(tile * ld_acc(tile))),
+        dp(c.take<acc_t<T>>(tile * ld_acc(tile))),
+        dq(c.take<acc_t<T>>(tile * ld_acc(dp_))),
+        lse(c.take<acc_t<T>>(tile)),
+        delta(c.take<acc_t<T>>(tile)),
+        real(c.take<uint8_t>(tile)) {}
+};
+
+template <template <typename> class Smem, typename T>
+size_t smem_bytes(int tile, const Params& p) {
+  Carver c;
+  const Smem<T> layout(c, tile, p.dp, p.dvp);
+  (void)layout;
+  return c.bytes;
+}
+
+// ---- device helpers ----
+
+__device__ __forceinline__ float acc_exp(float x) {
+  return expf(x);
+}
+__device__ __forceinline__ double acc_exp(double x) {
+  return exp(x);
+}
+__device__ __forceinline__ float acc_log(float x) {
+  return logf(x);
+}
+__device__ __forceinline__ double acc_log(double x) {
+  return log(x);
+}
+
+// dst [kRows, ld] (shared) = rows [row0, row0 + kRows) of src [len, dim]
+// (global), zero in rows >= len and in columns [dim, dim_pad). With `vec`
+// (16-bit T, dim % 8 == 0, src 16-byte aligned) 8 elements move per load.
+template <typename T, int kRows>
+__device__ void load_tile(T* dst, int ld, const T* src, int64_t row0, int64_t len, int dim,
+                          int dim_pad, bool vec) {
+  if constexpr (kTensorCore<T>) {
+    if (vec) {
+      constexpr int kVec = 8;
+      const int chunks = dim_pad / kVec;
+      for (int e = threadIdx.x; e < kRows * chunks; e += kFlashThreads) {
+        const int r = e / chunks, c = e % chunks * kVec;
+        const int64_t row = row0 + r;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (row < len && c < dim) val = *reinterpret_cast<const uint4*>(src + row * dim + c);
+        *reinterpret_cast<uint4*>(dst + r * ld + c) = val;
+      }
+      return;
+    }
+  }
+  const T zero = from_acc<T>(acc_t<T>(0));
+  for (int e = threadIdx.x; e < kRows * dim_pad; e += kFlashThreads) {
+    const int r = e / dim_pad, c = e % dim_pad;
+    const int64_t row = row0 + r;
+    dst[r * ld + c] = row < len && c < dim ? src[row * dim + c] : zero;
+  }
+}
+
+// real[c] = 1 where key j0 + c exists (< M) and is not padding, for the keys of batch b.
+template <int kTile>
+__device__ void load_real(uint8_t* real, const Params& p, int64_t b, int64_t j0) {
+  for (int c = threadIdx.x; c < kTile; c += kFlashThreads) {
+    const int64_t j = j0 + c;
+    real[c] = j < p.M && (p.kpm == nullptr || p.kpm[b * p.M + j] != 0) ? 1 : 0;
+  }
+}
+
+template <typename A>
+__device__ void zero_shared(A* x, int n) {
+  for (int e = threadIdx.x; e < n; e += kFlashThreads) x[e] = A(0);
+}
+
+// rows [row0, row0 + kRows) of dst [len, dim] (global) = factor * src [kRows, ld] (shared).
+template <typename T, int kRows>
+__device__ void store_tile(T* dst, int64_t row0, int64_t len, int dim, const acc_t<T>* src, int ld,
+                           acc_t<T> factor) {
+  for (int e = threadIdx.x; e < kRows * dim; e += kFlashThreads) {
+    const int r = e / dim, c = e % dim;
+    if (row0 + r < len) dst[(row0 + r) * dim + c] = from_acc<T>(src[r * ld + c] * factor);
+  }
+}
+
+// C [kM, n] = (accumulate ? C : 0) + a b over shared memory, by the whole
+// block (every thread must call it). a [kM, k] is read as a(r, c) = A[r lda + c],
+// or with kTransA from its transpose A[c lda + r]; b [k, n] likewise from B.
+// n and k are multiples of 16. bf16 / f16: one warp per 16 x 16 block of C on
+// tensor cores; f32 / f64: each thread owns kM / 16 rows x 4 columns of every
+// 64-column strip of C and accumulates in registers.
+template <bool kTransA, bool kTransB, int kM, typename T>
+__device__ void tile_product(acc_t<T>* C, int ldc, const T* A, int lda, const T* B, int ldb, int n,
+                             int k, bool accumulate) {
+  if constexpr (kTensorCore<T>) {
+    namespace wmma = nvcuda::wmma;
+    using LayoutA = std::conditional_t<kTransA, wmma::col_major, wmma::row_major>;
+    using LayoutB = std::conditional_t<kTransB, wmma::col_major, wmma::row_major>;
+    const int warp = threadIdx.x / kWarp;
+    const int blocks_n = n / 16;
+    for (int t = warp; t < kM / 16 * blocks_n; t += kFlashWarps) {
+      const int r0 = t / blocks_n * 16, c0 = t % blocks_n * 16;
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      if (accumulate) {
+        wmma::load_matrix_sync(acc, C + r0 * ldc + c0, ldc, wmma::mem_row_major);
+      } else {
+        wmma::fill_fragment(acc, 0.0f);
+      }
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb;
+      for (int kk = 0; kk < k; kk += 16) {
+        wmma::load_matrix_sync(fa, kTransA ? A + kk * lda + r0 : A + r0 * lda + kk, lda);
+        wmma::load_matrix_sync(fb, kTransB ? B + c0 * ldb + kk : B + kk * ldb + c0, ldb);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(C + r0 * ldc + c0, acc, ldc, wmma::mem_row_major);
+    }
+  } else {
+    using Acc = acc_t<T>;
+    constexpr int kRowGroups = kFlashThreads / 16;  // threads along the rows
+    constexpr int kRows = kM / kRowGroups;          // rows per thread
+    static_assert(kM % kRowGroups == 0, "tile rows must be a multiple of 16");
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    // Column c0 + tx + 16 j of row ty + kRowGroups i; a column group j lies in
+    // C for every thread alike (n is a multiple of 16), so the guard is uniform.
+    for (int c0 = 0; c0 < n; c0 += 64) {
+      Acc acc[kRows][4];
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int r = ty + kRowGroups * i, c = c0 + tx + 16 * j;
+          acc[i][j] = accumulate && c0 + 16 * j < n ? C[r * ldc + c] : Acc(0);
+        }
+      for (int kk = 0; kk < k; ++kk) {
+        Acc a[kRows], b[4];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+          const int r = ty + kRowGroups * i;
+          a[i] = to_acc<Acc>(kTransA ? A[kk * lda + r] : A[r * lda + kk]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int c = c0 + tx + 16 * j;
+          b[j] =
+              c0 + 16 * j < n ? to_acc<Acc>(kTransB ? B[c * ldb + kk] : B[kk * ldb + c]) : Acc(0);
+        }
+#pragma unroll
+        for (int i = 0; i < kRows; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+      }
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int r = ty + kRowGroups * i, c = c0 + tx + 16 * j;
+          if (c0 + 16 * j < n) C[r * ldc + c] = acc[i][j];
+        }
+    }
+  }
+}
+
+// The columns [c_lo, c_hi) of the key tile [j0, j0 + kTile) that query i may
+// see by position: keys < M, the band, causality (the key padding mask comes
+// on top). Empty (c_lo == c_hi) when none.
+template <int kTile>
+__device__ __forceinline__ void visible_columns(const Params& p, int64_t i, int64_t j0, int& c_lo,
+                                                int& c_hi) {
+  int64_t lo = 0, hi = p.M;
+  if (p.causal) hi = std::min<int64_t>(hi, i + 1);
+  if (p.window > 0) {
+    const int64_t u = i / p.window;
+    lo = std::max<int64_t>(lo, (u - p.look_backward) * p.window);
+    hi = std::min<int64_t>(hi, (u + p.look_forward + 1) * p.window);
+  }
+  const int64_t a = std::min<int64_t>(kTile, std::max<int64_t>(0, lo - j0));
+  c_lo = static_cast<int>(a);
+  c_hi = static_cast<int>(std::min<int64_t>(kTile, std::max<int64_t>(a, hi - j0)));
+}
+
+// Keys [lo, hi) seen by some query of rows [i0, i_last] (the union of their
+// visible ranges: both ends grow with i).
+__device__ __forceinline__ void keys_of_queries(const Params& p, int64_t i0, int64_t i_last,
+                                                int64_t& lo, int64_t& hi) {
+  lo = 0;
+  hi = p.M;
+  if (p.causal) hi = std::min<int64_t>(hi, i_last + 1);
+  if (p.window > 0) {
+    lo = std::max<int64_t>(0, (i0 / p.window - p.look_backward) * p.window);
+    hi = std::min<int64_t>(hi, (i_last / p.window + p.look_forward + 1) * p.window);
+  }
+}
+
+// Queries [lo, hi) that see some key of [j0, j_last]. Query i sees key j of
+// the band iff i / w - look_backward <= j / w <= i / w + look_forward, i.e.
+// j / w - look_forward <= i / w <= j / w + look_backward.
+__device__ __forceinline__ void queries_of_keys(const Params& p, int64_t j0, int64_t j_last,
+                                                int64_t& lo, int64_t& hi) {
+  lo = p.causal ? j0 : 0;
+  hi = p.N;
+  if (p.window > 0) {
+    lo = std::max<int64_t>(lo, (j0 / p.window - p.look_forward) * p.window);
+    hi = std::min<int64_t>(hi, (j_last / p.window + p.look_backward + 1) * p.window);
+  }
+}
+
+// Calls f(c, z) for every column c in [c_lo, c_hi) of the key tile at j0 in the
+// row of query i of batch-head bh, z = the dropout factor of that entry (1 / (1 - p)
+// or 0). Entry (bh, i, j) uses draw (bh N + i) drop_row + j - col0(i) of the
+// Philox stream (flash_cuda.h); the lanes of the calling warp share the work by
+// Philox block (4 consecutive draws), so each block is computed once.
+template <typename Acc, typename F>
+__device__ __forceinline__ void for_each_dropout(const Params& p, int64_t bh, int64_t i, int64_t j0,
+                                                 int c_lo, int c_hi, F&& f) {
+  if (c_lo >= c_hi) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t col0 = p.window > 0 ? (i / p.window - p.look_backward) * p.window : 0;
+  // Draw number of column c is e0 + c; columns >= c_lo lie inside the band, so
+  // their draws are >= 0 even where e0 is not.
+  const int64_t e0 = (bh * p.N + i) * p.drop_row + (j0 - col0);
+  const int64_t first = (e0 + c_lo) / 4, last = (e0 + c_hi - 1) / 4;
+  const Acc keep = static_cast<Acc>(p.keep);
+  for (int64_t blk = first + lane; blk <= last; blk += kWarp) {
+    const PhiloxWords w = philox_block(p.seed, p.offset, static_cast<uint64_t>(blk));
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+      const int64_t c = 4 * blk + l - e0;
+      // u >= p compared in double, as the CPU compares its f32 draw with p.
+      if (c >= c_lo && c < c_hi)
+        f(static_cast<int>(c),
+          static_cast<double>(philox_unit_f32(w.w[l])) >= p.dropout ? keep : Acc(0));
+    }
+  }
+}
+
+// ---- forward ----
+
+// One step of the online softmax on the score tile s (rows [i0, i0 + kTile),
+// keys [j0, j0 + kTile)), a warp per row: with x = scale s on the visible
+// entries (-inf elsewhere) and m_new = max(m, max x),
+//   P = exp(x - m_new) into p (and s), l = l exp(m - m_new) + sum P,
+//   o_acc rows *= exp(m - m_new), then P *= the dropout factors in p only
+//   (l sums the undropped probabilities, as on the CPU).
+template <typename T, int kTile>
+__device__ void online_softmax_step(const Params& p, int64_t bh, int64_t i0, int64_t j0,
+                                    const ForwardSmem<T>& sm, int lds, int ldp, int ldo) {
+  using A = acc_t<T>;
+  constexpr int kColsPerLane = (kTile + kWarp - 1) / kWarp;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const A scale = static_cast<A>(p.scale);
+  const A neg_inf = -INFINITY;
+  for (int r = warp; r < kTile; r += kFlashWarps) {
+    const int64_t i = i0 + r;
+    int c_lo = 0, c_hi = 0;
+    if (i < p.N) visible_columns<kTile>(p, i, j0, c_lo, c_hi);
+    A* srow = sm.s + r * lds;
+    T* prow = sm.p + r * ldp;
+    A x[kColsPerLane];
+    A tile_max = neg_inf;
+#pragma unroll
+    for (int u = 0; u < kColsPerLane; ++u) {
+      const int c = lane + u * kWarp;
+      x[u] = c >= c_lo && c < c_hi && sm.real[c] ? srow[c] * scale : neg_inf;
+      tile_max = max(tile_max, x[u]);
+    }
+    tile_max = warp_max(tile_max);
+    const A m_old = sm.row_max[r], l_old = sm.row_sum[r];
+    const A m_new = max(m_old, tile_max);
+    // exp(m_old - m_new) rescales what was summed so far; 0 when nothing was
+    // (m_old = -inf, and then o_acc and l are still 0).
+    const A rescale = m_old == neg_inf ? A(0) : acc_exp(m_old - m_new);
+    A sum = 0;
+#pragma unroll
+    for (int u = 0; u < kColsPerLane; ++u) {
+      const int c = lane + u * kWarp;
+      const A e = x[u] == neg_inf ? A(0) : acc_exp(x[u] - m_new);
+      sum += e;
+      if (c < kTile) {
+        prow[c] = from_acc<T>(e);
+        srow[c] = e;
+      }
+    }
+    sum = warp_sum(sum);
+    for (int c = lane; c < p.dvp; c += kWarp) sm.o[r * ldo + c] *= rescale;
+    __syncwarp();  // every lane has read the old statistics and written its columns
+    if (lane == 0) {
+      sm.row_max[r] = m_new;
+      sm.row_sum[r] = l_old * rescale + sum;
+    }
+    if (p.dropout > 0)
+      for_each_dropout<A>(p, bh, i, j0, c_lo, c_hi,
+                          [&](int c, A z) { prow[c] = from_acc<T>(srow[c] * z); });
+  }
+}
+
+// Block: query rows [i0, i0 + kTile) of batch-head bh.
+template <typename T, int kTile>
+__global__ void __launch_bounds__(kFlashThreads)
+    flash_forward_kernel(Params p, const T* q, const T* k, const T* v, T* o, acc_t<T>* lse) {
+  using A = acc_t<T>;
+  static_assert(kTile % kFlashWarps == 0, "each warp owns whole rows");
+  extern __shared__ __align__(128) unsigned char flash_smem[];
+  Carver carver{flash_smem};
+  const ForwardSmem<T> sm(carver, kTile, p.dp, p.dvp);
+  const int ldq = ld_op<T>(p.dp), ldv = ld_op<T>(p.dvp), ldp = ld_op<T>(kTile);
+  const int lds = ld_acc(kTile), ldo = ld_acc(p.dvp);
+
+  // The last query tiles first: under causality they see the most keys.
+  const int64_t tiles = (p.N + kTile - 1) / kTile;
+  const int64_t bh = blockIdx.x / tiles, b = bh / p.H;
+  const int64_t i0 = (tiles - 1 - blockIdx.x % tiles) * kTile;
+  const int64_t i_last = std::min<int64_t>(i0 + kTile, p.N) - 1;
+  q += bh * p.N * p.d;
+  k += bh * p.M * p.d;
+  v += bh * p.M * p.dv;
+  o += bh * p.N * p.dv;
+  lse += bh * p.N;
+
+  load_tile<T, kTile>(sm.q, ldq, q, i0, p.N, p.d, p.dp, p.vec_d);
+  zero_shared(sm.o, kTile * ldo);
+  for (int r = threadIdx.x; r < kTile; r += kFlashThreads) {
+    sm.row_max[r] = A(-INFINITY);
+    sm.row_sum[r] = A(0);
+  }
+  int64_t j_lo = 0, j_hi = 0;
+  keys_of_queries(p, i0, i_last, j_lo, j_hi);
+  for (int64_t j0 = j_lo / kTile * kTile; j0 < j_hi; j0 += kTile) {
+    __syncthreads();  // the previous tile's products are done with k, v, p
+    load_tile<T, kTile>(sm.k, ldq, k, j0, p.M, p.d, p.dp, p.vec_d);
+    load_tile<T, kTile>(sm.v, ldv, v, j0, p.M, p.dv, p.dvp, p.vec_dv);
+    load_real<kTile>(sm.real, p, b, j0);
+    __syncthreads();
+    // s [kTile, kTile] = q_tile k_tile^T
+    tile_product<false, true, kTile>(sm.s, lds, sm.q, ldq, sm.k, ldq, kTile, p.dp, false);
+    __syncthreads();
+    online_softmax_step<T, kTile>(p, bh, i0, j0, sm, lds, ldp, ldo);
+    __syncthreads();
+    // o_acc [kTile, dvp] += dropout(P) v_tile
+    tile_product<false, false, kTile>(sm.o, ldo, sm.p, ldp, sm.v, ldv, p.dvp, kTile, true);
+  }
+  __syncthreads();
+  // o = o_acc / l and lse = m + log l; a row that saw no key gets 0 and -inf.
+  for (int e = threadIdx.x; e < kTile * p.dv; e += kFlashThreads) {
+    const int r = e / p.dv, c = e % p.dv;
+    const A l = sm.row_sum[r];
+    if (i0 + r < p.N) o[(i0 + r) * p.dv + c] = from_acc<T>(l > A(0) ? sm.o[r * ldo + c] / l : A(0));
+  }
+  for (int r = threadIdx.x; r < kTile; r += kFlashThreads) {
+    const A l = sm.row_sum[r];
+    if (i0 + r < p.N) lse[i0 + r] = l > A(0) ? sm.row_max[r] + acc_log(l) : A(-INFINITY);
+  }
+}
+
+// ---- backward ----
+
+// D[r] = sum_c a[r, c] b[r, c] for rows of width dim, a warp per row.
+template <typename T>
+__global__ void row_dot_kernel(const T* a, const T* b, acc_t<T>* out, int64_t rows, int64_t dim) {
+  using A = acc_t<T>;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; r < rows;
+       r += warps) {
+    A acc = 0;
+    for (int64_t c = lane; c < dim; c += kWarp)
+      acc += to_acc<A>(a[r * dim + c]) * to_acc<A>(b[r * dim + c]);
+    acc = warp_sum(acc);
+    if (lane == 0) out[r] = acc;
+  }
+}
+
+// From s = q_tile k_tile^T and dp = do_tile v_tile^T (rows [i0, i0 + kTile),
+// keys [j0, j0 + kTile)) and the rows' lse and D, as in the forward:
+//   P = exp(scale s - lse) on the visible entries (0 elsewhere, and in rows
+//   with lse = -inf), kept in s; Pd = dropout(P) = P Z into pd (if given);
+//   dS = P (dP Z - D) into ds, where dP Z is the gradient of the undropped P.
+template <typename T, int kTile>
+__device__ void probabilities_and_grad(const Params& p, int64_t bh, int64_t i0, int64_t j0,
+                                       acc_t<T>* s, acc_t<T>* dp, int lds, T* pd, T* ds, int ldp,
+                                       const acc_t<T>* lse, const acc_t<T>* delta,
+                                       const uint8_t* real) {
+  using A = acc_t<T>;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const A scale = static_cast<A>(p.scale);
+  const A neg_inf = -INFINITY;
+  for (int r = warp; r < kTile; r += kFlashWarps) {
+    const int64_t i = i0 + r;
+    const A L = lse[r];
+    int c_lo = 0, c_hi = 0;
+    if (i < p.N && L != neg_inf) visible_columns<kTile>(p, i, j0, c_lo, c_hi);
+    A* srow = s + r * lds;
+    A* dprow = dp + r * lds;
+    for (int c = lane; c < kTile; c += kWarp) {
+      const A prob = c >= c_lo && c < c_hi && real[c] ? acc_exp(srow[c] * scale - L) : A(0);
+      srow[c] = prob;
+      if (pd) pd[r * ldp + c] = from_acc<T>(prob);
+    }
+    if (p.dropout > 0) {
+      __syncwarp();  // srow written by other lanes
+      for_each_dropout<A>(p, bh, i, j0, c_lo, c_hi, [&](int c, A z) {
+        if (pd) pd[r * ldp + c] = from_acc<T>(srow[c] * z);
+        dprow[c] *= z;
+      });
+    }
+    __syncwarp();
+    const A D = delta[r];
+    for (int c = lane; c < kTile; c += kWarp)
+      ds[r * ldp + c] = from_acc<T>(srow[c] * (dprow[c] - D));
+  }
+}
+
+// lse and D of query rows [i0, i0 + kTile) into shared memory (-inf and 0 past N).
+template <typename A, int kTile>
+__device__ void load_row_stats(A* lse_s, A* delta_s, const A* lse, const A* delta, int64_t i0,
+                               int64_t N) {
+  for (int r = threadIdx.x; r < kTile; r += kFlashThreads) {
+    const int64_t i = i0 + r;
+    lse_s[r] = i < N ? lse[i] : A(-INFINITY);
+    delta_s[r] = i < N ? delta[i] : A(0);
+  }
+}
+
+// Block: keys [j0, j0 + kTile) of batch-head bh; over the query tiles that see them:
+//   dv_tile += Pd^T do_tile,  dk_tile += dS^T q_tile;  at the end dk *= scale.
+template <typename T, int kTile>
+__global__ void __launch_bounds__(kFlashThreads)
+    flash_backward_kv_kernel(Params p, const T* q, const T* k, const T* v, const T* dout,
+                             const acc_t<T>* lse, const acc_t<T>* delta, T* dk, T* dv) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(128) unsigned char flash_smem[];
+  Carver carver{flash_smem};
+  const KeyValueGradSmem<T> sm(carver, kTile, p.dp, p.dvp);
+  const int ldq = ld_op<T>(p.dp), ldv = ld_op<T>(p.dvp), ldp = ld_op<T>(kTile);
+  const int lds = ld_acc(kTile), ldk_acc = ld_acc(p.dp), ldv_acc = ld_acc(p.dvp);
+
+  const int64_t tiles = (p.M + kTile - 1) / kTile;
+  const int64_t bh = blockIdx.x / tiles, b = bh / p.H;
+  const int64_t j0 = blockIdx.x % tiles * kTile;
+  const int64_t j_last = std::min<int64_t>(j0 + kTile, p.M) - 1;
+  q += bh * p.N * p.d;
+  k += bh * p.M * p.d;
+  v += bh * p.M * p.dv;
+  dout += bh * p.N * p.dv;
+  lse += bh * p.N;
+  delta += bh * p.N;
+  dk += bh * p.M * p.d;
+  dv += bh * p.M * p.dv;
+
+  load_tile<T, kTile>(sm.k, ldq, k, j0, p.M, p.d, p.dp, p.vec_d);
+  load_tile<T, kTile>(sm.v, ldv, v, j0, p.M, p.dv, p.dvp, p.vec_dv);
+  load_real<kTile>(sm.real, p, b, j0);
+  zero_shared(sm.dk, kTile * ldk_acc);
+  zero_shared(sm.dv, kTile * ldv_acc);
+  int64_t i_lo = 0, i_hi = 0;
+  queries_of_keys(p, j0, j_last, i_lo, i_hi);
+  for (int64_t i0 = i_lo / kTile * kTile; i0 < i_hi; i0 += kTile) {
+    __syncthreads();  // the previous tile's products are done with q, do, pd, ds
+    load_tile<T, kTile>(sm.q, ldq, q, i0, p.N, p.d, p.dp, p.vec_d);
+    load_tile<T, kTile>(sm.dout, ldv, dout, i0, p.N, p.dv, p.dvp, p.vec_dv);
+    load_row_stats<A, kTile>(sm.lse, sm.delta, lse, delta, i0, p.N);
+    __syncthreads();
+    // s = q_tile k_tile^T, dp = do_tile v_tile^T   [kTile queries, kTile keys]
+    tile_product<false, true, kTile>(sm.s, lds, sm.q, ldq, sm.k, ldq, kTile, p.dp, false);
+    tile_product<false, true, kTile>(sm.dp, lds, sm.dout, ldv, sm.v, ldv, kTile, p.dvp, false);
+    __syncthreads();
+    probabilities_and_grad<T, kTile>(p, bh, i0, j0, sm.s, sm.dp, lds, sm.pd, sm.ds, ldp, sm.lse,
+                                     sm.delta, sm.real);
+    __syncthreads();
+    // dv_acc [kTile keys, dvp] += Pd^T do_tile; dk_acc [kTile keys, dp] += dS^T q_tile
+    tile_product<true, false, kTile>(sm.dv, ldv_acc, sm.pd, ldp, sm.dout, ldv, p.dvp, kTile, true);
+    tile_product<true, false, kTile>(sm.dk, ldk_acc, sm.ds, ldp, sm.q, ldq, p.dp, kTile, true);
+  }
+  __syncthreads();
+  store_tile<T, kTile>(dk, j0, p.M, p.d, sm.dk, ldk_acc, static_cast<A>(p.scale));
+  store_tile<T, kTile>(dv, j0, p.M, p.dv, sm.dv, ldv_acc, A(1));
+}
+
+// Block: query rows [i0, i0 + kTile) of batch-head bh; over the key tiles they
+// see: dq_tile += dS k_tile; at the end dq *= scale.
+template <typename T, int kTile>
+__global__ void __launch_bounds__(kFlashThreads)
+    flash_backward_q_kernel(Params p, const T* q, const T* k, const T* v, const T* dout,
+                            const acc_t<T>* lse, const acc_t<T>* delta, T* dq) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(128) unsigned char flash_smem[];
+  Carver carver{flash_smem};
+  const QueryGradSmem<T> sm(carver, kTile, p.dp, p.dvp);
+  const int ldq = ld_op<T>(p.dp), ldv = ld_op<T>(p.dvp), ldp = ld_op<T>(kTile);
+  const int lds = ld_acc(kTile), ldq_acc = ld_acc(p.dp);
+
+  // The last query tiles first: under causality they see the most keys.
+  const int64_t tiles = (p.N + kTile - 1) / kTile;
+  const int64_t bh = blockIdx.x / tiles, b = bh / p.H;
+  const int64_t i0 = (tiles - 1 - blockIdx.x % tiles) * kTile;
+  const int64_t i_last = std::min<int64_t>(i0 + kTile, p.N) - 1;
+  q += bh * p.N * p.d;
+  k += bh * p.M * p.d;
+  v += bh * p.M * p.dv;
+  dout += bh * p.N * p.dv;
+  lse += bh * p.N;
+  delta += bh * p.N;
+  dq += bh * p.N * p.d;
+
+  load_tile<T, kTile>(sm.q, ldq, q, i0, p.N, p.d, p.dp, p.vec_d);
+  load_tile<T, kTile>(sm.dout, ldv, dout, i0, p.N, p.dv, p.dvp, p.vec_dv);
+  load_row_stats<A, kTile>(sm.lse, sm.delta, lse, delta, i0, p.N);
+  zero_shared(sm.dq, kTile * ldq_acc);
+  int64_t j_lo = 0, j_hi = 0;
+  keys_of_queries(p, i0, i_last, j_lo, j_hi);
+  for (int64_t j0 = j_lo / kTile * kTile; j0 < j_hi; j0 += kTile) {
+    __syncthreads();  // the previous tile's product is done with k, ds
+    load_tile<T, kTile>(sm.k, ldq, k, j0, p.M, p.d, p.dp, p.vec_d);
+    load_tile<T, kTile>(sm.v, ldv, v, j0, p.M, p.dv, p.dvp, p.vec_dv);
+    load_real<kTile>(sm.real, p, b, j0);
+    __syncthreads();
+    tile_product<false, true, kTile>(sm.s, lds, sm.q, ldq, sm.k, ldq, kTile, p.dp, false);
+    tile_product<false, true, kTile>(sm.dp, lds, sm.dout, ldv, sm.v, ldv, kTile, p.dvp, false);
+    __syncthreads();
+    probabilities_and_grad<T, kTile>(p, bh, i0, j0, sm.s, sm.dp, lds, nullptr, sm.ds, ldp, sm.lse,
+                                     sm.delta, sm.real);
+    __syncthreads();
+    // dq_acc [kTile, dp] += dS k_tile
+    tile_product<false, false, kTile>(sm.dq, ldq_acc, sm.ds, ldp, sm.k, ldq, p.dp, kTile, true);
+  }
+  __syncthreads();
+  store_tile<T, kTile>(dq, i0, p.N, p.d, sm.dq, ldq_acc, static_cast<A>(p.scale));
+}
+
+// ---- launch ----
+
+Params make_params(const FlashArgs& a, bool vec_d, bool vec_dv) {
+  Params p;
+  p.N = a.N;
+  p.M = a.M;
+  p.H = a.H;
+  p.d = static_cast<int>(a.d);
+  p.dv = static_cast<int>(a.dv);
+  p.dp = pad16(a.d);
+  p.dvp = pad16(a.dv);
+  p.scale = a.scale;
+  p.causal = a.causal;
+  p.kpm = a.kpm;
+  p.window = a.window;
+  p.look_backward = a.look_backward;
+  p.look_forward = a.look_forward;
+  p.dropout = a.dropout;
+  p.keep = a.dropout > 0 ? 1.0 / (1.0 - a.dropout) : 1.0;
+  p.drop_row = a.window > 0 ? a.window * (a.look_backward + 1 + a.look_forward) : a.M;
+  p.seed = a.seed;
+  p.offset = a.offset;
+  const bool half = a.dtype == DType::bf16 || a.dtype == DType::f16;
+  p.vec_d = half && vec_d && a.d % 8 == 0;
+  p.vec_dv = half && vec_dv && a.dv % 8 == 0;
+  return p;
+}
+
+bool aligned16(const void* ptr) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+// The largest tile whose shared memory (bytes(tile)) lets two blocks share an
+// SM, else the largest that fits one block; fails naming `what` if none does.
+template <typename Bytes>
+int pick_tile(int device, Bytes bytes, const char* what) {
+  int per_block = 0, per_sm = 0;
+  FORGE_CUDA_CHECK(
+      cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  FORGE_CUDA_CHECK(
+      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  constexpr size_t kReservedPerBlock = 1024;  // the runtime's share of each block's memory
+  for (int tile : {64, 32, 16})
+    if (bytes(tile) <= static_cast<size_t>(per_block) &&
+        2 * (bytes(tile) + kReservedPerBlock) <= static_cast<size_t>(per_sm))
+      return tile;
+  for (int tile : {64, 32, 16})
+    if (bytes(tile) <= static_cast<size_t>(per_block)) return tile;
+  fail(what);
+}
+
+// Blocks of a 1-d grid over `count` tiles.
+unsigned grid_of(int64_t count) {
+  if (count > INT_MAX) fail("flash attention: more than 2^31 - 1 tiles (batch * heads * tiles)");
+  return static_cast<unsigned>(count);
+}
+
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  FORGE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(bytes)));
+}
+
+template <typename T, int kTile>
+void launch_forward(const Params& p, int64_t BH, const void* q, const void* k, const void* v,
+                    void* o, void* lse, int device) {
+  const size_t bytes = smem_bytes<ForwardSmem, T>(kTile, p);
+  allow_smem(flash_forward_kernel<T, kTile>, bytes);
+  flash_forward_kernel<T, kTile>
+      <<<grid_of(BH * ((p.N + kTile - 1) / kTile)), kFlashThreads, bytes, stream(device)>>>(
+          p, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+          static_cast<T*>(o), static_cast<acc_t<T>*>(lse));
+  FORGE_CUDA_CHECK_LAUNCH("flash_forward");
+}
+
+template <typename T, int kTile>
+void launch_backward_kv(const Params& p, int64_t BH, const void* q, const void* k, const void* v,
+                        const void* dout, const void* lse, const void* delta, void* dk, void* dv,
+                        int device) {
+  const size_t bytes = smem_bytes<KeyValueGradSmem, T>(kTile, p);
+  allow_smem(flash_backward_kv_kernel<T, kTile>, bytes);
+  flash_backward_kv_kernel<T, kTile>
+      <<<grid_of(BH * ((p.M + kTile - 1) / kTile)), kFlashThreads, bytes, stream(device)>>>(
+          p, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+          static_cast<const T*>(dout), static_cast<const acc_t<T>*>(lse),
+          static_cast<const acc_t<T>*>(delta), static_cast<T*>(dk), static_cast<T*>(dv));
+  FORGE_CUDA_CHECK_LAUNCH("flash_backward (dk, dv)");
+}
+
+template <typename T, int kTile>
+void launch_backward_q(const Params& p, int64_t BH, const void* q, const void* k, const void* v,
+                       const void* dout, const void* lse, const void* delta, void* dq, int device) {
+  const size_t bytes = smem_bytes<QueryGradSmem, T>(kTile, p);
+  allow_smem(flash_backward_q_kernel<T, kTile>, bytes);
+  flash_backward_q_kernel<T, kTile>
+      <<<grid_of(BH * ((p.N + kTile - 1) / kTile)), kFlashThreads, bytes, stream(device)>>>(
+          p, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+          static_cast<const T*>(dout), static_cast<const acc_t<T>*>(lse),
+          static_cast<const acc_t<T>*>(delta), static_cast<T*>(dq));
+  FORGE_CUDA_CHECK_LAUNCH("flash_backward (dq)");
+}
+
+constexpr const char* kTooWide =
+    "flash attention: the head dims need more shared memory than this GPU has (d, dv <= 256 "
+    "fit an H100)";
+
+}  // namespace
+
+void flash_forward(const FlashArgs& a, const void* q, const void* k, const void* v, void* o,
+                   void* lse, int device) {
+  const int64_t BH = a.B * a.H;
+  if (BH == 0 || a.N == 0) return;
+  DeviceGuard guard(device);
+  const Params p = make_params(a, aligned16(q) && aligned16(k), aligned16(v));
+  FORGE_CUDA_DISPATCH_FLOAT(a.dtype, "attention (flash forward)", [&] {
+    const int tile = pick_tile(
+        device, [&](int t) { return smem_bytes<ForwardSmem, scalar_t>(t, p); }, kTooWide);
+    if (tile == 64) return launch_forward<scalar_t, 64>(p, BH, q, k, v, o, lse, device);
+    if (tile == 32) return launch_forward<scalar_t, 32>(p, BH, q, k, v, o, lse, device);
+    return launch_forward<scalar_t, 16>(p, BH, q, k, v, o, lse, device);
+  });
+}
+
+void flash_backward(const FlashArgs& a, const void* q, const void* k, const void* v, const void* o,
+                    const void* lse, const void* dout, void* scratch, void* dq, void* dk, void* dv,
+                    int device) {
+  const int64_t BH = a.B * a.H;
+  if (BH == 0) return;
+  DeviceGuard guard(device);
+  const Params p = make_params(a, aligned16(q) && aligned16(k), aligned16(v) && aligned16(dout));
+  FORGE_CUDA_DISPATCH_FLOAT(a.dtype, "attention (flash backward)", [&] {
+    const int64_t rows = BH * a.N;
+    if (rows > 0) {
+      // scratch [BH, N] = rowsum(do * o)
+      row_dot_kernel<scalar_t><<<grid_for(rows * kWarp, device), kThreads, 0, stream(device)>>>(
+          static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(o),
+          static_cast<acc_type*>(scratch), rows, a.dv);
+      FORGE_CUDA_CHECK_LAUNCH("flash_backward (rowsum(do * o))");
+    }
+    if (a.M > 0) {
+      const int tile = pick_tile(
+          device, [&](int t) { return smem_bytes<KeyValueGradSmem, scalar_t>(t, p); }, kTooWide);
+      if (tile == 64)
+        launch_backward_kv<scalar_t, 64>(p, BH, q, k, v, dout, lse, scratch, dk, dv, device);
+      else if (tile == 32)
+        launch_backward_kv<scalar_t, 32>(p, BH, q, k, v, dout, lse, scratch, dk, dv, device);
+      else
+        launch_backward_kv<scalar_t, 16>(p, BH, q, k, v, dout, lse, scratch, dk, dv, device);
+    }
+    if (rows > 0) {
+      const int tile = pick_tile(
+          device, [&](int t) { return smem_bytes<QueryGradSmem, scalar_t>(t, p); }, kTooWide);
+      if (tile == 64)
+        launch_backward_q<scalar_t, 64>(p, BH, q, k, v, dout, lse, scratch, dq, device);
+      else if (tile == 32)
+        launch_backward_q<scalar_t, 32>(p, BH, q, k, v, dout, lse, scratch, dq, device);
+      else
+        launch_backward_q<scalar_t, 16>(p, BH, q, k, v, dout, lse, scratch, dq, device);
+    }
+  });
+}
+
+}  // namespace forge::cuda

@@ -1,0 +1,138 @@
+// Shared by the GPU attention tests: a CUDA op against the CPU op on the same
+// inputs (forward and every gradient), the causal-leak check on the GPU, and
+// peak GPU memory from the allocator's counters.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "core/allocator.h"
+#include "ops/ops.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/ops/attention/attention_test_util.h"
+
+namespace forge::testing {
+
+// An attention op under test: its inputs (q, k, v, then the op's other tensors:
+// masks, learnable tensors, projections), all on one device -> o.
+using AttentionFn = std::function<Tensor(const std::vector<Tensor>& in)>;
+
+// Max |a - b| relative to max(1, max |b|): the comparison of a GPU result with
+// the CPU reference.
+inline double scaled_diff(const Tensor& got, const Tensor& want) {
+  const auto x = host_f32(got).to_vector<double>(), y = host_f32(want).to_vector<double>();
+  EXPECT_EQ(x.size(), y.size());
+  double diff = 0, scale = 1;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    if (std::isnan(x[i]) != std::isnan(y[i])) return INFINITY;
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return diff / scale;
+}
+
+// Runs fn on the CPU on `cpu_in` (f32 or f64; bf16 / f16 cases get their
+// floating inputs rounded through `dtype` first, so both sides see the same
+// values) and on the GPU on the same inputs converted to `dtype` (floating
+// ones; bool / u8 keep theirs). Compares the output, then back-propagates the
+// same random output gradient on both sides and compares the gradient of
+// every input that requires grad. `tol` bounds scaled_diff.
+inline void expect_cuda_matches_cpu(const AttentionFn& fn, const std::vector<Tensor>& cpu_in,
+                                    DType dtype, double tol, const std::string& what) {
+  const bool half = dtype == DType::bf16 || dtype == DType::f16;
+  std::vector<Tensor> ref_in, gpu_in;
+  for (const Tensor& t : cpu_in) {
+    if (!t.defined()) {
+      ref_in.emplace_back();
+      gpu_in.emplace_back();
+      continue;
+    }
+    const bool floating = is_floating(t.dtype());
+    Tensor r = t.detach();
+    if (floating && half) r = round_through(r.to(DType::f32), dtype);
+    Tensor g = t.detach().to(gpu());
+    if (floating) g = g.to(dtype);
+    if (t.requires_grad()) {
+      r.set_requires_grad(true);
+      g.set_requires_grad(true);
+    }
+    ref_in.push_back(r);
+    gpu_in.push_back(g);
+  }
+  const Tensor want = fn(ref_in);
+  const Tensor got = fn(gpu_in);
+  ASSERT_TRUE(got.device().is_cuda()) << what;
+  ASSERT_EQ(got.dtype(), dtype) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  EXPECT_LE(scaled_diff(got, want), tol) << what << ": forward";
+  if (!want.requires_grad()) return;
+  const Tensor seed_cpu = uniform(want.shape(), 99, want.dtype(), -1, 1, false);
+  autograd::backward({want}, {seed_cpu});
+  autograd::backward({got}, {seed_cpu.to(gpu()).to(dtype)});
+  for (size_t i = 0; i < cpu_in.size(); ++i) {
+    if (!ref_in[i].defined() || !ref_in[i].requires_grad()) continue;
+    ASSERT_TRUE(gpu_in[i].grad().defined()) << what << ": no gradient for input " << i;
+    EXPECT_LE(scaled_diff(gpu_in[i].grad(), ref_in[i].grad()), tol)
+        << what << ": gradient of input " << i;
+  }
+}
+
+// The GPU op leaks nothing from the future: overwriting q, k and v at the
+// positions after i leaves the output rows 0..i bit-identical. q, k, v are CPU
+// tensors; fn(q, k, v) gets them on the GPU in `dtype`.
+inline void expect_no_causal_leak_cuda(
+    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn, const Tensor& q,
+    const Tensor& k, const Tensor& v, DType dtype) {
+  auto on_gpu = [&](const Tensor& t) { return t.detach().to(gpu()).to(dtype); };
+  expect_no_causal_leak(
+      [&](const Tensor& a, const Tensor& b, const Tensor& c) {
+        return host_f32(fn(on_gpu(a), on_gpu(b), on_gpu(c)));
+      },
+      q.detach().to(DType::f32), k.detach().to(DType::f32), v.detach().to(DType::f32));
+}
+
+// Forward + backward of fn on GPU inputs of [1, H, N, d] in `dtype`: the peak
+// GPU bytes allocated beyond those inputs.
+inline int64_t cuda_attention_peak_bytes(
+    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn, int64_t N,
+    int64_t H, int64_t d, DType dtype) {
+  auto input = [&](uint64_t seed) {
+    Tensor t = uniform({1, H, N, d}, seed, DType::f32, -1, 1, false).to(gpu()).to(dtype);
+    t.set_requires_grad(true);
+    return t;
+  };
+  Tensor q = input(1), k = input(2), v = input(3);
+  const int64_t base = memory_stats(gpu()).current;
+  reset_peak_memory(gpu());
+  {
+    Tensor o = fn(q, k, v);
+    autograd::backward(ops::sum(o));
+  }
+  return memory_stats(gpu()).peak - base;
+}
+
+// Peak GPU memory of fn grows linearly in N: from N = 4096 to 16384 to 65536
+// (x 4 each) the peak grows by at most 4.5x per step, well below the 16x of an
+// N x N buffer.
+inline void expect_linear_memory_cuda(
+    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn, int64_t H,
+    int64_t d, DType dtype, const std::string& what) {
+  const int64_t p1 = cuda_attention_peak_bytes(fn, 4096, H, d, dtype);
+  const int64_t p2 = cuda_attention_peak_bytes(fn, 16384, H, d, dtype);
+  const int64_t p3 = cuda_attention_peak_bytes(fn, 65536, H, d, dtype);
+  std::cout << "[ " << what << " ] peak GPU bytes N=4096: " << p1 << ", 16384: " << p2
+            << ", 65536: " << p3 << "\n";
+  EXPECT_GT(p1, 0) << what;
+  EXPECT_LE(static_cast<double>(p2), 4.5 * static_cast<double>(p1)) << what;
+  EXPECT_LE(static_cast<double>(p3), 4.5 * static_cast<double>(p2)) << what;
+}
+
+}  // namespace forge::testing
