@@ -28,6 +28,7 @@
 #include "core/threading.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
+#include "ops/attention/favor_cuda.h"
 #include "ops/attention/registry.h"
 #include "ops/blas.h"
 
@@ -35,9 +36,9 @@ namespace forge::ops::attention {
 
 namespace {
 
-constexpr double kSoftmaxEps = 1e-4;  // the reference's kernel_epsilon for the softmax kernel
-constexpr double kReluEps = 1e-3;     // the reference's kernel_epsilon for the generalized kernel
-constexpr double kCausalEps = 1e-6;   // added to every entry of the causal normaliser
+constexpr double kSoftmaxEps = cuda::kFavorSoftmaxEps;  // the softmax kernel's kernel_epsilon
+constexpr double kReluEps = cuda::kFavorReluEps;        // the generalized kernel's kernel_epsilon
+constexpr double kCausalEps = cuda::kFavorCausalEps;    // on every entry of the causal normaliser
 // Positions per chunk of the causal scan: the [L, L] intra-chunk blocks and the
 // [F, dv] state updates are GEMMs.
 constexpr int64_t kChunk = 64;
@@ -505,12 +506,75 @@ void favor_backward_bh(const FavorDims& f, const T* q, const T* k, const T* v, c
   projected_features_backward(f, M, k, w.kx, w.g, T(0), W, w.dg, gk);
 }
 
+// The CUDA branch (favor_cuda.h): the same op, one autograd node, on GPU tensors.
+cuda::FavorArgs cuda_args(const FavorDims& f, DType dtype) {
+  cuda::FavorArgs a;
+  a.B = f.s.B;
+  a.H = f.s.H;
+  a.N = f.s.N;
+  a.M = f.s.M;
+  a.d = f.s.d;
+  a.dv = f.s.dv;
+  a.F = f.F;
+  a.dtype = dtype;
+  a.map = f.opt.kernel == FavorKernel::softmax ? cuda::FavorMap::softmax
+          : f.opt.kernel == FavorKernel::relu  ? cuda::FavorMap::relu
+                                               : cuda::FavorMap::no_projection;
+  a.causal = f.opt.causal;
+  a.prefix = f.opt.causal && f.opt.kernel == FavorKernel::softmax &&
+             f.opt.stabilizer == FavorStabilizer::prefix;
+  return a;
+}
+
+// The device data of an optional tensor (null when undefined).
+void* device_ptr(const Tensor& t) {
+  return t.defined() ? t.raw_device_data() : nullptr;
+}
+
+Tensor favor_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
+                  const Tensor& key_padding_mask, const FavorDims& f) {
+  const cuda::FavorArgs a = cuda_args(f, q.dtype());
+  const Device dev = q.device();
+  const DType acc = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const auto* mask = static_cast<const uint8_t*>(device_ptr(key_padding_mask));
+  Tensor out = Tensor::empty({a.B, a.H, a.N, a.dv}, q.dtype(), dev);
+  // The prefix scan's normalisers [B, H, N] (accumulation type), for its backward.
+  Tensor den = a.prefix ? Tensor::empty({a.B, a.H, a.N}, acc, dev) : Tensor();
+  // (The launchers sit under FORGE_IF_CUDA so that builds without CUDA need no definition.)
+  FORGE_IF_CUDA(q) {
+    Tensor ws = Tensor::empty({cuda::favor_workspace_elems(a, false)}, acc, dev);
+    cuda::favor_forward(a, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
+                        device_ptr(W), mask, out.raw_device_data(), device_ptr(den),
+                        ws.raw_device_data(), dev.index);
+  }
+  const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
+  const Tensor Wd = W.defined() ? W.detach() : Tensor();
+  return autograd::record(
+      "attention::favor", {q, k, v}, out,
+      [a, acc, qd, kd, vd, Wd, od, den, key_padding_mask](const std::vector<Tensor>& g) {
+        const Tensor& go = g[0];
+        const Device dev = qd.device();
+        Tensor gq = Tensor::empty(qd.shape(), qd.dtype(), dev),
+               gk = Tensor::empty(kd.shape(), kd.dtype(), dev),
+               gv = Tensor::empty(vd.shape(), vd.dtype(), dev);
+        FORGE_IF_CUDA(go) {
+          Tensor ws = Tensor::empty({cuda::favor_workspace_elems(a, true)}, acc, dev);
+          cuda::favor_backward(
+              a, qd.raw_device_data(), kd.raw_device_data(), vd.raw_device_data(), device_ptr(Wd),
+              static_cast<const uint8_t*>(device_ptr(key_padding_mask)), od.raw_device_data(),
+              device_ptr(den), go.raw_device_data(), gq.raw_device_data(), gk.raw_device_data(),
+              gv.raw_device_data(), ws.raw_device_data(), dev.index);
+        }
+        return std::vector<Tensor>{gq, gk, gv};
+      });
+}
+
 }  // namespace
 
 Tensor favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
              const Tensor& key_padding_mask, const FavorOptions& options) {
   FavorDims f;
-  f.s = check_qkv("favor", q, k, v, key_padding_mask, options.causal);
+  f.s = check_qkv("favor", q, k, v, key_padding_mask, options.causal, true);
   f.opt = options;
   if (options.kernel == FavorKernel::no_projection) {
     FORGE_CHECK(!W.defined(),
@@ -525,13 +589,16 @@ Tensor favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
     FORGE_CHECK(W.dim() == 2 && W.size(1) == f.s.d && W.size(0) > 0,
                 "attention::favor: W must be [m, d] = [m, {}] with m > 0, got {}", f.s.d,
                 shape_str(W.shape()));
-    FORGE_CHECK(W.dtype() == q.dtype() && W.device().is_cpu(),
-                "attention::favor: W must be a {} CPU tensor, got {}", dtype_name(q.dtype()),
-                dtype_name(W.dtype()));
+    FORGE_CHECK(W.device() == q.device(), "attention::favor: W must be on q's device {}, got {}",
+                q.device().str(), W.device().str());
+    FORGE_CHECK(W.dtype() == q.dtype(),
+                "attention::favor: W must be a {} tensor (q's dtype), got {}",
+                dtype_name(q.dtype()), dtype_name(W.dtype()));
     FORGE_CHECK(!W.requires_grad(),
                 "attention::favor: W is a buffer and gets no gradient; pass it detached");
     f.F = W.size(0);
   }
+  FORGE_IF_CUDA(q) return favor_cuda(q, k, v, W, key_padding_mask, f);
   const Dims4& s = f.s;
   const uint8_t* mask = mask_bytes(key_padding_mask);
   Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
