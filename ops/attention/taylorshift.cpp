@@ -12,9 +12,15 @@
 // "N" of v~ = [1 | v] / n_b and of output_normalized's sqrt(n_b / d): the key
 // count, as the reference uses, so a padded batch gives the same output as the
 // unpadded one. A row whose keys are all masked outputs 0.
+//
+// On a GPU both forms run as fused kernels (taylorshift_cuda.h), in f32, f64,
+// bf16 and f16, computing in f32 (f64 for f64) and saving the normaliser in
+// that type.
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "autograd/grad_mode.h"
@@ -23,6 +29,7 @@
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/registry.h"
+#include "ops/attention/taylorshift_cuda.h"
 #include "ops/blas.h"
 
 namespace forge::ops::attention {
@@ -388,19 +395,74 @@ void efficient_backward(const Problem& p, const T* q, const T* k, const T* v, co
   });
 }
 
+// ---------------------------------------------------------------- on a GPU
+
+// The type the GPU kernels accumulate in, which they keep the normaliser in.
+DType acc_dtype(DType dtype) {
+  return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
+
+cuda::TaylorShiftArgs cuda_args(const Problem& p, bool direct, DType dtype, const Tensor& mask) {
+  cuda::TaylorShiftArgs a;
+  a.B = p.s.B;
+  a.H = p.s.H;
+  a.N = p.s.N;
+  a.M = p.s.M;
+  a.d = p.s.d;
+  a.dv = p.s.dv;
+  a.dtype = dtype;
+  a.a = p.a;
+  a.b = p.b;
+  a.c = p.c;
+  a.direct = direct;
+  a.output_normalized = p.normalized;
+  a.kpm = mask.defined() ? static_cast<const uint8_t*>(mask.raw_device_data()) : nullptr;
+  return a;
+}
+
+// The launchers' scratch on `device`.
+// (Its launcher call sits under `if constexpr (kCudaBuilt)`, as do backward_cuda's, so that
+// builds without CUDA, where these helpers are still compiled, need no definition.)
+Tensor cuda_scratch(const cuda::TaylorShiftArgs& a, bool backward, Device device) {
+  int64_t bytes = 0;
+  if constexpr (kCudaBuilt) bytes = cuda::taylorshift_scratch_bytes(a, backward, device.index);
+  return Tensor::empty({bytes}, DType::u8, device);
+}
+
+std::vector<Tensor> backward_cuda(const Problem& p, bool direct, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& tau, const Tensor& mask,
+                                  const Tensor& o, const Tensor& norm, const Tensor& g) {
+  const Device dev = q.device();
+  Tensor dq = Tensor::empty(q.shape(), q.dtype(), dev),
+         dk = Tensor::empty(k.shape(), k.dtype(), dev),
+         dv = Tensor::empty(v.shape(), v.dtype(), dev),
+         dtau = Tensor::empty(tau.shape(), tau.dtype(), dev);
+  if constexpr (kCudaBuilt) {
+    const cuda::TaylorShiftArgs a = cuda_args(p, direct, q.dtype(), mask);
+    const Tensor scratch = cuda_scratch(a, true, dev);
+    cuda::taylorshift_backward(a, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
+                               tau.raw_device_data(), o.raw_device_data(), norm.raw_device_data(),
+                               g.raw_device_data(), dq.raw_device_data(), dk.raw_device_data(),
+                               dv.raw_device_data(), dtau.raw_device_data(),
+                               scratch.raw_device_data(), dev.index);
+  }
+  return {dq, dk, dv, dtau};
+}
+
 }  // namespace
 
 Tensor taylorshift(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& tau,
                    const Tensor& key_padding_mask, const TaylorShiftOptions& options) {
-  const Dims4 s = check_qkv("taylorshift", q, k, v, key_padding_mask, false);
+  const Dims4 s = check_qkv("taylorshift", q, k, v, key_padding_mask, false, true);
   FORGE_CHECK(tau.defined(),
               "attention::taylorshift: tau is undefined; pass the per-head temperature [H] = [{}]",
               s.H);
   FORGE_CHECK(tau.shape() == Shape({s.H}), "attention::taylorshift: tau must be [H] = [{}], got {}",
               s.H, shape_str(tau.shape()));
-  FORGE_CHECK(tau.dtype() == q.dtype() && tau.device().is_cpu(),
-              "attention::taylorshift: tau must be a CPU {} tensor like q, got {} on {}",
-              dtype_name(q.dtype()), dtype_name(tau.dtype()), tau.device().str());
+  FORGE_CHECK(tau.dtype() == q.dtype() && tau.device() == q.device(),
+              "attention::taylorshift: tau must be a {} {} tensor like q, got {} on {}",
+              q.device().is_cpu() ? std::string("CPU") : q.device().str(), dtype_name(q.dtype()),
+              dtype_name(tau.dtype()), tau.device().str());
   FORGE_CHECK(options.a > 0, "attention::taylorshift: coefficient a must be > 0, got a = {}",
               options.a);
   FORGE_CHECK(options.c >= options.b * options.b / (4 * options.a),
@@ -414,6 +476,17 @@ Tensor taylorshift(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
               options.n0);
   const int64_t n0 = options.n0 == 0 ? s.d * s.d + s.d + 1 : options.n0;
   const bool direct = options.n0 != -1 && s.N <= n0;
+  const bool cuda = q.device().is_cuda();
+  FORGE_CHECK(!cuda || !direct ||
+                  (s.d <= cuda::kTaylorShiftDirectMaxDim && s.dv <= cuda::kTaylorShiftDirectMaxDim),
+              "attention::taylorshift: on a GPU the direct form takes head dims d, dv <= {}, got "
+              "d = {}, dv = {}",
+              cuda::kTaylorShiftDirectMaxDim, s.d, s.dv);
+  FORGE_CHECK(!cuda || direct || (s.d + 1) * (s.d + 1) * (s.dv + 1) <= INT32_MAX,
+              "attention::taylorshift: on a GPU the efficient form's state of (d + 1)^2 x (dv + 1) "
+              "values per batch-head must stay below 2^31, got d = {}, dv = {}; use the direct "
+              "form (a larger n0)",
+              s.d, s.dv);
 
   const Problem p{s,
                   options.a,
@@ -421,23 +494,36 @@ Tensor taylorshift(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                   options.c,
                   std::pow(double(s.d), 0.25),
                   options.output_normalized,
-                  mask_bytes(key_padding_mask)};
-  Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
-  // The per-row normaliser: rowsum(T) (direct) or Y[:, 0] (efficient), [B, H, N].
-  Tensor norm = Tensor::empty({s.B, s.H, s.N}, q.dtype());
-  FORGE_DISPATCH_FLOAT(q.dtype(), "attention::taylorshift", [&] {
-    const scalar_t *qp = q.data<scalar_t>(), *kp = k.data<scalar_t>(), *vp = v.data<scalar_t>(),
-                   *tp = tau.data<scalar_t>();
-    if (direct)
-      direct_forward<scalar_t>(p, qp, kp, vp, tp, out.data<scalar_t>(), norm.data<scalar_t>());
-    else
-      efficient_forward<scalar_t>(p, qp, kp, vp, tp, out.data<scalar_t>(), norm.data<scalar_t>());
-  });
+                  cuda ? nullptr : mask_bytes(key_padding_mask)};
+  Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype(), q.device());
+  // The per-row normaliser: rowsum(T) (direct) or Y[:, 0] (efficient), [B, H, N]
+  // (on a GPU in the accumulation type).
+  Tensor norm = Tensor::empty({s.B, s.H, s.N}, cuda ? acc_dtype(q.dtype()) : q.dtype(), q.device());
+  FORGE_IF_CUDA(q) {
+    const cuda::TaylorShiftArgs a = cuda_args(p, direct, q.dtype(), key_padding_mask);
+    const Tensor scratch = cuda_scratch(a, false, q.device());
+    cuda::taylorshift_forward(a, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
+                              tau.raw_device_data(), out.raw_device_data(), norm.raw_device_data(),
+                              scratch.raw_device_data(), q.device().index);
+  }
+  if (q.device().is_cpu()) {
+    FORGE_DISPATCH_FLOAT(q.dtype(), "attention::taylorshift", [&] {
+      const scalar_t *qp = q.data<scalar_t>(), *kp = k.data<scalar_t>(), *vp = v.data<scalar_t>(),
+                     *tp = tau.data<scalar_t>();
+      if (direct)
+        direct_forward<scalar_t>(p, qp, kp, vp, tp, out.data<scalar_t>(), norm.data<scalar_t>());
+      else
+        efficient_forward<scalar_t>(p, qp, kp, vp, tp, out.data<scalar_t>(), norm.data<scalar_t>());
+    });
+  }
   return autograd::record(
       "taylorshift", {q, k, v, tau}, out,
       [p, direct, q = q.detach(), k = k.detach(), v = v.detach(), tau = tau.detach(),
        mask = key_padding_mask, o = out.detach(),
        norm](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+        FORGE_IF_CUDA(grads[0]) {
+          return backward_cuda(p, direct, q, k, v, tau, mask, o, norm, grads[0]);
+        }
         const Dims4& s = p.s;
         Tensor dq = Tensor::empty(q.shape(), q.dtype()), dk = Tensor::empty(k.shape(), k.dtype()),
                dv = Tensor::empty(v.shape(), v.dtype()),
