@@ -32,8 +32,7 @@
 #include "core/threading.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
-#include "ops/attention/linear_core_cuda.h"
-#include "ops/attention/linear_features_cuda.h"
+#include "ops/attention/feature_attention.h"
 #include "ops/attention/registry.h"
 #include "ops/blas.h"
 
@@ -395,17 +394,6 @@ void causal_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
 
 // ---- arguments of the GPU path (launched under FORGE_IF_CUDA in efficient()) ----
 
-// The rows of x [B, H, len, d] for the feature kernels; mask [B, len] or undefined.
-cuda::FeatureRows feature_rows(const Tensor& x, const Tensor& mask) {
-  cuda::FeatureRows r;
-  r.BH = x.size(0) * x.size(1);
-  r.L = x.size(2);
-  r.d = x.size(3);
-  r.H = x.size(1);
-  r.keep = mask.defined() ? static_cast<const uint8_t*>(mask.raw_device_data()) : nullptr;
-  return r;
-}
-
 // o = q' (k'^T v) non-causal; causal, (q'_i C) / max(q'_i . z, 1e-3) over the
 // keys of earlier buckets (j <= i for buckets of 1).
 cuda::LinearCoreArgs core_args(const Dims4& dims, DType dtype, const EfficientOptions& options) {
@@ -443,66 +431,31 @@ Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                 dims.N, options.bucket_size);
   }
   FORGE_IF_CUDA(q) {
-    // The feature maps [B*H, len, d] in the accumulation type (f64 for f64,
-    // else f32): q' = softmax_d(q) d^-1/2 and k' = the masked softmax over the
-    // keys of each column (non-causal; `scratch` [2, B*H, d] keeps the column
-    // statistics) or exp(k) zeroed on padding (causal).
-    struct Features {
-      Tensor qf, kf, scratch;
-    };
-    const bool causal = options.causal;
-    const auto features = [causal](const Tensor& qx, const Tensor& kx, const Tensor& mask) {
-      const DType acc = qx.dtype() == DType::f64 ? DType::f64 : DType::f32;
-      const int device = qx.device().index;
-      const int64_t BH = qx.size(0) * qx.size(1);
-      Features f;
-      f.qf = Tensor::empty({BH, qx.size(2), qx.size(3)}, acc, qx.device());
-      f.kf = Tensor::empty({BH, kx.size(2), kx.size(3)}, acc, qx.device());
-      cuda::row_softmax_features(qx.dtype(), feature_rows(qx, Tensor()), qx.raw_device_data(),
-                                 f.qf.raw_device_data(), device);
-      if (causal) {
-        cuda::exp_features(kx.dtype(), feature_rows(kx, mask), kx.raw_device_data(),
-                           f.kf.raw_device_data(), device);
-      } else {
-        f.scratch = Tensor::empty({2, BH, kx.size(3)}, acc, qx.device());
-        cuda::column_softmax_features(kx.dtype(), feature_rows(kx, mask), kx.raw_device_data(),
-                                      f.kf.raw_device_data(), f.scratch.raw_device_data(), device);
-      }
-      return f;
-    };
-    const cuda::LinearCoreArgs args = core_args(dims, q.dtype(), options);
-    const Features f = features(q, k, key_padding_mask);
-    Tensor o = Tensor::empty({dims.B, dims.H, dims.N, dims.dv}, q.dtype(), q.device());
-    cuda::linear_core_forward(args, f.qf.raw_device_data(), f.kf.raw_device_data(),
-                              v.raw_device_data(), o.raw_device_data(), q.device().index);
-    return autograd::record(
-        "attention::efficient", {q, k, v}, o,
-        [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, args,
-         features](const std::vector<Tensor>& grads) {
-          const Tensor& g = grads[0];
-          const int device = g.device().index;
-          const Features f = features(qs, ks, ms);
-          Tensor dqf = Tensor::empty(f.qf.shape(), f.qf.dtype(), g.device()),
-                 dkf = Tensor::empty(f.kf.shape(), f.kf.dtype(), g.device());
-          Tensor dq = Tensor::empty(qs.shape(), g.dtype(), g.device()),
-                 dk = Tensor::empty(ks.shape(), g.dtype(), g.device()),
-                 dv = Tensor::empty(vs.shape(), g.dtype(), g.device());
-          cuda::linear_core_backward(args, f.qf.raw_device_data(), f.kf.raw_device_data(),
-                                     vs.raw_device_data(), g.raw_device_data(),
-                                     dqf.raw_device_data(), dkf.raw_device_data(),
-                                     dv.raw_device_data(), device);
-          cuda::row_softmax_features_backward(g.dtype(), feature_rows(qs, Tensor()),
-                                              qs.raw_device_data(), dqf.raw_device_data(),
-                                              dq.raw_device_data(), device);
-          if (args.causal)
-            cuda::exp_features_backward(g.dtype(), feature_rows(ks, ms), ks.raw_device_data(),
-                                        dkf.raw_device_data(), dk.raw_device_data(), device);
-          else  // dk' -> dk through the column softmax (its statistics' scratch reused)
-            cuda::column_softmax_features_backward(
-                g.dtype(), feature_rows(ks, ms), f.kf.raw_device_data(), dkf.raw_device_data(),
-                dk.raw_device_data(), f.scratch.raw_device_data(), device);
-          return std::vector<Tensor>{dq, dk, dv};
-        });
+    // The feature maps [B*H, len, d] in the accumulation type: q' = softmax_d(q)
+    // d^-1/2; k' = exp(k) zeroed on padding (causal) or the masked softmax over
+    // the keys of each column, whose statistics [2, B*H, d] its backward reuses.
+    const FeatureMap column_softmax{
+        [](const Tensor& x, const Tensor& mask, Tensor& stats) {
+          Tensor f = Tensor::empty({x.size(0) * x.size(1), x.size(2), x.size(3)},
+                                   feature_dtype(x.dtype()), x.device());
+          stats = Tensor::empty({2, x.size(0) * x.size(1), x.size(3)}, f.dtype(), x.device());
+          cuda::column_softmax_features(x.dtype(), feature_rows(x, mask), x.raw_device_data(),
+                                        f.raw_device_data(), stats.raw_device_data(),
+                                        x.device().index);
+          return f;
+        },
+        [](const Tensor& x, const Tensor& mask, const Tensor& f, const Tensor& stats,
+           const Tensor& df, const Tensor& dx) {
+          cuda::column_softmax_features_backward(
+              x.dtype(), feature_rows(x, mask), f.raw_device_data(), df.raw_device_data(),
+              dx.raw_device_data(), stats.raw_device_data(), x.device().index);
+        }};
+    const FeatureMap keys = options.causal
+                                ? row_feature_map(cuda::exp_features, cuda::exp_features_backward)
+                                : column_softmax;
+    return feature_attention_cuda(
+        "attention::efficient", q, k, v, key_padding_mask, core_args(dims, q.dtype(), options),
+        row_feature_map(cuda::row_softmax_features, cuda::row_softmax_features_backward), keys);
   }
   // Causal blocks: one bucket when buckets are large, else the multiple of the
   // bucket size nearest above kChunk rows.

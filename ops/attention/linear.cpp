@@ -25,8 +25,7 @@
 #include "core/threading.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
-#include "ops/attention/linear_core_cuda.h"
-#include "ops/attention/linear_features_cuda.h"
+#include "ops/attention/feature_attention.h"
 #include "ops/attention/registry.h"
 #include "ops/blas.h"
 
@@ -308,17 +307,6 @@ void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
 
 // ---- arguments of the GPU path (launched under FORGE_IF_CUDA in linear()) ----
 
-// The rows of x [B, H, len, d] for the feature kernels; mask [B, len] or undefined.
-cuda::FeatureRows feature_rows(const Tensor& x, const Tensor& mask) {
-  cuda::FeatureRows r;
-  r.BH = x.size(0) * x.size(1);
-  r.L = x.size(2);
-  r.d = x.size(3);
-  r.H = x.size(1);
-  r.keep = mask.defined() ? static_cast<const uint8_t*>(mask.raw_device_data()) : nullptr;
-  return r;
-}
-
 cuda::LinearCoreArgs core_args(const Dims4& dims, DType dtype, const LinearOptions& options) {
   cuda::LinearCoreArgs a;
   a.BH = dims.B * dims.H;
@@ -340,42 +328,10 @@ Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k
   FORGE_CHECK(std::isfinite(options.eps) && options.eps >= 0,
               "attention::linear: options.eps must be a finite number >= 0, got {}", options.eps);
   FORGE_IF_CUDA(q) {
-    // phi(x) [B*H, len, d] in the accumulation type (f64 for f64, else f32),
-    // zero on the rows the mask pads.
-    const auto features = [](const Tensor& x, const Tensor& mask) {
-      const DType acc = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
-      Tensor f = Tensor::empty({x.size(0) * x.size(1), x.size(2), x.size(3)}, acc, x.device());
-      cuda::elu_features(x.dtype(), feature_rows(x, mask), x.raw_device_data(), f.raw_device_data(),
-                         x.device().index);
-      return f;
-    };
-    const cuda::LinearCoreArgs args = core_args(dims, q.dtype(), options);
-    const Tensor qf = features(q, Tensor()), kf = features(k, key_padding_mask);
-    Tensor o = Tensor::empty({dims.B, dims.H, dims.N, dims.dv}, q.dtype(), q.device());
-    cuda::linear_core_forward(args, qf.raw_device_data(), kf.raw_device_data(), v.raw_device_data(),
-                              o.raw_device_data(), q.device().index);
-    return autograd::record(
-        "attention::linear", {q, k, v}, o,
-        [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, args,
-         features](const std::vector<Tensor>& grads) {
-          const Tensor& g = grads[0];
-          const int device = g.device().index;
-          const Tensor qf = features(qs, Tensor()), kf = features(ks, ms);
-          Tensor dqf = Tensor::empty(qf.shape(), qf.dtype(), g.device()),
-                 dkf = Tensor::empty(kf.shape(), kf.dtype(), g.device());
-          Tensor dq = Tensor::empty(qs.shape(), g.dtype(), g.device()),
-                 dk = Tensor::empty(ks.shape(), g.dtype(), g.device()),
-                 dv = Tensor::empty(vs.shape(), g.dtype(), g.device());
-          cuda::linear_core_backward(args, qf.raw_device_data(), kf.raw_device_data(),
-                                     vs.raw_device_data(), g.raw_device_data(),
-                                     dqf.raw_device_data(), dkf.raw_device_data(),
-                                     dv.raw_device_data(), device);
-          cuda::elu_features_backward(g.dtype(), feature_rows(qs, Tensor()), qs.raw_device_data(),
-                                      dqf.raw_device_data(), dq.raw_device_data(), device);
-          cuda::elu_features_backward(g.dtype(), feature_rows(ks, ms), ks.raw_device_data(),
-                                      dkf.raw_device_data(), dk.raw_device_data(), device);
-          return std::vector<Tensor>{dq, dk, dv};
-        });
+    // phi(x) = elu(x) + 1 [B*H, len, d], zero on the rows the mask pads.
+    const FeatureMap elu = row_feature_map(cuda::elu_features, cuda::elu_features_backward);
+    return feature_attention_cuda("attention::linear", q, k, v, key_padding_mask,
+                                  core_args(dims, q.dtype(), options), elu, elu);
   }
   const Sizes s{dims.N, dims.M, dims.d, dims.dv, options.eps};
   const int64_t BH = dims.B * dims.H;

@@ -24,8 +24,7 @@
 #include "core/threading.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
-#include "ops/attention/linear_core_cuda.h"
-#include "ops/attention/linear_features_cuda.h"
+#include "ops/attention/feature_attention.h"
 #include "ops/attention/registry.h"
 #include "ops/blas.h"
 
@@ -233,27 +232,12 @@ void backward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, co
 
 // ---- arguments of the GPU path (launched under FORGE_IF_CUDA in taylor_linear()) ----
 
-// The rows of x [B, H, len, d] for the feature kernels; mask [B, len] or undefined.
-cuda::FeatureRows feature_rows(const Tensor& x, const Tensor& mask) {
-  cuda::FeatureRows r;
-  r.BH = x.size(0) * x.size(1);
-  r.L = x.size(2);
-  r.d = x.size(3);
-  r.H = x.size(1);
-  r.keep = mask.defined() ? static_cast<const uint8_t*>(mask.raw_device_data()) : nullptr;
-  return r;
-}
-
-DType acc_dtype(DType dtype) {
-  return dtype == DType::f64 ? DType::f64 : DType::f32;
-}
-
 // The normaliser's start z0 = [0, eps, ..., eps] [d + 1] on q's device, in
 // the accumulation type.
 Tensor z0_cuda(const Tensor& q) {
   std::vector<double> z0(static_cast<size_t>(q.size(3) + 1), kEps);
   z0[0] = 0;
-  return Tensor::from_vector(z0).to(acc_dtype(q.dtype())).to(q.device());
+  return Tensor::from_vector(z0).to(feature_dtype(q.dtype())).to(q.device());
 }
 
 cuda::LinearCoreArgs core_args(const Dims4& s, DType dtype, const Tensor& z0) {
@@ -274,43 +258,11 @@ Tensor taylor_linear(const Tensor& q, const Tensor& k, const Tensor& v,
                      const Tensor& key_padding_mask) {
   const Dims4 s = check_qkv("taylor_linear", q, k, v, key_padding_mask, false, true);
   FORGE_IF_CUDA(q) {
-    // [1, x / ||x||] [B*H, len, d + 1] in the accumulation type, 0 on padded rows.
-    const auto features = [](const Tensor& x, const Tensor& mask) {
-      Tensor f = Tensor::empty({x.size(0) * x.size(1), x.size(2), x.size(3) + 1},
-                               acc_dtype(x.dtype()), x.device());
-      cuda::unit_features(x.dtype(), feature_rows(x, mask), x.raw_device_data(),
-                          f.raw_device_data(), x.device().index);
-      return f;
-    };
+    // [1, x / ||x||] [B*H, len, d + 1], zero on the rows the mask pads.
+    const FeatureMap unit = row_feature_map(cuda::unit_features, cuda::unit_features_backward, 1);
     const Tensor z0 = z0_cuda(q);
-    const cuda::LinearCoreArgs args = core_args(s, q.dtype(), z0);
-    const Tensor qf = features(q, Tensor()), kf = features(k, key_padding_mask);
-    Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype(), q.device());
-    cuda::linear_core_forward(args, qf.raw_device_data(), kf.raw_device_data(), v.raw_device_data(),
-                              o.raw_device_data(), q.device().index);
-    return autograd::record(
-        "attention::taylor_linear", {q, k, v}, o,
-        [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, z0, args,
-         features](const std::vector<Tensor>& grads) {
-          const Tensor& g = grads[0];
-          const int device = g.device().index;
-          const Tensor qf = features(qs, Tensor()), kf = features(ks, ms);
-          Tensor dqf = Tensor::empty(qf.shape(), qf.dtype(), g.device()),
-                 dkf = Tensor::empty(kf.shape(), kf.dtype(), g.device());
-          Tensor dq = Tensor::empty(qs.shape(), g.dtype(), g.device()),
-                 dk = Tensor::empty(ks.shape(), g.dtype(), g.device()),
-                 dv = Tensor::empty(vs.shape(), g.dtype(), g.device());
-          // args.z0 points into z0, which this closure keeps alive.
-          cuda::linear_core_backward(args, qf.raw_device_data(), kf.raw_device_data(),
-                                     vs.raw_device_data(), g.raw_device_data(),
-                                     dqf.raw_device_data(), dkf.raw_device_data(),
-                                     dv.raw_device_data(), device);
-          cuda::unit_features_backward(g.dtype(), feature_rows(qs, Tensor()), qs.raw_device_data(),
-                                       dqf.raw_device_data(), dq.raw_device_data(), device);
-          cuda::unit_features_backward(g.dtype(), feature_rows(ks, ms), ks.raw_device_data(),
-                                       dkf.raw_device_data(), dk.raw_device_data(), device);
-          return std::vector<Tensor>{dq, dk, dv};
-        });
+    return feature_attention_cuda("attention::taylor_linear", q, k, v, key_padding_mask,
+                                  core_args(s, q.dtype(), z0), unit, unit, z0);
   }
   const Tensor mask = key_padding_mask.defined() ? key_padding_mask.detach() : Tensor();
   Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());

@@ -1,0 +1,109 @@
+// The GPU path that linear, efficient and taylor_linear share (internal):
+// each computes feature maps of q and k with its kernels of
+// linear_features_cuda.h, and attention on them runs through the shared core
+// of linear_core_cuda.h, as one autograd node whose backward recomputes the
+// feature maps. Called only under FORGE_IF_CUDA; the launcher calls here sit
+// inside `if constexpr (kCudaBuilt)`, so a build without CUDA compiles them
+// away.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "autograd/node.h"
+#include "core/device.h"
+#include "core/tensor.h"
+#include "ops/attention/linear_core_cuda.h"
+#include "ops/attention/linear_features_cuda.h"
+
+namespace forge::ops::attention {
+
+// The accumulation type of feature maps, states and normalisers.
+inline DType feature_dtype(DType dtype) {
+  return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
+
+// The rows of x [B, H, len, d] for the feature kernels; mask [B, len] or undefined.
+inline cuda::FeatureRows feature_rows(const Tensor& x, const Tensor& mask) {
+  cuda::FeatureRows r;
+  r.BH = x.size(0) * x.size(1);
+  r.L = x.size(2);
+  r.d = x.size(3);
+  r.H = x.size(1);
+  r.keep = mask.defined() ? static_cast<const uint8_t*>(mask.raw_device_data()) : nullptr;
+  return r;
+}
+
+// One feature map on the GPU. forward(x, mask, stats) -> f [B*H, len, F] in
+// feature_dtype, 0 on the rows the mask pads (mask is undefined for q);
+// `stats` keeps what its backward needs besides x and f (may stay undefined).
+// backward(x, mask, f, stats, df, dx) writes dx [B, H, len, d] from df.
+struct FeatureMap {
+  std::function<Tensor(const Tensor& x, const Tensor& mask, Tensor& stats)> forward;
+  std::function<void(const Tensor& x, const Tensor& mask, const Tensor& f, const Tensor& stats,
+                     const Tensor& df, const Tensor& dx)>
+      backward;
+};
+
+// A feature map computed row by row from x alone, by a forward and a backward
+// launcher of linear_features_cuda.h (elu + 1, softmax over d, exp, [1, x / ||x||]);
+// F = d + extra.
+using RowFeatures = void (*)(DType, const cuda::FeatureRows&, const void* x, void* f, int device);
+using RowFeaturesBackward = void (*)(DType, const cuda::FeatureRows&, const void* x, const void* df,
+                                     void* dx, int device);
+inline FeatureMap row_feature_map(RowFeatures forward, RowFeaturesBackward backward,
+                                  int64_t extra = 0) {
+  return {[forward, extra](const Tensor& x, const Tensor& mask, Tensor&) {
+            Tensor f = Tensor::empty({x.size(0) * x.size(1), x.size(2), x.size(3) + extra},
+                                     feature_dtype(x.dtype()), x.device());
+            forward(x.dtype(), feature_rows(x, mask), x.raw_device_data(), f.raw_device_data(),
+                    x.device().index);
+            return f;
+          },
+          [backward](const Tensor& x, const Tensor& mask, const Tensor&, const Tensor&,
+                     const Tensor& df, const Tensor& dx) {
+            backward(x.dtype(), feature_rows(x, mask), x.raw_device_data(), df.raw_device_data(),
+                     dx.raw_device_data(), x.device().index);
+          }};
+}
+
+// o [B, H, N, dv] = the core (args) on qmap(q) and kmap(k, key_padding_mask),
+// recorded as the op `name`. `z0` holds the device buffer args.z0 points to
+// (or is undefined); the backward closure keeps it alive.
+inline Tensor feature_attention_cuda(const char* name, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& key_padding_mask,
+                                     const cuda::LinearCoreArgs& args, const FeatureMap& qmap,
+                                     const FeatureMap& kmap, const Tensor& z0 = Tensor()) {
+  Tensor o = Tensor::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device());
+  if constexpr (kCudaBuilt) {
+    Tensor qstats, kstats;
+    const Tensor qf = qmap.forward(q, Tensor(), qstats),
+                 kf = kmap.forward(k, key_padding_mask, kstats);
+    cuda::linear_core_forward(args, qf.raw_device_data(), kf.raw_device_data(), v.raw_device_data(),
+                              o.raw_device_data(), q.device().index);
+  }
+  return autograd::record(name, {q, k, v}, o,
+                          [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask,
+                           args, qmap, kmap, z0](const std::vector<Tensor>& grads) {
+                            const Tensor& g = grads[0];
+                            Tensor dq = Tensor::empty(qs.shape(), g.dtype(), g.device()),
+                                   dk = Tensor::empty(ks.shape(), g.dtype(), g.device()),
+                                   dv = Tensor::empty(vs.shape(), g.dtype(), g.device());
+                            if constexpr (kCudaBuilt) {
+                              Tensor qstats, kstats;
+                              const Tensor qf = qmap.forward(qs, Tensor(), qstats),
+                                           kf = kmap.forward(ks, ms, kstats);
+                              const Tensor dqf = Tensor::empty(qf.shape(), qf.dtype(), g.device()),
+                                           dkf = Tensor::empty(kf.shape(), kf.dtype(), g.device());
+                              cuda::linear_core_backward(
+                                  args, qf.raw_device_data(), kf.raw_device_data(),
+                                  vs.raw_device_data(), g.raw_device_data(), dqf.raw_device_data(),
+                                  dkf.raw_device_data(), dv.raw_device_data(), g.device().index);
+                              qmap.backward(qs, Tensor(), qf, qstats, dqf, dq);
+                              kmap.backward(ks, ms, kf, kstats, dkf, dk);
+                            }
+                            return std::vector<Tensor>{dq, dk, dv};
+                          });
+}
+
+}  // namespace forge::ops::attention
