@@ -6,9 +6,9 @@
 // and never fmt, which nvcc cannot compile), and are declared in a plain C++
 // header beside it (`*_cuda.h`). The op's .cpp checks arguments, allocates,
 // records autograd and calls the launcher under FORGE_IF_CUDA. Launchers issue
-// their work on cuda::stream(device) under a DeviceGuard and check every launch. Kernels load any floating type
-// into its accumulation type (f32 for f32 / bf16 / f16, f64 for f64), compute
-// there, and round once when storing.
+// their work on cuda::stream(device) under a DeviceGuard and check every launch. Kernels load any
+// floating type into its accumulation type (f32 for f32 / bf16 / f16, f64 for f64), compute there,
+// and round once when storing.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/allocator.h"
 #include "core/cuda_context.h"
 #include "core/dtype.h"
 #include "core/philox.h"
@@ -91,25 +92,47 @@ __host__ __device__ __forceinline__ bool from_double<bool>(double v) {
 // Runs the body with `scalar_t` bound to the storage type of a floating dtype
 // (f32, f64, bf16 as __nv_bfloat16, f16 as __half) and `acc_type` to the type
 // kernels compute in; any other dtype is an error naming the op.
-#define FORGE_CUDA_DISPATCH_CASE(dt, T, ...)            \
-  case ::forge::DType::dt: {                            \
-    using scalar_t = T;                                 \
-    using acc_type = ::forge::cuda::acc_t<T>;           \
-    return __VA_ARGS__();                               \
+#define FORGE_CUDA_DISPATCH_CASE(dt, T, ...)  \
+  case ::forge::DType::dt: {                  \
+    using scalar_t = T;                       \
+    using acc_type = ::forge::cuda::acc_t<T>; \
+    return __VA_ARGS__();                     \
   }
-#define FORGE_CUDA_DISPATCH_FLOAT(dtype, op_name, ...)                                  \
-  [&] {                                                                                 \
-    switch (dtype) {                                                                    \
-      FORGE_CUDA_DISPATCH_CASE(f32, float, __VA_ARGS__)                                 \
-      FORGE_CUDA_DISPATCH_CASE(f64, double, __VA_ARGS__)                                \
-      FORGE_CUDA_DISPATCH_CASE(bf16, __nv_bfloat16, __VA_ARGS__)                        \
-      FORGE_CUDA_DISPATCH_CASE(f16, __half, __VA_ARGS__)                                \
-      default:                                                                          \
-        ::forge::cuda::fail_dtype(op_name, dtype);                                      \
-    }                                                                                   \
+#define FORGE_CUDA_DISPATCH_FLOAT(dtype, op_name, ...)           \
+  [&] {                                                          \
+    switch (dtype) {                                             \
+      FORGE_CUDA_DISPATCH_CASE(f32, float, __VA_ARGS__)          \
+      FORGE_CUDA_DISPATCH_CASE(f64, double, __VA_ARGS__)         \
+      FORGE_CUDA_DISPATCH_CASE(bf16, __nv_bfloat16, __VA_ARGS__) \
+      FORGE_CUDA_DISPATCH_CASE(f16, __half, __VA_ARGS__)         \
+      default:                                                   \
+        ::forge::cuda::fail_dtype(op_name, dtype);               \
+    }                                                            \
   }()
 
 namespace forge::cuda {
+
+// Device memory from the caching allocator for the length of a scope (a
+// launcher's scratch). Freeing it while kernels still use it is safe: the
+// device's one stream orders the block's reuse after them.
+class Scratch {
+ public:
+  Scratch(int device, size_t nbytes)
+      : alloc_(allocator_for(Device::cuda(device))), nbytes_(nbytes), p_(alloc_.allocate(nbytes)) {}
+  ~Scratch() { alloc_.deallocate(p_, nbytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return p_; }
+  template <typename A>
+  A* as() const {
+    return static_cast<A*>(p_);
+  }
+
+ private:
+  Allocator& alloc_;
+  size_t nbytes_;
+  void* p_;
+};
 
 // ---- launch shapes ----
 
@@ -126,7 +149,7 @@ inline unsigned grid_for(int64_t n, int device, int threads = kThreads) {
 
 // A grid-stride loop over [0, n): `for (int64_t i : grid_stride(n))` is not
 // expressible, so kernels write FORGE_GRID_STRIDE(i, n) { ... }.
-#define FORGE_GRID_STRIDE(i, n)                                                       \
+#define FORGE_GRID_STRIDE(i, n)                                                          \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 

@@ -504,29 +504,6 @@ __global__ void __launch_bounds__(kBlock)
 
 // ---- launchers ----
 
-// Device memory from the caching allocator for the length of a launcher; the
-// device's one stream keeps its reuse after the kernels that use it.
-class Scratch {
- public:
-  Scratch(int device, int64_t count, size_t elem)
-      : allocator_(allocator_for(Device::cuda(device))),
-        nbytes_(static_cast<size_t>(count) * elem),
-        p_(allocator_.allocate(nbytes_)) {}
-  ~Scratch() { allocator_.deallocate(p_, nbytes_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-
-  template <typename A>
-  A* as() const {
-    return static_cast<A*>(p_);
-  }
-
- private:
-  Allocator& allocator_;
-  size_t nbytes_;
-  void* p_;
-};
-
 // Positions per causal chunk: 64, or whole buckets of s > 1 (as many as fit
 // in 64; one bucket when s >= 64), so a chunk boundary is a bucket boundary.
 int64_t causal_chunk(int64_t bucket) {
@@ -609,14 +586,14 @@ void forward_impl(const LinearCoreArgs& a, const void* qf, const void* kf, const
   const int64_t E = state_size(a.F, a.dv);
   const Tiling rows = row_tiling(a, a.N);
   // The key state(s) each query chunk starts from: [BH, rows.chunks, E].
-  Scratch states(device, a.BH * rows.chunks * E, sizeof(A));
+  Scratch states(device, static_cast<size_t>(a.BH * rows.chunks * E) * sizeof(A));
   if (a.causal) {
     launch_states<T, A>(p.kf, p.v, nullptr, nullptr, a.BH, a.M, rows.chunk, rows.chunks, a.F, a.dv,
                         states.as<A>(), device);
     launch_scan<A>(states.as<A>(), a.BH, rows.chunks, a.F, a.dv, z0, Scan::prefix, nullptr, device);
   } else {
     const int64_t parts = ceil_div(a.M, kPartial);
-    Scratch partial(device, a.BH * parts * E, sizeof(A));
+    Scratch partial(device, static_cast<size_t>(a.BH * parts * E) * sizeof(A));
     launch_states<T, A>(p.kf, p.v, nullptr, nullptr, a.BH, a.M, kPartial, parts, a.F, a.dv,
                         partial.as<A>(), device);
     launch_scan<A>(partial.as<A>(), a.BH, parts, a.F, a.dv, z0, Scan::total, states.as<A>(),
@@ -637,15 +614,15 @@ void backward_impl(const LinearCoreArgs& a, const void* qf, const void* kf, cons
   const int64_t E = state_size(a.F, a.dv);
   const Tiling q_rows = row_tiling(a, a.N), k_rows = row_tiling(a, a.M);
   // Per query row: 1 / den, then gd: [2, BH, N].
-  Scratch row_stats(device, 2 * a.BH * a.N, sizeof(A));
+  Scratch row_stats(device, static_cast<size_t>(2 * a.BH * a.N) * sizeof(A));
   A* row_inv = row_stats.as<A>();
   A* row_gd = row_inv + a.BH * a.N;
   // Causal: the state of each chunk (the key prefix, later the gradient
   // suffix), [BH, chunks, E]. Non-causal: the total key state, later the total
   // gradient state, [BH, 1, E], summed from partial states [BH, parts, E].
-  Scratch states(device, a.BH * q_rows.chunks * E, sizeof(A));
+  Scratch states(device, static_cast<size_t>(a.BH * q_rows.chunks * E) * sizeof(A));
   const int64_t parts = a.causal ? 0 : std::max(ceil_div(a.M, kPartial), ceil_div(a.N, kPartial));
-  Scratch partial(device, a.BH * parts * E, sizeof(A));
+  Scratch partial(device, static_cast<size_t>(a.BH * parts * E) * sizeof(A));
 
   // The key states and the query side: dQf, 1/den and gd.
   if (a.causal) {

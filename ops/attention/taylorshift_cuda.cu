@@ -878,7 +878,7 @@ int64_t state_splits(int64_t F, int64_t C, int64_t rows, int64_t BH, int device)
 
 // The scratch buffers of one call, carved from one allocation (acc = the
 // accumulation type; D1 = d + 1, E = dv + 1). Null where the call needs none.
-struct Scratch {
+struct ScratchLayout {
   int64_t* counts = nullptr;  // [B] real keys (with a mask)
   void* qinv = nullptr;       // acc [BH, N] 1 / ||q_i||
   void* kinv = nullptr;       // acc [BH, M] 1 / ||k_j||
@@ -896,8 +896,8 @@ struct Scratch {
 };
 
 // The layout of the scratch at `base` (null: only count the bytes).
-Scratch carve(const TaylorShiftArgs& a, bool backward, int device, void* base) {
-  Scratch s;
+ScratchLayout carve(const TaylorShiftArgs& a, bool backward, int device, void* base) {
+  ScratchLayout s;
   char* at = static_cast<char*>(base);
   auto take = [&](int64_t n, int64_t elem) -> void* {
     if (n <= 0) return nullptr;
@@ -1030,8 +1030,8 @@ FeatureWeights<A> weights_of(const TaylorShiftArgs& a) {
 }
 
 template <typename T>
-void direct_forward(const TaylorShiftArgs& a, const Scratch& s, const T* q, const T* k, const T* v,
-                    const T* tau, T* o, acc_t<T>* norm, int device) {
+void direct_forward(const TaylorShiftArgs& a, const ScratchLayout& s, const T* q, const T* k,
+                    const T* v, const T* tau, T* o, acc_t<T>* norm, int device) {
   using A = acc_t<T>;
   A* qinv = static_cast<A*>(s.qinv);
   A* kinv = static_cast<A*>(s.kinv);
@@ -1047,7 +1047,7 @@ void direct_forward(const TaylorShiftArgs& a, const Scratch& s, const T* q, cons
 }
 
 template <typename T>
-void efficient_forward(const TaylorShiftArgs& a, const Scratch& s, const T* q, const T* k,
+void efficient_forward(const TaylorShiftArgs& a, const ScratchLayout& s, const T* q, const T* k,
                        const T* v, const T* tau, T* o, acc_t<T>* norm, int device) {
   using A = acc_t<T>;
   const int64_t BH = a.B * a.H, D1 = a.d + 1, E = a.dv + 1, F = D1 * D1;
@@ -1075,9 +1075,9 @@ void efficient_forward(const TaylorShiftArgs& a, const Scratch& s, const T* q, c
 }
 
 template <typename T>
-void direct_backward(const TaylorShiftArgs& a, const Scratch& s, const T* q, const T* k, const T* v,
-                     const T* tau, const T* o, const acc_t<T>* norm, const T* dout, T* dq, T* dk,
-                     T* dv, int device) {
+void direct_backward(const TaylorShiftArgs& a, const ScratchLayout& s, const T* q, const T* k,
+                     const T* v, const T* tau, const T* o, const acc_t<T>* norm, const T* dout,
+                     T* dq, T* dk, T* dv, int device) {
   using A = acc_t<T>;
   const int64_t BH = a.B * a.H;
   A* qinv = static_cast<A*>(s.qinv);
@@ -1104,7 +1104,7 @@ void direct_backward(const TaylorShiftArgs& a, const Scratch& s, const T* q, con
 }
 
 template <typename T>
-void efficient_backward(const TaylorShiftArgs& a, const Scratch& s, const T* q, const T* k,
+void efficient_backward(const TaylorShiftArgs& a, const ScratchLayout& s, const T* q, const T* k,
                         const T* v, const T* tau, const T* o, const acc_t<T>* norm, const T* dout,
                         T* dq, T* dk, T* dv, int device) {
   using A = acc_t<T>;
@@ -1165,7 +1165,7 @@ void taylorshift_forward(const TaylorShiftArgs& a, const void* q, const void* k,
                          const void* tau, void* o, void* norm, void* scratch, int device) {
   if (a.B * a.H * a.N == 0) return;
   DeviceGuard guard(device);
-  const Scratch s = carve(a, false, device, scratch);
+  const ScratchLayout s = carve(a, false, device, scratch);
   count_keys(a, s.counts, device);
   FORGE_CUDA_DISPATCH_FLOAT(a.dtype, "attention::taylorshift", [&] {
     using A = acc_type;
@@ -1186,7 +1186,7 @@ void taylorshift_backward(const TaylorShiftArgs& a, const void* q, const void* k
                           const void* tau, const void* o, const void* norm, const void* dout,
                           void* dq, void* dk, void* dv, void* dtau, void* scratch, int device) {
   DeviceGuard guard(device);
-  const Scratch s = carve(a, true, device, scratch);
+  const ScratchLayout s = carve(a, true, device, scratch);
   count_keys(a, s.counts, device);
   FORGE_CUDA_DISPATCH_FLOAT(a.dtype, "attention::taylorshift backward", [&] {
     using A = acc_type;

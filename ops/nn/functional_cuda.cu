@@ -39,30 +39,6 @@ __device__ __forceinline__ double sqrt_of(double v) {
 
 // ---- scratch memory and index dispatch ----
 
-// Device memory from the caching allocator for the length of a launcher. Freeing
-// it while kernels that use it are still queued is safe: all work of a device
-// runs in issue order on its one stream, so a later user of the block waits.
-class Scratch {
- public:
-  Scratch(int device, size_t nbytes)
-      : allocator_(allocator_for(Device::cuda(device))),
-        nbytes_(nbytes),
-        p_(allocator_.allocate(nbytes)) {}
-  ~Scratch() { allocator_.deallocate(p_, nbytes_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-
-  template <typename A>
-  A* as() const {
-    return static_cast<A*>(p_);
-  }
-
- private:
-  Allocator& allocator_;
-  size_t nbytes_;
-  void* p_;
-};
-
 // Calls f(I{}) with I the C++ type of an index dtype (i32, i64).
 template <typename F>
 void dispatch_index(DType dtype, const char* op, F&& f) {

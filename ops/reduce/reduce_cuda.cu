@@ -149,23 +149,6 @@ __global__ void reduce_kernel(Op op, const void* in, typename Op::State* partial
 // A split must leave each thread at least this many rows of r.
 constexpr int64_t kMinRowsPerThread = 16;
 
-// Device memory from the caching allocator for the length of a scope; freeing
-// it while kernels still use it is safe because the stream orders its reuse.
-class Scratch {
- public:
-  Scratch(int device, size_t nbytes)
-      : alloc_(allocator_for(Device::cuda(device))), nbytes_(nbytes), p_(alloc_.allocate(nbytes)) {}
-  ~Scratch() { alloc_.deallocate(p_, nbytes_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* get() const { return p_; }
-
- private:
-  Allocator& alloc_;
-  size_t nbytes_;
-  void* p_;
-};
-
 template <typename Op>
 void run_reduce(const Op& op, const void* x, int64_t outer, int64_t R, int64_t inner, int device,
                 const char* name) {
