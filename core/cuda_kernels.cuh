@@ -112,6 +112,27 @@ __host__ __device__ __forceinline__ bool from_double<bool>(double v) {
 
 namespace forge::cuda {
 
+// ---- math in the accumulation type (f32 calls the f32 functions) ----
+
+__device__ __forceinline__ float exp_of(float v) {
+  return expf(v);
+}
+__device__ __forceinline__ double exp_of(double v) {
+  return ::exp(v);
+}
+__device__ __forceinline__ float log_of(float v) {
+  return logf(v);
+}
+__device__ __forceinline__ double log_of(double v) {
+  return ::log(v);
+}
+__device__ __forceinline__ float sqrt_of(float v) {
+  return sqrtf(v);
+}
+__device__ __forceinline__ double sqrt_of(double v) {
+  return ::sqrt(v);
+}
+
 // Device memory from the caching allocator for the length of a scope (a
 // launcher's scratch). Freeing it while kernels still use it is safe: the
 // device's one stream orders the block's reuse after them.

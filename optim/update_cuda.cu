@@ -20,13 +20,6 @@ void dispatch_param(DType dtype, const char* op, F&& body) {
   fail_dtype(op, dtype);
 }
 
-__device__ __forceinline__ float sqrt_of(float x) {
-  return sqrtf(x);
-}
-__device__ __forceinline__ double sqrt_of(double x) {
-  return sqrt(x);
-}
-
 // Blocks of a reduction over n elements; partial sums are kept per block.
 unsigned reduce_grid(int64_t n, int device) {
   return grid_for(n, device);

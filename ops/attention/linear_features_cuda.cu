@@ -16,19 +16,6 @@ namespace {
 
 constexpr int kRowGroups = 32;  // row groups of the column kernels (block: 32 x 32 threads)
 
-__device__ __forceinline__ float exp_of(float v) {
-  return expf(v);
-}
-__device__ __forceinline__ double exp_of(double v) {
-  return ::exp(v);
-}
-__device__ __forceinline__ float sqrt_of(float v) {
-  return sqrtf(v);
-}
-__device__ __forceinline__ double sqrt_of(double v) {
-  return ::sqrt(v);
-}
-
 // Whether row `row` of [BH * L] rows is a real token.
 __device__ __forceinline__ bool kept(const FeatureRows& r, int64_t row) {
   if (r.keep == nullptr) return true;

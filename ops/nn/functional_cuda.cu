@@ -16,27 +16,6 @@ namespace forge::cuda {
 
 namespace {
 
-// ---- math in the accumulation type ----
-
-__device__ __forceinline__ float exp_of(float v) {
-  return expf(v);
-}
-__device__ __forceinline__ double exp_of(double v) {
-  return ::exp(v);
-}
-__device__ __forceinline__ float log_of(float v) {
-  return logf(v);
-}
-__device__ __forceinline__ double log_of(double v) {
-  return ::log(v);
-}
-__device__ __forceinline__ float sqrt_of(float v) {
-  return sqrtf(v);
-}
-__device__ __forceinline__ double sqrt_of(double v) {
-  return ::sqrt(v);
-}
-
 // ---- scratch memory and index dispatch ----
 
 // Calls f(I{}) with I the C++ type of an index dtype (i32, i64).
