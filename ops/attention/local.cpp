@@ -20,10 +20,9 @@
 #include "core/threading.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
-#include "ops/attention/flash_cuda.h"
+#include "ops/attention/flash_attention.h"
 #include "ops/attention/registry.h"
 #include "ops/blas.h"
-#include "ops/elementwise/elementwise.h"
 
 namespace forge::ops::attention {
 
@@ -237,16 +236,11 @@ std::vector<Tensor> local_backward(const LocalPlan& s, const Tensor& q, const Te
   return {dq, dk, dv};
 }
 
-// local attention on a GPU: the tiled kernels of flash_cuda.cu with the band
-// (window, look_backward, look_forward) and the dropout draws numbered by band
-// position, as above. The kernels mask keys only; a row whose query is padding
-// is zeroed here (o times the query mask), and its gradient with it: with
-// do = 0 on that row, dP and D vanish, so the row adds nothing to dq, dk, dv.
+// local attention on a GPU: flash_attention_cuda with the band (window,
+// look_backward, look_forward), the dropout draws numbered by band position as
+// above, and rows whose query is padding set to 0.
 Tensor local_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                   const LocalPlan& s) {
-  FORGE_CHECK(s.d <= cuda::kFlashMaxHeadDim && s.dv <= cuda::kFlashMaxHeadDim,
-              "attention::local: on a GPU the head dims must be <= {}, got d = {}, dv = {}",
-              cuda::kFlashMaxHeadDim, s.d, s.dv);
   if (s.B * s.H * s.N * s.dv == 0 || s.d == 0) {
     // Nothing to attend with (as on the CPU): o = 0 and no gradient.
     Tensor o = Tensor::zeros({s.B, s.H, s.N, s.dv}, q.dtype(), q.device());
@@ -268,39 +262,7 @@ Tensor local_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   a.dropout = s.p;
   a.seed = s.seed;
   a.offset = s.offset;
-  // query_real [B, 1, N, 1]: 1 where the query is a real token.
-  Tensor query_real;
-  if (key_padding_mask.defined()) {
-    a.kpm = static_cast<const uint8_t*>(key_padding_mask.raw_device_data());
-    query_real = key_padding_mask.to(DType::boolean).to(q.dtype()).view({s.B, 1, s.N, 1});
-  }
-  const DType acc = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype(), q.device());
-  Tensor lse = Tensor::empty({s.B, s.H, s.N}, acc, q.device());
-  FORGE_IF_CUDA(q) {
-    cuda::flash_forward(a, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
-                        o.raw_device_data(), lse.raw_device_data(), q.device().index);
-  }
-  if (query_real.defined()) o = ops::mul(o, query_real);
-  if (!autograd::needs_grad({q, k, v})) return o;
-  return autograd::record(
-      "attention::local", {q, k, v}, o,
-      [a, q = q.detach(), k = k.detach(), v = v.detach(), o = o.detach(), lse,
-       kpm = key_padding_mask,
-       query_real](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
-        const Tensor dout = query_real.defined() ? ops::mul(grads[0], query_real) : grads[0];
-        Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.device()),
-               dk = Tensor::empty(k.shape(), k.dtype(), k.device()),
-               dv = Tensor::empty(v.shape(), v.dtype(), v.device());
-        Tensor delta = Tensor::empty({a.B * a.H * a.N}, lse.dtype(), q.device());  // rowsum(do * o)
-        FORGE_IF_CUDA(dout) {
-          cuda::flash_backward(a, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
-                               o.raw_device_data(), lse.raw_device_data(), dout.raw_device_data(),
-                               delta.raw_device_data(), dq.raw_device_data(), dk.raw_device_data(),
-                               dv.raw_device_data(), q.device().index);
-        }
-        return {dq, dk, dv};
-      });
+  return flash_attention_cuda("attention::local", q, k, v, key_padding_mask, a, true);
 }
 
 }  // namespace

@@ -16,7 +16,7 @@
 #include "core/threading.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
-#include "ops/attention/flash_cuda.h"
+#include "ops/attention/flash_attention.h"
 #include "ops/attention/registry.h"
 #include "ops/blas.h"
 
@@ -318,51 +318,19 @@ void check_options(const Dims4& dims, const SoftmaxOptions& options) {
               "attention::softmax: dropout must be in [0, 1), got {}", options.dropout);
 }
 
-// softmax attention on a GPU: the tiled kernels of flash_cuda.cu, one autograd
-// node like the CPU op. The forward saves o and the logsumexp (in the
-// accumulation type); the backward recomputes every score tile from them.
-// Dropout draws come from the stream `s` reserved, numbered as on the CPU.
+// softmax attention on a GPU: flash_attention_cuda with the sizes and the
+// dropout stream `s` reserved, its draws numbered as on the CPU.
 Tensor softmax_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& key_padding_mask, const Plan& s) {
-  FORGE_CHECK(s.d <= cuda::kFlashMaxHeadDim && s.dv <= cuda::kFlashMaxHeadDim,
-              "attention::softmax: on a GPU the head dims must be <= {}, got d = {}, dv = {}",
-              cuda::kFlashMaxHeadDim, s.d, s.dv);
   cuda::FlashArgs a;
   a.B = s.B, a.H = s.H, a.N = s.N, a.M = s.M, a.d = s.d, a.dv = s.dv;
   a.dtype = q.dtype();
   a.scale = s.scale;
   a.causal = s.causal;
-  if (key_padding_mask.defined())
-    a.kpm = static_cast<const uint8_t*>(key_padding_mask.raw_device_data());
   a.dropout = s.p;
   a.seed = s.seed;
   a.offset = s.offset;
-  const DType acc = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype(), q.device());
-  Tensor lse = Tensor::empty({s.B, s.H, s.N}, acc, q.device());  // logsumexp of each score row
-  FORGE_IF_CUDA(q) {
-    cuda::flash_forward(a, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
-                        out.raw_device_data(), lse.raw_device_data(), q.device().index);
-  }
-  if (!autograd::needs_grad({q, k, v})) return out;
-  return autograd::record(
-      "attention::softmax", {q, k, v}, out,
-      [a, q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse,
-       mask = key_padding_mask, need_q = q.requires_grad(), need_k = k.requires_grad(),
-       need_v = v.requires_grad()](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
-        const Tensor& dout = grads[0];
-        Tensor dq = Tensor::empty(q.shape(), q.dtype(), q.device()),
-               dk = Tensor::empty(k.shape(), k.dtype(), k.device()),
-               dv = Tensor::empty(v.shape(), v.dtype(), v.device());
-        Tensor delta = Tensor::empty({a.B * a.H * a.N}, lse.dtype(), q.device());  // rowsum(do * o)
-        FORGE_IF_CUDA(dout) {
-          cuda::flash_backward(a, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
-                               o.raw_device_data(), lse.raw_device_data(), dout.raw_device_data(),
-                               delta.raw_device_data(), dq.raw_device_data(), dk.raw_device_data(),
-                               dv.raw_device_data(), q.device().index);
-        }
-        return {need_q ? dq : Tensor(), need_k ? dk : Tensor(), need_v ? dv : Tensor()};
-      });
+  return flash_attention_cuda("attention::softmax", q, k, v, key_padding_mask, a);
 }
 
 }  // namespace
