@@ -1,7 +1,8 @@
 // Mixed precision (autocast). While an AutocastGuard(bf16 or f16) is alive on
 // a thread, the GEMM-shaped ops (matmul, linear, the patch-embedding
-// convolution) given f32 CUDA tensors compute in that dtype on the tensor
-// cores with f32 accumulation, and return f32. Every other op, the
+// convolution, and the softmax and local attention ops, whose tiled kernels
+// are two GEMMs per tile) given f32 CUDA tensors compute in that dtype on the
+// tensor cores with f32 accumulation, and return f32 (gradients too). Every other op, the
 // parameters (the f32 master weights), their gradients and the optimizer
 // state stay f32. CPU tensors and f64 are never autocast.
 #pragma once

@@ -13,10 +13,11 @@
 
 #include "autograd/engine.h"
 #include "nn/models.h"
+#include "ops/attention/attention.h"
 #include "ops/autocast.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
-#include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/cuda_attention_test_util.h"
 
 namespace forge {
 namespace {
@@ -24,10 +25,9 @@ namespace {
 using nn::Mechanism;
 using testing::gpu;
 
-const std::vector<Mechanism> kAll = {Mechanism::softmax,       Mechanism::local,
-                                     Mechanism::efficient,     Mechanism::linear,
-                                     Mechanism::taylor_linear, Mechanism::linformer,
-                                     Mechanism::favor,         Mechanism::taylorshift};
+const std::vector<Mechanism> kAll = {
+    Mechanism::softmax,       Mechanism::local,     Mechanism::efficient, Mechanism::linear,
+    Mechanism::taylor_linear, Mechanism::linformer, Mechanism::favor,     Mechanism::taylorshift};
 
 // A model and one training batch: the loss of the model on it.
 struct Task {
@@ -167,6 +167,54 @@ TEST(CudaAttentionModels, Bf16AutocastTrainsEveryMechanismOnTheGpu) {
     EXPECT_NEAR(bf16[0], f32[0], 3e-2 * f32[0]) << what;
     for (double l : bf16) EXPECT_TRUE(std::isfinite(l)) << what;
     EXPECT_LT(bf16.back(), bf16.front()) << what << " did not learn";
+  }
+}
+
+// Under autocast, softmax and local attention on f32 GPU tensors compute on
+// bf16 copies (tensor cores) and hand back f32 outputs and gradients that
+// equal the op run on the bf16-rounded inputs, up to bf16 rounding.
+TEST(CudaAttentionModels, SoftmaxAndLocalUnderAutocastComputeInBf16AndReturnF32) {
+  FORGE_REQUIRE_CUDA();
+  namespace att = ops::attention;
+  const std::vector<std::pair<std::string, testing::AttentionFn>> ops_under_test = {
+      {"softmax causal",
+       [](const std::vector<Tensor>& in) {
+         return att::softmax(in[0], in[1], in[2], in[3], {.causal = true});
+       }},
+      {"local", [](const std::vector<Tensor>& in) {
+         return att::local(in[0], in[1], in[2], in[3], {.window = 16});
+       }}};
+  for (const auto& [what, fn] : ops_under_test) {
+    const Tensor mask = testing::padding_mask(2, 80, {0, 7}).to(gpu());
+    std::vector<Tensor> in;
+    for (uint64_t seed : {1, 2, 3})
+      in.push_back(
+          testing::round_through(testing::uniform({2, 3, 80, 32}, seed, DType::f32, -1, 1, false),
+                                 DType::bf16)
+              .to(gpu()));
+    for (Tensor& t : in) t.set_requires_grad(true);
+    std::vector<Tensor> low;
+    for (const Tensor& t : in) low.push_back(t.detach().to(DType::bf16).set_requires_grad(true));
+    in.push_back(mask);
+    low.push_back(mask);
+    Tensor o;
+    {
+      ops::AutocastGuard autocast(DType::bf16);
+      o = fn(in);
+    }
+    const Tensor want = fn(low);  // the same op on bf16 tensors, no autocast
+    ASSERT_EQ(o.dtype(), DType::f32) << what;
+    EXPECT_LE(testing::scaled_diff(o, want), 1e-2) << what;
+    const Tensor seed = testing::uniform(o.shape(), 9, DType::f32, -1, 1, false).to(gpu());
+    autograd::backward({o}, {seed});
+    autograd::backward({want}, {seed.to(DType::bf16)});
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(in[static_cast<size_t>(i)].grad().dtype(), DType::f32) << what;
+      EXPECT_LE(testing::scaled_diff(in[static_cast<size_t>(i)].grad(),
+                                     low[static_cast<size_t>(i)].grad()),
+                3e-2)
+          << what << ", gradient " << i;
+    }
   }
 }
 
