@@ -212,4 +212,21 @@ __device__ A block_max(A v, A* shared) {
   return warp_max(v);
 }
 
+// out[r] = a[r] . b[r] over rows of `dim` elements (in the accumulation
+// type), one warp per row; launch with grid_for(rows * kWarp, device) x kThreads.
+template <typename T>
+__global__ void row_dot_kernel(const T* a, const T* b, int64_t rows, int64_t dim, acc_t<T>* out) {
+  using A = acc_t<T>;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; r < rows;
+       r += warps) {
+    A acc = 0;
+    for (int64_t c = lane; c < dim; c += kWarp)
+      acc += to_acc<A>(a[r * dim + c]) * to_acc<A>(b[r * dim + c]);
+    acc = warp_sum(acc);
+    if (lane == 0) out[r] = acc;
+  }
+}
+
 }  // namespace forge::cuda

@@ -512,22 +512,6 @@ __global__ void __launch_bounds__(kFlashThreads)
 
 // ---- backward ----
 
-// D[r] = sum_c a[r, c] b[r, c] for rows of width dim, a warp per row.
-template <typename T>
-__global__ void row_dot_kernel(const T* a, const T* b, acc_t<T>* out, int64_t rows, int64_t dim) {
-  using A = acc_t<T>;
-  const int lane = threadIdx.x % kWarp;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
-  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; r < rows;
-       r += warps) {
-    A acc = 0;
-    for (int64_t c = lane; c < dim; c += kWarp)
-      acc += to_acc<A>(a[r * dim + c]) * to_acc<A>(b[r * dim + c]);
-    acc = warp_sum(acc);
-    if (lane == 0) out[r] = acc;
-  }
-}
-
 // From s = q_tile k_tile^T and dp = do_tile v_tile^T (rows [i0, i0 + kTile),
 // keys [j0, j0 + kTile)) and the rows' lse and D, as in the forward:
 //   P = exp(scale s - lse) on the visible entries (0 elsewhere, and in rows
@@ -820,8 +804,8 @@ void flash_backward(const FlashArgs& a, const void* q, const void* k, const void
     if (rows > 0) {
       // scratch [BH, N] = rowsum(do * o)
       row_dot_kernel<scalar_t><<<grid_for(rows * kWarp, device), kThreads, 0, stream(device)>>>(
-          static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(o),
-          static_cast<acc_type*>(scratch), rows, a.dv);
+          static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(o), rows, a.dv,
+          static_cast<acc_type*>(scratch));
       FORGE_CUDA_CHECK_LAUNCH("flash_backward (rowsum(do * o))");
     }
     if (a.M > 0) {

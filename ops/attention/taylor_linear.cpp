@@ -27,6 +27,7 @@
 #include "ops/attention/feature_attention.h"
 #include "ops/attention/registry.h"
 #include "ops/blas.h"
+#include "ops/layout/layout.h"
 
 namespace forge::ops::attention {
 
@@ -235,9 +236,8 @@ void backward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, co
 // The normaliser's start z0 = [0, eps, ..., eps] [d + 1] on q's device, in
 // the accumulation type.
 Tensor z0_cuda(const Tensor& q) {
-  std::vector<double> z0(static_cast<size_t>(q.size(3) + 1), kEps);
-  z0[0] = 0;
-  return Tensor::from_vector(z0).to(feature_dtype(q.dtype())).to(q.device());
+  // Filled on the device (no host copy per call): eps everywhere, then a 0 in front.
+  return ops::pad(Tensor::full({q.size(3)}, kEps, feature_dtype(q.dtype()), q.device()), {1, 0});
 }
 
 cuda::LinearCoreArgs core_args(const Dims4& s, DType dtype, const Tensor& z0) {

@@ -113,22 +113,6 @@ __global__ void normalize_rows_kernel(const T* x, int64_t rows, int64_t R, int64
   }
 }
 
-// One warp per row: out[r] = x[r] . y[r] over n columns.
-template <typename T>
-__global__ void row_dot_kernel(const T* x, const T* y, int64_t rows, int64_t n, acc_t<T>* out) {
-  using A = acc_t<T>;
-  const int lane = threadIdx.x % kWarp;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
-  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; r < rows;
-       r += warps) {
-    A s = 0;
-    for (int64_t c = lane; c < n; c += kWarp)
-      s += to_acc<A>(x[r * n + c]) * to_acc<A>(y[r * n + c]);
-    s = warp_sum(s);
-    if (lane == 0) out[r] = s;
-  }
-}
-
 // dtau[h] = factor * sum over b, i of rows[(b H + h) N + i], one block per head,
 // in a fixed order (each thread a fixed stride, then the block's fixed tree).
 template <typename T>

@@ -39,6 +39,22 @@ inline double scaled_diff(const Tensor& got, const Tensor& want) {
   return diff / scale;
 }
 
+// Tolerance of an attention op's GPU result against the CPU op (scaled_diff):
+// f32 agrees up to summation order, f64 nearly exactly, bf16 / f16 to their
+// rounding of the inputs' products.
+inline double attention_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+      return 1e-9;
+    case DType::bf16:
+      return 3e-2;
+    case DType::f16:
+      return 1e-2;
+    default:
+      return 1e-4;
+  }
+}
+
 // Runs fn on the CPU on `cpu_in` (f32 or f64; bf16 / f16 cases get their
 // floating inputs rounded through `dtype` first, so both sides see the same
 // values) and on the GPU on the same inputs converted to `dtype` (floating

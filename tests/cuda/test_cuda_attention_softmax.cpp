@@ -28,20 +28,6 @@ using testing::expect_cuda_matches_cpu;
 using testing::gpu;
 using testing::uniform;
 
-// Tolerances of a GPU result against the CPU op (scaled_diff).
-double tol(DType dtype) {
-  switch (dtype) {
-    case DType::f64:
-      return 1e-9;
-    case DType::bf16:
-      return 3e-2;
-    case DType::f16:
-      return 1e-2;
-    default:
-      return 1e-4;
-  }
-}
-
 // The CPU dtype the reference runs in: f64 for f64, f32 otherwise.
 DType cpu_dtype(DType dtype) {
   return dtype == DType::f64 ? DType::f64 : DType::f32;
@@ -130,23 +116,23 @@ TEST(CudaAttentionSoftmax, MatchesCpuOnPartialTilesAndHeadDims) {
   };
   for (const Case& s : shapes)
     for (DType dt : kDtypes)
-      expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                              make_inputs(s.B, s.H, s.N, s.M, s.d, s.dv, dt, 11), dt, tol(dt),
-                              name(std::string("softmax ") + s.what, dt));
+      expect_cuda_matches_cpu(
+          softmax_fn(softmax_options(false)), make_inputs(s.B, s.H, s.N, s.M, s.d, s.dv, dt, 11),
+          dt, testing::attention_tolerance(dt), name(std::string("softmax ") + s.what, dt));
 }
 
 TEST(CudaAttentionSoftmax, MatchesCpuCausalAndScaled) {
   FORGE_REQUIRE_CUDA();
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(softmax_fn(softmax_options(true)),
-                            make_inputs(2, 2, 150, 150, 64, 64, dt, 21), dt, tol(dt),
-                            name("softmax causal", dt));
+                            make_inputs(2, 2, 150, 150, 64, 64, dt, 21), dt,
+                            testing::attention_tolerance(dt), name("softmax causal", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(true)),
-                            make_inputs(1, 2, 97, 97, 24, 40, dt, 22), dt, tol(dt),
-                            name("softmax causal d24,dv40", dt));
+                            make_inputs(1, 2, 97, 97, 24, 40, dt, 22), dt,
+                            testing::attention_tolerance(dt), name("softmax causal d24,dv40", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false, 0, 1.0)),
-                            make_inputs(2, 2, 100, 100, 32, 32, dt, 23), dt, tol(dt),
-                            name("softmax scale 1", dt));
+                            make_inputs(2, 2, 100, 100, 32, 32, dt, 23), dt,
+                            testing::attention_tolerance(dt), name("softmax scale 1", dt));
   }
 }
 
@@ -154,14 +140,14 @@ TEST(CudaAttentionSoftmax, MatchesCpuWithCrossLengths) {
   FORGE_REQUIRE_CUDA();
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                            make_inputs(2, 2, 70, 190, 64, 48, dt, 31), dt, tol(dt),
-                            name("softmax N 70, M 190", dt));
+                            make_inputs(2, 2, 70, 190, 64, 48, dt, 31), dt,
+                            testing::attention_tolerance(dt), name("softmax N 70, M 190", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                            make_inputs(2, 2, 190, 33, 64, 64, dt, 32), dt, tol(dt),
-                            name("softmax N 190, M 33", dt));
+                            make_inputs(2, 2, 190, 33, 64, 64, dt, 32), dt,
+                            testing::attention_tolerance(dt), name("softmax N 190, M 33", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                            make_inputs(1, 3, 1, 65, 16, 8, dt, 33), dt, tol(dt),
-                            name("softmax N 1, M 65", dt));
+                            make_inputs(1, 3, 1, 65, 16, 8, dt, 33), dt,
+                            testing::attention_tolerance(dt), name("softmax N 1, M 65", dt));
   }
 }
 
@@ -172,14 +158,14 @@ TEST(CudaAttentionSoftmax, MatchesCpuWithKeyPaddingMask) {
       make_mask(2, 150, [](int64_t b, int64_t j) { return b == 0 && j != 3 && j < 113; });
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                            make_inputs(2, 2, 150, 150, 64, 64, dt, 41, mask), dt, tol(dt),
-                            name("softmax mask", dt));
+                            make_inputs(2, 2, 150, 150, 64, 64, dt, 41, mask), dt,
+                            testing::attention_tolerance(dt), name("softmax mask", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(true)),
-                            make_inputs(2, 2, 150, 150, 64, 64, dt, 42, mask), dt, tol(dt),
-                            name("softmax causal+mask", dt));
+                            make_inputs(2, 2, 150, 150, 64, 64, dt, 42, mask), dt,
+                            testing::attention_tolerance(dt), name("softmax causal+mask", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                            make_inputs(2, 1, 80, 150, 24, 40, dt, 43, mask), dt, tol(dt),
-                            name("softmax cross+mask", dt));
+                            make_inputs(2, 1, 80, 150, 24, 40, dt, 43, mask), dt,
+                            testing::attention_tolerance(dt), name("softmax cross+mask", dt));
   }
 }
 
@@ -219,14 +205,15 @@ TEST(CudaAttentionSoftmax, MatchesCpuWithDropout) {
   const Tensor mask = make_mask(2, 130, [](int64_t b, int64_t j) { return j < 130 - 9 * b; });
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false, 0.2)),
-                            make_inputs(2, 2, 130, 130, 64, 64, dt, 61), dt, tol(dt),
-                            name("softmax dropout", dt));
+                            make_inputs(2, 2, 130, 130, 64, 64, dt, 61), dt,
+                            testing::attention_tolerance(dt), name("softmax dropout", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(true, 0.3, 0.5)),
-                            make_inputs(2, 2, 130, 130, 24, 40, dt, 62, mask), dt, tol(dt),
+                            make_inputs(2, 2, 130, 130, 24, 40, dt, 62, mask), dt,
+                            testing::attention_tolerance(dt),
                             name("softmax causal+mask+dropout+scale", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false, 0.1)),
-                            make_inputs(1, 3, 45, 101, 32, 16, dt, 63), dt, tol(dt),
-                            name("softmax cross+dropout", dt));
+                            make_inputs(1, 3, 45, 101, 32, 16, dt, 63), dt,
+                            testing::attention_tolerance(dt), name("softmax cross+dropout", dt));
   }
 }
 
@@ -260,7 +247,8 @@ TEST(CudaAttentionSoftmax, Float16MatchesCpu) {
   const Tensor mask = make_mask(2, 100, [](int64_t b, int64_t j) { return j < 100 - 20 * b; });
   expect_cuda_matches_cpu(softmax_fn(softmax_options(true, 0.1)),
                           make_inputs(2, 2, 100, 100, 64, 64, DType::f16, 81, mask), DType::f16,
-                          tol(DType::f16), "softmax causal+mask+dropout (f16)");
+                          testing::attention_tolerance(DType::f16),
+                          "softmax causal+mask+dropout (f16)");
 }
 
 TEST(CudaAttentionSoftmax, CausalLeaksNothingOnTheGpu) {
@@ -329,7 +317,7 @@ TEST(CudaAttentionLocal, MatchesCpuForEveryBandOption) {
     for (DType dt : kDtypes)
       expect_cuda_matches_cpu(
           local_fn(local_options(c.window, c.look_backward, c.look_forward, c.causal, c.dropout)),
-          make_inputs(2, 2, c.N, c.N, 32, 32, dt, 101), dt, tol(dt),
+          make_inputs(2, 2, c.N, c.N, 32, 32, dt, 101), dt, testing::attention_tolerance(dt),
           name(std::string("local ") + c.what, dt));
 }
 
@@ -337,14 +325,14 @@ TEST(CudaAttentionLocal, MatchesCpuOnHeadDims) {
   FORGE_REQUIRE_CUDA();
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(local_fn(local_options(16, 1, -1, false)),
-                            make_inputs(1, 2, 90, 90, 64, 64, dt, 111), dt, tol(dt),
-                            name("local d64", dt));
+                            make_inputs(1, 2, 90, 90, 64, 64, dt, 111), dt,
+                            testing::attention_tolerance(dt), name("local d64", dt));
     expect_cuda_matches_cpu(local_fn(local_options(32, 1, -1, true)),
-                            make_inputs(1, 2, 90, 90, 128, 128, dt, 112), dt, tol(dt),
-                            name("local causal d128", dt));
+                            make_inputs(1, 2, 90, 90, 128, 128, dt, 112), dt,
+                            testing::attention_tolerance(dt), name("local causal d128", dt));
     expect_cuda_matches_cpu(local_fn(local_options(10, 1, 1, false, 0.2)),
-                            make_inputs(2, 1, 57, 57, 24, 40, dt, 113), dt, tol(dt),
-                            name("local dropout d24,dv40", dt));
+                            make_inputs(2, 1, 57, 57, 24, 40, dt, 113), dt,
+                            testing::attention_tolerance(dt), name("local dropout d24,dv40", dt));
   }
 }
 
@@ -356,13 +344,14 @@ TEST(CudaAttentionLocal, MatchesCpuWithKeyPaddingMask) {
       make_mask(2, 75, [](int64_t b, int64_t j) { return b == 0 && j < 70 && j != 20 && j != 21; });
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(local_fn(local_options(16, 1, -1, false)),
-                            make_inputs(2, 2, 75, 75, 32, 32, dt, 121, mask), dt, tol(dt),
-                            name("local mask", dt));
+                            make_inputs(2, 2, 75, 75, 32, 32, dt, 121, mask), dt,
+                            testing::attention_tolerance(dt), name("local mask", dt));
     expect_cuda_matches_cpu(local_fn(local_options(8, 2, -1, true)),
-                            make_inputs(2, 2, 75, 75, 32, 32, dt, 122, mask), dt, tol(dt),
-                            name("local causal+mask", dt));
+                            make_inputs(2, 2, 75, 75, 32, 32, dt, 122, mask), dt,
+                            testing::attention_tolerance(dt), name("local causal+mask", dt));
     expect_cuda_matches_cpu(local_fn(local_options(9, 1, 1, true, 0.25)),
-                            make_inputs(2, 2, 75, 75, 24, 40, dt, 123, mask), dt, tol(dt),
+                            make_inputs(2, 2, 75, 75, 24, 40, dt, 123, mask), dt,
+                            testing::attention_tolerance(dt),
                             name("local causal+mask+dropout lf1", dt));
   }
 }
@@ -394,7 +383,8 @@ TEST(CudaAttentionLocal, Float16MatchesCpu) {
   const Tensor mask = make_mask(2, 80, [](int64_t b, int64_t j) { return j < 80 - 11 * b; });
   expect_cuda_matches_cpu(local_fn(local_options(16, 1, -1, true, 0.1)),
                           make_inputs(2, 2, 80, 80, 64, 64, DType::f16, 141, mask), DType::f16,
-                          tol(DType::f16), "local causal+mask+dropout (f16)");
+                          testing::attention_tolerance(DType::f16),
+                          "local causal+mask+dropout (f16)");
 }
 
 TEST(CudaAttentionLocal, CausalLeaksNothingOnTheGpu) {

@@ -53,23 +53,11 @@ testing::AttentionFn op(const TaylorShiftOptions& o) {
   };
 }
 
-double tol(DType dtype) {
-  switch (dtype) {
-    case DType::f64:
-      return 1e-9;
-    case DType::bf16:
-      return 3e-2;
-    case DType::f16:
-      return 1e-2;
-    default:
-      return 1e-4;
-  }
-}
-
 void expect_matches(const Case& c, DType dtype) {
   SCOPED_TRACE(c.name);
   const DType ref = dtype == DType::f64 ? DType::f64 : DType::f32;
-  testing::expect_cuda_matches_cpu(op(c.options), inputs(c, ref), dtype, tol(dtype),
+  testing::expect_cuda_matches_cpu(op(c.options), inputs(c, ref), dtype,
+                                   testing::attention_tolerance(dtype),
                                    c.name + " in " + dtype_name(dtype));
 }
 
