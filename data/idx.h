@@ -15,9 +15,12 @@ struct IdxArray {
   std::vector<uint8_t> data;  // prod(dims) bytes, row-major
 };
 
-// Reads `path` (".gz" or not). Errors name the file and say what was wrong: a
-// missing file, a bad magic, an element type other than u8, or a file shorter
-// or longer than its header says (expected vs found byte counts).
+// Reads `path` (gzip, by its magic 1f 8b, or plain). Errors name the file and
+// say what was wrong: a missing file, a bad magic, an element type other than
+// u8, dims whose product overflows, or a file shorter or longer than its header
+// says (declared dims, expected vs found byte counts). Memory follows the bytes
+// that are there, not the header: a plain file's size is checked before the
+// data is allocated, and a gzip stream is allocated piece by piece as it arrives.
 IdxArray read_idx(const std::string& path);
 
 }  // namespace forge::data

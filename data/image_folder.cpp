@@ -55,6 +55,9 @@ ImageFolder::ImageFolder(ImageFolderOptions options) : options_(std::move(option
   const fs::path root(options_.root);
   std::error_code ec;
   FORGE_CHECK(!options_.root.empty(), "ImageFolder: no root folder given");
+  FORGE_CHECK(options_.max_image_pixels >= 1,
+              "ImageFolder: max_image_pixels must be at least 1, got {}",
+              options_.max_image_pixels);
   FORGE_CHECK(fs::is_directory(root, ec), "ImageFolder: root '{}' is not an existing folder{}",
               options_.root, ec ? ": " + ec.message() : "");
   class_names_ = list_dir(root, true);
@@ -103,7 +106,8 @@ std::vector<int64_t> ImageFolder::class_counts() const {
 
 Example ImageFolder::get(int64_t i, Rng* rng) const {
   Example ex;
-  ex.input = transform_image(read_image(path(i)), options_.transform, rng);
+  ex.input =
+      transform_image(read_image(path(i), options_.max_image_pixels), options_.transform, rng);
   ex.label = labels_[static_cast<size_t>(i)];
   return ex;
 }

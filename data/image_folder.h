@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/image_io.h"
 #include "data/transforms.h"
 
 namespace forge::data {
@@ -20,6 +21,7 @@ namespace forge::data {
 struct ImageFolderOptions {
   std::string root;
   ImageTransformOptions transform;  // train augmentation when get() has an rng, eval otherwise
+  int64_t max_image_pixels = kDefaultMaxImagePixels;  // larger images are refused (image_io.h)
 };
 
 class ImageFolder : public Dataset {

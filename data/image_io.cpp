@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 // clang-format off
@@ -28,9 +29,8 @@ namespace forge::data {
 namespace {
 
 constexpr size_t kMessageSize = 512;
-// Decoded images larger than this are refused before allocating (a corrupt
-// header should not ask for terabytes).
-constexpr int64_t kMaxPixelBytes = int64_t{1} << 32;
+
+constexpr png_alloc_size_t kPngChunkMaxBytes = 8'000'000;  // libpng's default
 
 const uint8_t kPngSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 
@@ -58,6 +58,17 @@ void check_encodable(const Image& image, const char* format, int64_t max_side) {
       static_cast<int64_t>(image.pixels.size()) == image.height * image.width * image.channels,
       "{} encoder: {}x{}x{} image needs {} pixel bytes, has {}", format, image.height, image.width,
       image.channels, image.height * image.width * image.channels, image.pixels.size());
+}
+
+// Called right after a header is read, before anything of the image's size is
+// allocated: a few bytes of header can declare gigapixels.
+void check_pixel_budget(const std::string& what, const char* format, int64_t width, int64_t height,
+                        int64_t max_pixels) {
+  FORGE_CHECK(width * height <= max_pixels,
+              "{}: the {} header declares {}x{} pixels (width x height, {} in all), more than the "
+              "limit of {} pixels per image; if the image is genuine, raise the limit (recipe key "
+              "data.max_image_pixels), else the file is damaged",
+              what, format, width, height, width * height, max_pixels);
 }
 
 // What a decoder learned from the header: the output layout.
@@ -113,11 +124,18 @@ void write_png_bytes(png_structp png, png_bytep src, size_t n) {
 
 void flush_png_bytes(png_structp) {}
 
-// Reads the header and sets the conversions to 8-bit gray or RGB. Returns
-// false (message in s->message) when libpng reports an error.
-bool read_png_header(PngState* s, DecodedHeader* h) {
+// Reads the chunks up to the image data (IHDR first). Returns false (message
+// in s->message) when libpng reports an error.
+bool read_png_info(PngState* s) {
   if (setjmp(png_jmpbuf(s->png))) return false;
   png_read_info(s->png, s->info);
+  return true;
+}
+
+// Sets the conversions to 8-bit gray or RGB (this allocates libpng's row
+// buffers) and reports the output layout. Returns false as above.
+bool read_png_layout(PngState* s, DecodedHeader* h) {
+  if (setjmp(png_jmpbuf(s->png))) return false;
   png_set_scale_16(s->png);
   png_set_palette_to_rgb(s->png);
   png_set_expand_gray_1_2_4_to_8(s->png);
@@ -162,6 +180,10 @@ class PngReader {
     state_.info = png_create_info_struct(state_.png);
     FORGE_CHECK(state_.info != nullptr, "{}: cannot create a PNG decoder (out of memory)", what);
     png_set_read_fn(state_.png, &state_, read_png_bytes);
+    // libpng's own allocations, whatever limits its build chose: sides (so row
+    // buffers) and each ancillary chunk (iCCP, zTXt, ... after decompression).
+    png_set_user_limits(state_.png, PNG_USER_WIDTH_MAX, PNG_USER_HEIGHT_MAX);
+    png_set_chunk_malloc_max(state_.png, kPngChunkMaxBytes);
   }
   ~PngReader() { png_destroy_read_struct(&state_.png, &state_.info, nullptr); }
   PngReader(const PngReader&) = delete;
@@ -199,16 +221,16 @@ std::vector<png_bytep> row_pointers(uint8_t* base, int64_t height, size_t row_by
   return rows;
 }
 
-Image decode_png(const std::vector<uint8_t>& bytes, const std::string& what) {
+Image decode_png(const std::vector<uint8_t>& bytes, const std::string& what, int64_t max_pixels) {
   PngReader reader(bytes, what);
+  PngState* s = reader.state();
+  if (!read_png_info(s)) FORGE_FAIL("{}: invalid PNG: {}", what, s->message);
+  check_pixel_budget(what, "PNG", png_get_image_width(s->png, s->info),
+                     png_get_image_height(s->png, s->info), max_pixels);
   DecodedHeader h;
-  if (!read_png_header(reader.state(), &h))
-    FORGE_FAIL("{}: invalid PNG: {}", what, reader.state()->message);
+  if (!read_png_layout(s, &h)) FORGE_FAIL("{}: invalid PNG: {}", what, s->message);
   FORGE_CHECK(h.channels == 1 || h.channels == 3,
               "{}: PNG decodes to {} channels after conversion, expected 1 or 3", what, h.channels);
-  FORGE_CHECK(h.height * static_cast<int64_t>(h.row_bytes) <= kMaxPixelBytes,
-              "{}: PNG of {}x{} pixels is too large to decode (limit {} bytes)", what, h.height,
-              h.width, kMaxPixelBytes);
   Image image{h.height, h.width, h.channels, {}};
   image.pixels.resize(static_cast<size_t>(h.height) * h.row_bytes);
   std::vector<png_bytep> rows = row_pointers(image.pixels.data(), h.height, h.row_bytes);
@@ -261,11 +283,13 @@ struct JpegReadState {
   JpegError error;
 };
 
-// Reads the header and starts decompression to 8-bit gray or RGB. Returns
-// false (message in s->error.message) on a libjpeg error or a CMYK image.
-bool read_jpeg_header(JpegReadState* s, const uint8_t* data, size_t size, DecodedHeader* h) {
+// Reads the header and sets the output to 8-bit gray or RGB. Returns false
+// (message in s->error.message) on a libjpeg error or a CMYK image.
+bool read_jpeg_header(JpegReadState* s, const uint8_t* data, size_t size, long max_memory,
+                      DecodedHeader* h) {
   if (setjmp(s->error.jump)) return false;
   jpeg_create_decompress(&s->cinfo);
+  s->cinfo.mem->max_memory_to_use = max_memory;
   jpeg_mem_src(&s->cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&s->cinfo, TRUE);
   const J_COLOR_SPACE space = s->cinfo.jpeg_color_space;
@@ -312,16 +336,25 @@ class JpegReader {
   JpegReadState state_;
 };
 
-Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& what) {
+// libjpeg's working memory: a progressive JPEG keeps every DCT coefficient of
+// the image (at most 3 components x 2 bytes a pixel, plus the padding of the
+// edge blocks) from jpeg_start_decompress on. libjpeg would need a backing
+// store beyond this limit; the usual builds have none and fail instead.
+long jpeg_memory_limit(int64_t max_pixels) {
+  constexpr int64_t kSlack = int64_t{64} << 20;
+  const int64_t most = std::numeric_limits<long>::max();
+  return static_cast<long>(max_pixels > (most - kSlack) / 6 ? most : 6 * max_pixels + kSlack);
+}
+
+Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& what, int64_t max_pixels) {
   JpegReader reader;
   DecodedHeader h;
-  if (!read_jpeg_header(reader.state(), bytes.data(), bytes.size(), &h))
+  if (!read_jpeg_header(reader.state(), bytes.data(), bytes.size(), jpeg_memory_limit(max_pixels),
+                        &h))
     FORGE_FAIL("{}: invalid JPEG: {}", what, reader.state()->error.message);
+  check_pixel_budget(what, "JPEG", h.width, h.height, max_pixels);
   FORGE_CHECK(h.channels == 1 || h.channels == 3,
               "{}: JPEG decodes to {} channels, expected 1 or 3", what, h.channels);
-  FORGE_CHECK(h.height * static_cast<int64_t>(h.row_bytes) <= kMaxPixelBytes,
-              "{}: JPEG of {}x{} pixels is too large to decode (limit {} bytes)", what, h.height,
-              h.width, kMaxPixelBytes);
   Image image{h.height, h.width, h.channels, {}};
   image.pixels.resize(static_cast<size_t>(h.height) * h.row_bytes);
   if (!read_jpeg_pixels(reader.state(), image.pixels.data(), h.row_bytes))
@@ -412,9 +445,10 @@ void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
 
 }  // namespace
 
-Image decode_image(const std::vector<uint8_t>& bytes, const std::string& what) {
-  if (has_png_signature(bytes)) return decode_png(bytes, what);
-  if (has_jpeg_signature(bytes)) return decode_jpeg(bytes, what);
+Image decode_image(const std::vector<uint8_t>& bytes, const std::string& what, int64_t max_pixels) {
+  FORGE_CHECK(max_pixels >= 1, "{}: the pixel limit must be at least 1, got {}", what, max_pixels);
+  if (has_png_signature(bytes)) return decode_png(bytes, what, max_pixels);
+  if (has_jpeg_signature(bytes)) return decode_jpeg(bytes, what, max_pixels);
   FORGE_CHECK(!bytes.empty(), "{}: not a PNG or JPEG image (the file is empty)", what);
   FORGE_FAIL(
       "{}: not a PNG or JPEG image (expected the PNG signature 89 50 4E 47 0D 0A 1A 0A or the "
@@ -422,8 +456,8 @@ Image decode_image(const std::vector<uint8_t>& bytes, const std::string& what) {
       what, leading_bytes(bytes));
 }
 
-Image read_image(const std::string& path) {
-  return decode_image(read_file(path), path);
+Image read_image(const std::string& path, int64_t max_pixels) {
+  return decode_image(read_file(path), path, max_pixels);
 }
 
 std::vector<uint8_t> encode_png(const Image& image) {

@@ -164,7 +164,10 @@ std::string listops_to_string(const std::vector<uint8_t>& tokens) {
       if (depth > 0) s += " )";
       continue;
     }
-    if (depth > 0) s += ' ';
+    // A space before every token but the first, outside operators too: a row
+    // such as "5 6" (two expressions; the reader takes it) must not print as
+    // the unknown token "56".
+    if (i > 0) s += ' ';
     if (is_operator(t)) {
       for (int64_t k = 0; k <= num_args[i]; ++k) s += "( ";
       s += kTokenNames[t];

@@ -124,6 +124,17 @@ DataLoader::DataLoader(DatasetPtr dataset, LoaderOptions options)
   FORGE_CHECK(options_.pad_to >= 0, "DataLoader: pad_to must be >= 0, got {}", options_.pad_to);
   const int64_t n = dataset_->size(), bs = options_.batch_size;
   batches_per_epoch_ = options_.drop_last ? n / bs : (n + bs - 1) / bs;
+  // An epoch without a batch would leave a training loop spinning without a step.
+  FORGE_CHECK(batches_per_epoch_ > 0,
+              "DataLoader: the dataset ({}) has {} examples; with batch size {} and drop_last {} "
+              "an epoch has no batch. {}",
+              dataset_->describe(), n, bs, options_.drop_last,
+              n == 0 ? "Check the data source (data.root, the split) and data.limit_train / "
+                       "data.limit_eval"
+                     : fmt::format("Lower loop.batch_size (loop.eval_batch_size for evaluation) "
+                                   "to at most {}, or give more examples (data.limit_train / "
+                                   "data.limit_eval; 0: all)",
+                                   n));
   capacity_ = std::max<int64_t>(1, int64_t{options_.workers} * options_.prefetch);
 }
 

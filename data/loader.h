@@ -65,6 +65,9 @@ struct LoaderPosition {
 
 class DataLoader {
  public:
+  // Throws, naming the dataset, its size, the batch size and drop_last, when
+  // an epoch would have no batch (an empty dataset, or drop_last with fewer
+  // examples than batch_size).
   DataLoader(DatasetPtr dataset, LoaderOptions options);
   ~DataLoader();  // stops and joins the workers (a batch being built is finished first)
   DataLoader(const DataLoader&) = delete;

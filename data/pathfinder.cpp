@@ -335,7 +335,8 @@ void write_pathfinder(const std::string& root, const std::vector<PathfinderSampl
   }
 }
 
-std::vector<PathfinderSample> read_pathfinder(const std::string& root, int64_t* num_skipped_empty) {
+std::vector<PathfinderSample> read_pathfinder(const std::string& root, int64_t* num_skipped_empty,
+                                              int64_t max_image_pixels) {
   const fs::path base(root), meta_dir = base / "metadata";
   FORGE_CHECK(fs::is_directory(meta_dir),
               "Pathfinder: {} is not a directory; expected the layout root/metadata/*.npy + the "
@@ -382,7 +383,7 @@ std::vector<PathfinderSample> read_pathfinder(const std::string& root, int64_t* 
       }
       PathfinderSample s;
       try {
-        s.image = read_image(image_path.string());
+        s.image = read_image(image_path.string(), max_image_pixels);
       } catch (const Error& e) {
         FORGE_FAIL("{}: {}", where, e.what());
       }
@@ -402,8 +403,8 @@ std::vector<PathfinderSample> read_pathfinder(const std::string& root, int64_t* 
   return samples;
 }
 
-Pathfinder::Pathfinder(const std::string& root) : name_(root) {
-  add(read_pathfinder(root, &num_skipped_empty_));
+Pathfinder::Pathfinder(const std::string& root, int64_t max_image_pixels) : name_(root) {
+  add(read_pathfinder(root, &num_skipped_empty_, max_image_pixels));
 }
 
 Pathfinder::Pathfinder(const std::vector<PathfinderSample>& samples, std::string name)

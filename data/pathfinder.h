@@ -77,14 +77,16 @@ std::vector<PathfinderSample> generate_pathfinder(const PathfinderGenConfig& con
 void write_pathfinder(const std::string& root, const std::vector<PathfinderSample>& samples,
                       int64_t per_folder = 1000);
 
-// Reads the layout above. Errors name the metadata file and line, or the image.
+// Reads the layout above. Errors name the metadata file and line, or the image;
+// an image of more than `max_image_pixels` pixels is refused (image_io.h).
 std::vector<PathfinderSample> read_pathfinder(const std::string& root,
-                                              int64_t* num_skipped_empty = nullptr);
+                                              int64_t* num_skipped_empty = nullptr,
+                                              int64_t max_image_pixels = kDefaultMaxImagePixels);
 
 // Examples: f32 [1, H, W] in [0, 1], label 0 or 1.
 class Pathfinder : public Dataset {
  public:
-  explicit Pathfinder(const std::string& root);
+  explicit Pathfinder(const std::string& root, int64_t max_image_pixels = kDefaultMaxImagePixels);
   // `name` says where the samples came from in describe().
   Pathfinder(const std::vector<PathfinderSample>& samples, std::string name);
 

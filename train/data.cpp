@@ -51,6 +51,7 @@ data::DatasetPtr image_folder(const Recipe& r, const std::string& split, bool ra
               "split, e.g. --set data.root=/data/imagenet)");
   data::ImageFolderOptions o;
   o.root = (fs::path(r.string("data.root")) / split).string();
+  o.max_image_pixels = r.integer("data.max_image_pixels");
   o.transform.size = r.integer("model.image_size");
   o.transform.scale_min = r.number("data.train_scale_min");
   o.transform.hflip = r.number("data.hflip_prob");
@@ -116,6 +117,13 @@ std::string pathfinder_dir(const Recipe& r, const std::string& data_dir, const s
   return (fs::path(root) / split).string();
 }
 
+// Example 0 of `d`, for the data's shape; `role` names the split in errors.
+data::Example first_example(const data::Dataset& d, const char* role) {
+  FORGE_CHECK(d.size() > 0, "data: the {} split ({}) has no examples; check the data source", role,
+              d.describe());
+  return d.get(0, nullptr);
+}
+
 }  // namespace
 
 TaskData build_data(const Recipe& r, const std::string& data_dir, const std::string& split_arg,
@@ -150,8 +158,8 @@ TaskData build_data(const Recipe& r, const std::string& data_dir, const std::str
       return std::make_shared<data::TextPairs>(file, o);
     }
     if (kind == "pathfinder")
-      return std::make_shared<data::PixelSequence>(
-          std::make_shared<data::Pathfinder>(pathfinder_dir(r, data_dir, split, log)));
+      return std::make_shared<data::PixelSequence>(std::make_shared<data::Pathfinder>(
+          pathfinder_dir(r, data_dir, split, log), r.integer("data.max_image_pixels")));
     FORGE_FAIL("recipe: data.dataset '{}' is not handled", kind);
   };
 
@@ -162,9 +170,22 @@ TaskData build_data(const Recipe& r, const std::string& data_dir, const std::str
   t.eval = limit(open(eval_split, false), r.integer("data.limit_eval"));
   log(fmt::format("eval ({}): {}", eval_split, t.eval->describe()));
 
-  // What the model needs to know: from the first example and the source.
-  const data::Dataset& probe = *t.eval;
-  const data::Example e = probe.get(0, nullptr);
+  // What the model needs to know: from the first example and the source. The
+  // model is built for the eval split's shape, so the training split's first
+  // example must have it too (images [C, H, W], pixel sequences [H * W]).
+  const data::Example e = first_example(*t.eval, "evaluation");
+  if (t.train) {
+    const data::Example et = first_example(*t.train, "training");
+    const bool fixed_shape =
+        e.input.dtype() == DType::f32 || kind == "pixels" || kind == "pathfinder";
+    FORGE_CHECK(et.input.dtype() == e.input.dtype() &&
+                    (!fixed_shape || et.input.shape() == e.input.shape()),
+                "data: the training split's examples are {} {} ({}) but the evaluation split's "
+                "are {} {} ({}); both splits must have examples of one shape: use splits of the "
+                "same image size (data.root, data.train_split, data.eval_split)",
+                dtype_name(et.input.dtype()), shape_str(et.input.shape()), t.train->describe(),
+                dtype_name(e.input.dtype()), shape_str(e.input.shape()), t.eval->describe());
+  }
   t.shape.classes = (t.train ? t.train : t.eval)->num_classes();
   t.shape.images = e.input.dtype() == DType::f32 && e.input.dim() == 3;
   if (t.shape.images) {

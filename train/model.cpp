@@ -180,10 +180,14 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
                 "model.type: sequence_classifier");
     nn::ViTConfig c;
     c.image_size = r.integer("model.image_size");
+    const std::string& root = r.string("data.root");
     FORGE_CHECK(c.image_size == shape.image_size,
-                "recipe: model.image_size = {} but the data's images are {}x{}; set "
-                "model.image_size: {}",
-                c.image_size, shape.image_size, shape.image_size, shape.image_size);
+                "recipe: model.image_size = {} but the images of data.dataset {} ({}) are {}x{}; "
+                "set model.image_size: {}",
+                c.image_size, r.string("data.dataset"),
+                root.empty() ? std::string("data.root unset: the source's default location")
+                             : "data.root '" + root + "'",
+                shape.image_size, shape.image_size, shape.image_size);
     c.patch_size = r.integer("model.patch_size");
     FORGE_CHECK(c.image_size % c.patch_size == 0,
                 "recipe: model.patch_size = {} does not divide model.image_size = {}", c.patch_size,

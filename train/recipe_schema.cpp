@@ -133,6 +133,7 @@ std::vector<KeySpec> build_schema() {
   s.integer("limit_eval", 0, 0, kInf, "Use only the first N evaluation examples; 0: all.");
   s.integer("workers", 2, 0, 64, "Threads building batches ahead of the training loop.");
   s.integer("prefetch", 2, 1, 64, "Batches each worker builds ahead.");
+  s.integer("max_image_pixels", 67108864, 1, kInf, "Image files (image_folder, pathfinder): refuse an image whose header declares more pixels (width * height) than this, before decoding it; guards against damaged or hostile files.");
   s.boolean("normalize", true, "Images: normalise with mean / std.");
   s.number_list("mean", {}, "Images: per-channel mean; empty: the source's default.");
   s.number_list("std", {}, "Images: per-channel std; empty: the source's default.");

@@ -189,5 +189,19 @@ TEST_F(ImageFolderTest, BadFilesAndIndicesAreErrors) {
   expect_error([&] { ds.label(-1); }, {"index -1"});
 }
 
+// options.max_image_pixels reaches the decoder: bird/B2.JPG is 24x20 (480
+// pixels), bird/b1.png 30x18 (540).
+TEST_F(ImageFolderTest, MaxImagePixelsRefusesLargerImages) {
+  make_tree();
+  ImageFolderOptions o = options();
+  o.max_image_pixels = 500;
+  const ImageFolder ds(o);
+  EXPECT_EQ(ds.get(0, nullptr).input.size(1), 16);
+  expect_error([&] { ds.get(1, nullptr); }, {(root_ / "bird/b1.png").string(), "30x18",
+                                             "limit of 500", "data.max_image_pixels"});
+  o.max_image_pixels = 0;
+  expect_error([&] { ImageFolder{o}; }, {"max_image_pixels must be at least 1, got 0"});
+}
+
 }  // namespace
 }  // namespace forge::data

@@ -330,6 +330,25 @@ std::vector<uint8_t> cmyk_jpeg() {
   return bytes;
 }
 
+// The limit is on width * height, checked from the header: one pixel more
+// than it allows is refused, naming the size and the recipe key.
+TEST_F(ImageIoTest, PixelLimitRefusesLargerImages) {
+  const std::vector<uint8_t> png = encode_png(pattern_image(30, 40, 1));
+  const std::vector<uint8_t> jpeg = encode_jpeg(smooth_image(30, 40, 3));
+  EXPECT_EQ(decode_image(png, "small.png", 1200).width, 40);
+  EXPECT_EQ(decode_image(jpeg, "small.jpg", 1200).height, 30);
+  expect_error(
+      [&] { decode_image(png, "small.png", 1199); },
+      {"small.png", "PNG", "40x30", "1200 in all", "limit of 1199", "data.max_image_pixels"});
+  expect_error([&] { decode_image(jpeg, "small.jpg", 1199); },
+               {"small.jpg", "JPEG", "40x30", "limit of 1199", "data.max_image_pixels"});
+  const std::string p = path("small.png");
+  write_bytes(p, png);
+  expect_error([&] { read_image(p, 100); }, {p, "40x30", "limit of 100"});
+  expect_error([&] { read_image(p, 0); }, {p, "at least 1", "got 0"});
+  EXPECT_EQ(kDefaultMaxImagePixels, 64 * 1024 * 1024);
+}
+
 TEST_F(ImageIoTest, CmykJpegIsRejected) {
   const std::string p = path("cmyk.jpg");
   write_bytes(p, cmyk_jpeg());

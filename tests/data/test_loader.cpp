@@ -204,13 +204,27 @@ TEST(DataLoader, DropLastDropsThePartialBatch) {
   const auto batches = run_epochs(loader, 1);
   ASSERT_EQ(batches.size(), 10u);
   for (const auto& b : batches) EXPECT_EQ(b.size, 10);
+}
 
-  o.batch_size = 200;  // larger than the dataset: no batch at all
-  DataLoader empty(data, o);
-  EXPECT_EQ(empty.batches_per_epoch(), 0);
-  Batch b;
-  EXPECT_FALSE(empty.next(b));
-  EXPECT_EQ(empty.position(), (LoaderPosition{1, 0}));
+// An epoch without a batch left the trainer spinning ("0 batches per epoch"):
+// the loader refuses it, naming the dataset, its size, the batch size, drop_last
+// and the recipe keys to change.
+TEST(DataLoader, RefusesADatasetThatGivesNoBatch) {
+  auto data = std::make_shared<ImageSet>(103);
+  LoaderOptions o = options(200, 7, 1);
+  o.drop_last = true;
+  expect_error([&] { DataLoader(data, o); },
+               {"test images", "103 examples", "batch size 200", "drop_last true",
+                "loop.batch_size", "at most 103", "data.limit_train"});
+  o.batch_size = 103;  // exactly one batch
+  EXPECT_EQ(DataLoader(data, o).batches_per_epoch(), 1);
+  o.batch_size = 200;  // without drop_last the short batch is kept
+  o.drop_last = false;
+  EXPECT_EQ(DataLoader(data, o).batches_per_epoch(), 1);
+
+  auto empty = std::make_shared<ImageSet>(0);
+  expect_error([&] { DataLoader(empty, o); },
+               {"test images", "0 examples", "batch size 200", "drop_last false", "data source"});
 }
 
 TEST(DataLoader, WithoutShuffleTheOrderIsTheIdentity) {

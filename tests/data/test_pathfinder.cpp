@@ -297,6 +297,13 @@ TEST(Pathfinder, ReaderErrors) {
   expect_meta_error("imgs/0 rgb.png 1 0\n", {":1:", "rgb.png", "3 channels"});
   write_file(meta, ok);
   EXPECT_EQ(read_pathfinder(root.string()).size(), 1u);
+
+  // The pixel limit reaches the decoder: a.png has 16 pixels.
+  const std::string a = (root / "imgs/0/a.png").string();
+  expect_error([&] { read_pathfinder(root.string(), nullptr, 15); },
+               {meta.string() + ":1:", a, "4x4", "limit of 15", "data.max_image_pixels"});
+  expect_error([&] { Pathfinder(root.string(), 15); }, {a, "limit of 15"});
+  EXPECT_EQ(Pathfinder(root.string(), 16).size(), 1);
 }
 
 }  // namespace

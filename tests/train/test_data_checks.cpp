@@ -1,0 +1,127 @@
+// build_data's checks on what the recipe's data gives the model: the training
+// and evaluation splits must give examples of one shape (the model is built
+// for the evaluation split's), an empty split or a batch larger than the data
+// is refused before training, and model.image_size names where the images
+// come from. Each error names the datasets (their descriptions carry the paths).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "data/image_io.h"
+#include "data/pathfinder.h"
+#include "tests/test_util.h"
+#include "train/data.h"
+#include "train/model.h"
+
+namespace forge::train {
+namespace {
+
+namespace fs = std::filesystem;
+using forge::testing::expect_error;
+using forge::testing::TempDir;
+
+// An uncompressed IDX u8 file: magic 00 00 08 ndims, big-endian dims, data.
+void write_idx(const fs::path& path, const std::vector<uint32_t>& dims) {
+  std::vector<uint8_t> out = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
+  size_t count = 1;
+  for (uint32_t d : dims) {
+    for (int shift : {24, 16, 8, 0}) out.push_back(static_cast<uint8_t>(d >> shift));
+    count *= d;
+  }
+  out.resize(out.size() + count, 3);  // label 3, pixel value 3
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
+}
+
+// A Fashion-MNIST split ("train" or "t10k") of n images of side x side.
+void write_fashion_split(const fs::path& root, const std::string& prefix, uint32_t n,
+                         uint32_t side) {
+  write_idx(root / (prefix + "-images-idx3-ubyte"), {n, side, side});
+  write_idx(root / (prefix + "-labels-idx1-ubyte"), {n});
+}
+
+Recipe recipe(const std::string& dataset, const std::string& root) {
+  Recipe r;
+  r.set("data.dataset=" + dataset);
+  r.set("data.root=" + root);
+  return r;
+}
+
+TaskData build(const Recipe& r, const TempDir& dir) {
+  return build_data(r, dir.file("run_data"), "", true, [](const std::string&) {});
+}
+
+// Training images 32x32, evaluation images 28x28: the ViT's forward found it
+// first, naming no file.
+TEST(DataChecks, TrainAndEvalImagesOfDifferentSizesAreRefused) {
+  TempDir dir;
+  write_fashion_split(dir.path(), "train", 3, 32);
+  write_fashion_split(dir.path(), "t10k", 3, 28);
+  expect_error([&] { build(recipe("fashion_mnist", dir.str()), dir); },
+               {"training split's examples are f32 [1, 32, 32]",
+                "Fashion-MNIST train: 3 images 1x32x32 from " + dir.str(),
+                "evaluation split's are f32 [1, 28, 28]",
+                "Fashion-MNIST test: 3 images 1x28x28 from " + dir.str()});
+}
+
+// Pathfinder splits of 32x32 and 16x16 images give pixel sequences of 1024 and 256.
+TEST(DataChecks, PathfinderSplitsOfDifferentSizesAreRefused) {
+  TempDir dir;
+  data::PathfinderGenConfig small;
+  small.height = small.width = 16;
+  small.path_dashes = 3;
+  small.num_distractors = 0;
+  data::write_pathfinder(dir.file("train"), data::generate_pathfinder({}, 2, 1));
+  data::write_pathfinder(dir.file("test"), data::generate_pathfinder(small, 2, 1));
+  expect_error([&] { build(recipe("pathfinder", dir.str()), dir); },
+               {"i64 [1024]", "Pathfinder " + dir.file("train") + ": 2 images 1x32x32", "i64 [256]",
+                "Pathfinder " + dir.file("test") + ": 2 images 1x16x16"});
+}
+
+TEST(DataChecks, AnEmptySplitIsRefused) {
+  TempDir dir;
+  write_fashion_split(dir.path(), "train", 0, 28);
+  write_fashion_split(dir.path(), "t10k", 3, 28);
+  expect_error([&] { build(recipe("fashion_mnist", dir.str()), dir); },
+               {"training split", "Fashion-MNIST train: 0 images", "no examples"});
+}
+
+// data.limit_train=2 with loop.batch_size=5 made "0 batches per epoch" and a
+// trainer that spun forever; the training loader now refuses it.
+TEST(DataChecks, ABatchLargerThanTheTrainingDataIsRefused) {
+  TempDir dir;
+  write_fashion_split(dir.path(), "train", 4, 28);
+  write_fashion_split(dir.path(), "t10k", 3, 28);
+  Recipe r = recipe("fashion_mnist", dir.str());
+  r.set("data.limit_train=2");
+  r.set("loop.batch_size=5");
+  const TaskData t = build(r, dir);
+  EXPECT_EQ(t.shape.image_size, 28);
+  expect_error([&] { data::DataLoader(t.train, loader_options(r, t, true)); },
+               {"the first 2 of Fashion-MNIST train", "2 examples", "batch size 5",
+                "drop_last true", "loop.batch_size", "data.limit_train"});
+}
+
+TEST(DataChecks, MaxImagePixelsDefaultsToTheDecodersLimit) {
+  EXPECT_EQ(Recipe().integer("data.max_image_pixels"), data::kDefaultMaxImagePixels);
+}
+
+TEST(DataChecks, ModelImageSizeMismatchNamesTheData) {
+  TempDir dir;
+  write_fashion_split(dir.path(), "train", 2, 28);
+  write_fashion_split(dir.path(), "t10k", 2, 28);
+  Recipe r = recipe("fashion_mnist", dir.str());
+  r.set("model.type=vit");
+  r.set("model.image_size=32");
+  const TaskData t = build(r, dir);
+  expect_error([&] { build_model(r, t.shape, DType::f32, nullptr); },
+               {"model.image_size = 32", "data.dataset fashion_mnist",
+                "data.root '" + dir.str() + "'", "28x28", "set model.image_size: 28"});
+}
+
+}  // namespace
+}  // namespace forge::train
