@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <bit>
@@ -45,6 +46,10 @@ std::optional<DType> parse_dtype(std::string_view name) {
   return std::nullopt;
 }
 
+uint64_t xxh3_64(const void* data, size_t n) {
+  return XXH3_64bits(n ? data : "", n);
+}
+
 // ---- writing ----
 
 // What serialize and save both write: the length-prefixed padded header, then
@@ -54,14 +59,18 @@ struct Layout {
   std::vector<Tensor> tensors;
 };
 
+// The caller's metadata comes first, then a checksum per tensor in name order.
 Layout make_layout(const std::map<std::string, Tensor>& tensors,
                    const std::map<std::string, std::string>& metadata) {
-  json::Object root;
-  if (!metadata.empty()) {
-    json::Object meta;
-    for (const auto& [k, v] : metadata) meta.emplace_back(k, json::Value(v));
-    root.emplace_back("__metadata__", json::Value(std::move(meta)));
+  json::Object meta;
+  for (const auto& [k, v] : metadata) {
+    FORGE_CHECK(!k.starts_with(kChecksumPrefix),
+                "safetensors: __metadata__ key \"{}\" is reserved: keys starting with \"{}\" "
+                "hold the tensor checksums the writer adds; store it under another name",
+                k, kChecksumPrefix);
+    meta.emplace_back(k, json::Value(v));
   }
+  json::Object entries;
   Layout out;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
@@ -77,10 +86,16 @@ Layout make_layout(const std::map<std::string, Tensor>& tensors,
     info.emplace_back("shape", json::Value(std::move(shape)));
     info.emplace_back("data_offsets",
                       json::Value(json::Array{json::Value(offset), json::Value(end)}));
-    root.emplace_back(name, json::Value(std::move(info)));
+    entries.emplace_back(name, json::Value(std::move(info)));
+    meta.emplace_back(std::string(kChecksumPrefix) + name,
+                      json::Value(checksum_hex(std::string_view(
+                          static_cast<const char*>(cpu.raw_data()), cpu.nbytes()))));
     out.tensors.push_back(std::move(cpu));
     offset = end;
   }
+  json::Object root;
+  if (!meta.empty()) root.emplace_back("__metadata__", json::Value(std::move(meta)));
+  for (auto& e : entries) root.push_back(std::move(e));
   std::string text = json::dump(json::Value(std::move(root)));
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t n = text.size();
@@ -97,11 +112,13 @@ struct Entry {
   DType dtype;
   Shape shape;
   uint64_t begin, end;  // relative to the data section
+  std::optional<uint64_t> checksum;
 };
 
 struct Header {
   std::vector<Entry> entries;
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata;  // without the checksums
+  bool checksummed = false;
 };
 
 // Checks the header length N read from the first 8 bytes of a `total`-byte file.
@@ -196,12 +213,59 @@ Entry parse_entry(const std::string& name, const json::Value& info, uint64_t dat
   return e;
 }
 
+// 16 lowercase hex digits, exactly as the writer formats them.
+std::optional<uint64_t> parse_checksum(std::string_view hex) {
+  if (hex.size() != 16) return std::nullopt;
+  uint64_t v = 0;
+  for (const char c : hex) {
+    if (c >= '0' && c <= '9') {
+      v = v << 4 | static_cast<uint64_t>(c - '0');
+    } else if (c >= 'a' && c <= 'f') {
+      v = v << 4 | static_cast<uint64_t>(c - 'a' + 10);
+    } else {
+      return std::nullopt;
+    }
+  }
+  return v;
+}
+
+// Gives each entry its checksum from the "xxh3_64:NAME" metadata `sums`: every
+// tensor has one or none does; anything else is a damaged header.
+void attach_checksums(Header& h, const std::vector<std::pair<std::string, std::string>>& sums,
+                      std::string_view what) {
+  std::map<std::string_view, Entry*> by_name;
+  for (Entry& e : h.entries) by_name.emplace(e.name, &e);
+  for (const auto& [key, value] : sums) {
+    const std::string_view name = std::string_view(key).substr(kChecksumPrefix.size());
+    const auto it = by_name.find(name);
+    FORGE_CHECK(it != by_name.end(),
+                "{}: __metadata__ \"{}\" is the checksum of a tensor \"{}\" the file does not "
+                "hold: the header is damaged; restore the file from a copy",
+                what, key, name);
+    const auto sum = parse_checksum(value);
+    FORGE_CHECK(sum.has_value(),
+                "{}: __metadata__ \"{}\": expected an XXH3-64 checksum of 16 lowercase hex "
+                "digits, found \"{}\": the header is damaged; restore the file from a copy",
+                what, key, value);
+    it->second->checksum = sum;
+  }
+  if (sums.empty()) return;
+  for (const Entry& e : h.entries) {
+    FORGE_CHECK(e.checksum.has_value(),
+                "{}: tensor \"{}\" has no checksum (__metadata__ \"{}{}\") although {} other "
+                "tensor(s) have one: the header is damaged; restore the file from a copy",
+                what, e.name, kChecksumPrefix, e.name, sums.size());
+  }
+  h.checksummed = true;
+}
+
 // Validates the whole header against a data section of `data_size` bytes.
 Header parse_header(std::string_view text, uint64_t data_size, std::string_view what) {
   const json::Value root = json::parse(text, fmt::format("{}: header", what));
   FORGE_CHECK(root.is_object(), "{}: the header must be a JSON object, found {}", what,
               json::type_name(root.type()));
   Header h;
+  std::vector<std::pair<std::string, std::string>> sums;
   for (const auto& [key, v] : root.as_object()) {
     if (key == "__metadata__") {
       FORGE_CHECK(v.is_object(), "{}: __metadata__ must be an object of strings, found {}", what,
@@ -209,12 +273,17 @@ Header parse_header(std::string_view text, uint64_t data_size, std::string_view 
       for (const auto& [mk, mv] : v.as_object()) {
         FORGE_CHECK(mv.is_string(), "{}: __metadata__ \"{}\" must be a string, found {}", what, mk,
                     json::dump(mv));
-        h.metadata.emplace(mk, mv.as_string());
+        if (mk.starts_with(kChecksumPrefix)) {
+          sums.emplace_back(mk, mv.as_string());
+        } else {
+          h.metadata.emplace(mk, mv.as_string());
+        }
       }
       continue;
     }
     h.entries.push_back(parse_entry(key, v, data_size, what));
   }
+  attach_checksums(h, sums, what);
 
   // The tensors must tile the data section: sorted by offset, each begins where
   // the previous one ended, and the last ends at the end of the section.
@@ -245,6 +314,17 @@ Header parse_header(std::string_view text, uint64_t data_size, std::string_view 
   return h;
 }
 
+// Checks a tensor's bytes, as read from the file, against its checksum (if any).
+void check_checksum(const Entry& e, const Tensor& t, std::string_view what) {
+  if (!e.checksum) return;
+  const uint64_t got = xxh3_64(t.raw_data(), t.nbytes());
+  FORGE_CHECK(got == *e.checksum,
+              "{}: tensor \"{}\": checksum mismatch: __metadata__ records xxh3_64 {:016x}, its {} "
+              "bytes hash to {:016x}: the file is corrupt (damaged on disk or in a copy); restore "
+              "it from a copy or use another checkpoint",
+              what, e.name, *e.checksum, t.nbytes(), got);
+}
+
 // A BOOL byte other than 0 or 1 is not a C++ bool; reading one would be undefined.
 void check_bools(const Tensor& t, const std::string& name, std::string_view what) {
   if (t.dtype() != DType::boolean) return;
@@ -272,6 +352,10 @@ void pread_full(int fd, void* dst, uint64_t n, uint64_t offset, const std::strin
 
 }  // namespace
 
+std::string checksum_hex(std::string_view bytes) {
+  return fmt::format("{:016x}", xxh3_64(bytes.data(), bytes.size()));
+}
+
 std::string serialize(const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   const Layout l = make_layout(tensors, metadata);
@@ -294,9 +378,11 @@ File deserialize(std::string_view bytes, std::string_view what) {
   const Header h = parse_header(bytes.substr(8, n), data.size(), what);
   File f;
   f.metadata = h.metadata;
+  f.checksummed = h.checksummed;
   for (const Entry& e : h.entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
     if (t.nbytes()) std::memcpy(t.raw_data(), data.data() + e.begin, t.nbytes());
+    check_checksum(e, t, what);
     check_bools(t, e.name, what);
     f.tensors.emplace(e.name, std::move(t));
   }
@@ -345,9 +431,11 @@ File load(const std::string& path) {
   const Header h = parse_header(text, size - data_start, path);
   File f;
   f.metadata = h.metadata;
+  f.checksummed = h.checksummed;
   for (const Entry& e : h.entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
     if (t.nbytes()) pread_full(in.fd, t.raw_data(), t.nbytes(), data_start + e.begin, path);
+    check_checksum(e, t, path);
     check_bools(t, e.name, path);
     f.tensors.emplace(e.name, std::move(t));
   }

@@ -10,6 +10,7 @@ packages=(
   libspdlog-dev libfmt-dev
   libgtest-dev
   zlib1g-dev libpng-dev libjpeg62-turbo-dev
+  libxxhash-dev            # XXH3-64 checksums of checkpoint tensors and files
   dataset-fashion-mnist
 )
 

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,10 @@ namespace {
 
 constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
 
+// The model.safetensors __metadata__ key of state.json's XXH3-64; the tensors'
+// own checksums are the safetensors layer's.
+constexpr const char* kStateChecksumKey = "state_json_xxh3_64";
+
 // The suffixes of what a write leaves beside its target until it finishes:
 // the directory being built, an old directory renamed aside, one being deleted.
 constexpr std::string_view kTmpMark = ".tmp-", kOldMark = ".old-", kDelMark = ".del-";
@@ -47,22 +52,45 @@ class InjectedFault : public Error {
   using Error::Error;
 };
 
+// What the armed hook does at its step: throw an InjectedFault (in-process
+// tests), or SIGKILL the process (crash tests from outside, scripts/soak.sh).
+enum class FaultAction { raise_error, kill };
+
+// One countdown for both hooks: arming either replaces what was armed.
 std::atomic<int64_t> g_fault_countdown{0};
+std::atomic<FaultAction> g_fault_action{FaultAction::raise_error};
 std::atomic<bool> g_rename_exchange{true};
 std::once_flag g_fault_env_once;
 
+// The step number in environment variable `name`, 0 when unset.
+int64_t step_from_env(const char* name) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == '\0') return 0;
+  int64_t n = 0;
+  const char* end = s + std::strlen(s);
+  const auto [p, ec] = std::from_chars(s, end, n);
+  FORGE_CHECK(ec == std::errc() && p == end,
+              "{}: expected the integer number of the checkpoint write step to fail at, found "
+              "\"{}\"",
+              name, s);
+  return n;
+}
+
 void arm_fault_from_env() {
   std::call_once(g_fault_env_once, [] {
-    const char* s = std::getenv("FORGE_CHECKPOINT_FAULT");
-    if (s == nullptr || *s == '\0') return;
-    int64_t n = 0;
-    const char* end = s + std::strlen(s);
-    const auto [p, ec] = std::from_chars(s, end, n);
-    FORGE_CHECK(ec == std::errc() && p == end,
-                "FORGE_CHECKPOINT_FAULT: expected the integer number of the write step to fail "
-                "at, found \"{}\"",
-                s);
-    g_fault_countdown.store(n);
+    const int64_t fault = step_from_env("FORGE_CHECKPOINT_FAULT");
+    const int64_t kill = step_from_env("FORGE_CHECKPOINT_KILL");
+    FORGE_CHECK(fault <= 0 || kill <= 0,
+                "FORGE_CHECKPOINT_FAULT={} and FORGE_CHECKPOINT_KILL={} are both set: the hook "
+                "fires once, at one step; unset one of them",
+                fault, kill);
+    if (kill > 0) {
+      g_fault_action.store(FaultAction::kill);
+      g_fault_countdown.store(kill);
+    } else {
+      g_fault_action.store(FaultAction::raise_error);
+      g_fault_countdown.store(fault);
+    }
   });
 }
 
@@ -76,6 +104,8 @@ bool fault_due() {
 }
 
 [[noreturn]] void crash(std::string_view what) {
+  // No flush, no cleanup: buffered output and half-written files stay as a kill leaves them.
+  if (g_fault_action.load() == FaultAction::kill) ::raise(SIGKILL);
   throw InjectedFault(fmt::format("checkpoint fault injection: simulated crash at \"{}\"", what));
 }
 
@@ -229,8 +259,12 @@ void write_checkpoint_impl(const std::string& dir_arg, const std::map<std::strin
   const fs::path tmp = parent / (name + std::string(kTmpMark) + pid_suffix());
   try {
     step("create the temp directory");
-    FORGE_CHECK(::mkdir(tmp.c_str(), 0755) == 0, "cannot create {}: {}", tmp.string(), io::errno_message());
-    write_tensors(tmp / kFiles[0], model, {{"format", kCheckpointFormat}, {"recipe", recipe_yaml}});
+    FORGE_CHECK(::mkdir(tmp.c_str(), 0755) == 0, "cannot create {}: {}", tmp.string(),
+                io::errno_message());
+    write_tensors(tmp / kFiles[0], model,
+                  {{"format", kCheckpointFormat},
+                   {"recipe", recipe_yaml},
+                   {kStateChecksumKey, safetensors::checksum_hex(state_text)}});
     write_tensors(tmp / kFiles[1], optimizer, {{"format", kCheckpointFormat}});
     write_durable((tmp / kFiles[2]).string(), state_text, true);
     step("fsync the temp directory");
@@ -257,6 +291,28 @@ void check_format(const safetensors::File& f, const std::string& path) {
               it->second, kCheckpointFormat);
 }
 
+struct ChecksumPresence {
+  std::string path;
+  bool checksummed;
+  bool counts;  // a file without tensors carries no checksums either way
+};
+
+// A checkpoint has checksums on every file, or, written before attnforge had
+// them, on none: anything else is files mixed from different writes, or a
+// header damaged where the checksums were.
+void check_checksums_everywhere(const std::string& dir,
+                                const std::vector<ChecksumPresence>& files) {
+  std::vector<std::string> with, without;
+  for (const ChecksumPresence& f : files) {
+    if (f.counts) (f.checksummed ? with : without).push_back(f.path);
+  }
+  FORGE_CHECK(with.empty() || without.empty(),
+              "checkpoint {}: {} carry checksums but {} carry none: a checkpoint has them on every "
+              "file or (written by an older attnforge) on none, so its files come from different "
+              "writes or are damaged; restore the checkpoint from a copy or use another one",
+              dir, fmt::join(with, ", "), fmt::join(without, ", "));
+}
+
 // "step-00001234" -> 1234; nullopt for anything else.
 std::optional<int64_t> parse_name(std::string_view name) {
   constexpr std::string_view prefix = "step-";
@@ -267,6 +323,25 @@ std::optional<int64_t> parse_name(std::string_view name) {
   const auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
   if (ec != std::errc() || p != digits.data() + digits.size()) return std::nullopt;
   return step;
+}
+
+// `bytes` fit for a one-line message in a terminal or log: printable ASCII as
+// it is, every other byte (and the quote and backslash) as \xNN, cut after
+// about 64 characters with "...". A pointer file can hold anything: a torn
+// write, a stray binary, escape sequences.
+std::string escaped(std::string_view bytes) {
+  constexpr size_t kMaxChars = 64;
+  std::string out;
+  for (const char c : bytes) {
+    if (out.size() >= kMaxChars) return out + "...";
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f && c != '"' && c != '\\') {
+      out += c;
+    } else {
+      out += fmt::format("\\x{:02x}", u);
+    }
+  }
+  return out;
 }
 
 std::string trim(std::string s) {
@@ -280,6 +355,7 @@ std::string trim(std::string s) {
 
 void set_checkpoint_fault(int64_t n) {
   arm_fault_from_env();
+  g_fault_action.store(FaultAction::raise_error);
   g_fault_countdown.store(std::max<int64_t>(n, 0));
 }
 
@@ -329,17 +405,35 @@ Checkpoint read_checkpoint(const std::string& dir) {
               "{}: __metadata__ has no \"recipe\" (every checkpoint stores its resolved recipe)",
               model_path);
   c.recipe_yaml = recipe->second;
-  c.model = std::move(model.tensors);
 
   const std::string optimizer_path = (fs::path(dir) / kFiles[1]).string();
   safetensors::File optimizer = safetensors::load(optimizer_path);
   check_format(optimizer, optimizer_path);
-  c.optimizer = std::move(optimizer.tensors);
 
   const std::string state_path = (fs::path(dir) / kFiles[2]).string();
-  c.state = json::parse(io::read_file(state_path), state_path);
+  const std::string state_text = io::read_file(state_path);
+  // Parsed first: a cut or garbled file is better described by where its JSON breaks.
+  c.state = json::parse(state_text, state_path);
   FORGE_CHECK(c.state.is_object(), "{}: expected a JSON object, found {}", state_path,
               json::type_name(c.state.type()));
+  const auto state_sum = model.metadata.find(kStateChecksumKey);
+  check_checksums_everywhere(dir,
+                             {{model_path, model.checksummed, !model.tensors.empty()},
+                              {optimizer_path, optimizer.checksummed, !optimizer.tensors.empty()},
+                              {state_path, state_sum != model.metadata.end(), true}});
+  if (state_sum != model.metadata.end()) {
+    const std::string got = safetensors::checksum_hex(state_text);
+    FORGE_CHECK(got == state_sum->second,
+                "{}: checksum mismatch: {} records xxh3_64 {} for it, its {} bytes hash to {}: the "
+                "file is corrupt (damaged on disk or in a copy); restore it from a copy or use "
+                "another checkpoint",
+                state_path, model_path, state_sum->second, state_text.size(), got);
+  } else {
+    c.warnings.push_back(fmt::format(
+        "{}: written without checksums (an older attnforge); its bytes cannot be verified", dir));
+  }
+  c.model = std::move(model.tensors);
+  c.optimizer = std::move(optimizer.tensors);
   return c;
 }
 
@@ -374,7 +468,7 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
 
   const auto readable = [&](int64_t s, std::string& why) {
     try {
-      read_checkpoint(path_of(s));
+      for (const std::string& w : read_checkpoint(path_of(s)).warnings) warn(w);
       return true;
     } catch (const Error& e) {
       why = e.what();
@@ -388,7 +482,7 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
       const std::string text = trim(io::read_file(p.string()));
       if (const auto s = parse_name(text)) return s;
       warn(fmt::format("{}: holds \"{}\", not a checkpoint name like step-00001234", p.string(),
-                       text));
+                       escaped(text)));
     } catch (const Error& e) {
       warn(e.what());
     }
@@ -471,6 +565,10 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
 
 std::string CheckpointManager::name_of(int64_t step) {
   return fmt::format("step-{:08d}", step);
+}
+
+std::optional<int64_t> CheckpointManager::step_of(std::string_view name) {
+  return parse_name(name);
 }
 
 std::string CheckpointManager::path_of(int64_t step) const {

@@ -8,6 +8,12 @@
 //   DIR/state.json             a JSON object the trainer fills (step, epoch,
 //                              RNG states, data position, counters, metrics)
 //
+// Checksums: both safetensors files carry the XXH3-64 of every tensor (see
+// core/safetensors.h), and model.safetensors' __metadata__ holds
+// "state_json_xxh3_64": the XXH3-64 of state.json's exact bytes (16 lowercase
+// hex digits). The reader checks them all. A checkpoint written before them
+// (no checksums on any file) still loads, with a warning.
+//
 // A write builds DIR.tmp-<pid> beside DIR, fsyncs every file and the directory,
 // then swaps it in with one rename (renameat2 RENAME_EXCHANGE where the
 // filesystem has it; otherwise the old DIR is renamed aside to DIR.old-<pid>
@@ -40,14 +46,18 @@ struct Checkpoint {
   std::map<std::string, Tensor> optimizer;
   std::string recipe_yaml;
   json::Value state;  // an object (null is written as {})
+  // Set by read_checkpoint for the caller to log: what it could not verify
+  // (a checkpoint written without checksums). Not written.
+  std::vector<std::string> warnings;
 };
 
 // Writes `dir` atomically (see above); its parent directories are created.
 void write_checkpoint(const std::string& dir, const Checkpoint& ckpt);
 
 // Reads and validates every file; any problem (missing file, truncated or
-// corrupt safetensors, unparsable state.json, wrong format tag) is a
-// forge::Error naming the file. Never modifies anything on disk.
+// corrupt safetensors, a checksum mismatch, checksums on some files only,
+// unparsable state.json, wrong format tag) is a forge::Error naming the file.
+// Never modifies anything on disk.
 Checkpoint read_checkpoint(const std::string& dir);
 
 class CheckpointManager {
@@ -59,7 +69,8 @@ class CheckpointManager {
   // an empty name tracks no metric); the latest and the best one are never
   // deleted. Construction only reads: it finds the latest whole checkpoint
   // (the one `latest` names, or, when that is missing or unreadable, the
-  // newest readable one) and the best one, and reports each fallback through
+  // newest readable one) and the best one, and reports each fallback, and the
+  // warnings of the checkpoints it read (Checkpoint::warnings), through
   // `on_warning` (default: spdlog) and warnings(). Checkpoints newer than the
   // latest whole one belong to an abandoned run; the next save() deletes them.
   CheckpointManager(std::string run_dir, int keep_last, int keep_best, std::string metric_name,
@@ -87,7 +98,8 @@ class CheckpointManager {
   const std::optional<std::string>& damaged_latest() const { return damaged_latest_; }
   const std::string& dir() const { return dir_; }
 
-  static std::string name_of(int64_t step);  // "step-00001234"
+  static std::string name_of(int64_t step);                      // "step-00001234"
+  static std::optional<int64_t> step_of(std::string_view name);  // "step-00001234" -> 1234
 
  private:
   struct Entry {
@@ -121,6 +133,13 @@ class CheckpointManager {
 // crash there would leave things: a file being written is left half written,
 // nothing is cleaned up. It fires once; n <= 0 disarms it. The environment
 // variable FORGE_CHECKPOINT_FAULT=n arms it at the first checkpoint write.
+//
+// FORGE_CHECKPOINT_KILL=n (environment only, read at the first checkpoint
+// write) arms the same countdown, but its step SIGKILLs the process there, as
+// a real crash would: a file being written is left with its first half, no
+// output is flushed, nothing is cleaned up. For crash tests from outside the
+// process (scripts/soak.sh). Setting both variables is an error; a later
+// set_checkpoint_fault replaces either.
 void set_checkpoint_fault(int64_t n);
 // Off: replace an existing directory by renaming it aside instead of with
 // RENAME_EXCHANGE (the path taken on filesystems without it).

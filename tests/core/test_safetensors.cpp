@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 
+#include "core/json.h"
 #include "core/safetensors.h"
 
 namespace forge::safetensors {
@@ -146,26 +147,30 @@ TEST(SafetensorsRoundTrip, NoTensorsNoMetadata) {
 }
 
 // The layout the Python package writes: compact JSON (metadata first, then the
-// tensors with dtype, shape, data_offsets), spaces up to a multiple of 8.
+// tensors with dtype, shape, data_offsets), spaces up to a multiple of 8. The
+// metadata holds each tensor's XXH3-64 (here of the bytes of 1.0f, 2.0f).
 TEST(SafetensorsFormat, ExactBytesOfATinyFile) {
   const std::string bytes = serialize({{"a", Tensor::from_vector<float>({1.0f, 2.0f})}});
-  const std::string json = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
-  ASSERT_EQ(json.size(), 54u);
-  const std::string expected = std::string("\x38\0\0\0\0\0\0\0", 8) + json + "  " +
+  const std::string json = R"({"__metadata__":{"xxh3_64:a":"4de8d78f7134f4b7"},)"
+                           R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  ASSERT_EQ(json.size(), 102u);
+  const std::string expected = std::string("\x68\0\0\0\0\0\0\0", 8) + json + "  " +
                                std::string("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);  // 1.0f, 2.0f
   EXPECT_EQ(bytes, expected);
 }
 
+// The caller's metadata first, then the checksums in tensor name order.
 TEST(SafetensorsFormat, NameOrderContiguousWithMetadataFirst) {
   std::map<std::string, Tensor> t;
   t["w"] = Tensor::from_vector<uint8_t>({7, 8, 9}, {1, 3});
   t["b"] = Tensor::scalar(-2, DType::i64);
   const std::string bytes = serialize(t, {{"format", "pt"}});
   const std::string json =
-      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
+      R"({"__metadata__":{"format":"pt","xxh3_64:b":"77f9923217301859",)"
+      R"("xxh3_64:w":"39372d8b3daea467"},"b":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
       R"("w":{"dtype":"U8","shape":[1,3],"data_offsets":[8,11]}})";
-  ASSERT_EQ(json.size(), 139u);
-  const std::string expected = std::string("\x90\0\0\0\0\0\0\0", 8) + json + "     " +
+  ASSERT_EQ(json.size(), 201u);
+  const std::string expected = std::string("\xd0\0\0\0\0\0\0\0", 8) + json + "       " +
                                std::string("\xfe\xff\xff\xff\xff\xff\xff\xff\x07\x08\x09", 11);
   EXPECT_EQ(bytes, expected);
   EXPECT_EQ((bytes.size() - 8 - 11) % 8, 0u);
@@ -180,6 +185,128 @@ TEST(SafetensorsFormat, AcceptsUnpaddedHeadersAndAnyOrder) {
   const File f = deserialize(make_file(header, data), "mem");
   EXPECT_EQ(f.tensors.at("z").item(), 1);
   EXPECT_EQ(f.tensors.at("a").item(), 2);
+  EXPECT_FALSE(f.checksummed);  // written without checksums: loaded unverified
+}
+
+// ---- checksums ----
+
+// The JSON header of serialized `bytes`.
+json::Value header_of(std::string_view bytes) {
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  return json::parse(bytes.substr(8, n), "header");
+}
+
+// The offset of the data section in serialized `bytes`.
+size_t data_start(std::string_view bytes) {
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  return 8 + n;
+}
+
+TEST(SafetensorsChecksum, EveryTensorCarriesTheXxh3OfItsBytes) {
+  const auto tensors = every_dtype();
+  const std::string bytes = serialize(tensors, kMeta);
+  const json::Value meta = header_of(bytes).at("__metadata__");
+  EXPECT_EQ(meta.size(), kMeta.size() + tensors.size());
+  for (const auto& [name, t] : tensors) {
+    EXPECT_EQ(meta.at("xxh3_64:" + name).as_string(), checksum_hex(bytes_of(t))) << name;
+  }
+  // The published XXH3-64 of no bytes: the hash is XXH3 with seed 0.
+  EXPECT_EQ(meta.at("xxh3_64:empty").as_string(), "2d06800538d394c2");
+  const File f = deserialize(bytes, "mem");
+  EXPECT_TRUE(f.checksummed);
+  EXPECT_EQ(f.metadata, kMeta);  // the checksums are not the caller's metadata
+  EXPECT_FALSE(deserialize(serialize({}), "mem").checksummed);
+}
+
+// One flipped bit in any tensor's data is caught, naming the tensor and both hashes.
+TEST(SafetensorsChecksum, FlippedDataByteIsRejected) {
+  const auto tensors = every_dtype();
+  const std::string good = serialize(tensors, kMeta);
+  const json::Value header = header_of(good);
+  for (const auto& [name, t] : tensors) {
+    if (t.nbytes() == 0) continue;
+    SCOPED_TRACE(name);
+    const uint64_t begin = header.at(name).at("data_offsets").at(0).as_uint();
+    std::string bad = good;
+    const size_t at = data_start(good) + begin + t.nbytes() / 2;
+    bad[at] = static_cast<char>(bad[at] ^ 0x01);
+    // Named: EXPECT_REJECTED's list of parts would outlive temporaries.
+    const std::string tensor = "tensor \"" + name + "\"";
+    const std::string recorded = header.at("__metadata__").at("xxh3_64:" + name).as_string();
+    const std::string found = checksum_hex(bad.substr(data_start(good) + begin, t.nbytes()));
+    EXPECT_REJECTED(bad, tensor.c_str(), "checksum mismatch", recorded.c_str(), found.c_str(),
+                    "corrupt");
+  }
+}
+
+TEST_F(SafetensorsFiles, FlippedDataByteIsRejectedByLoad) {
+  const auto tensors = every_dtype();
+  save(path("m.safetensors"), tensors, kMeta);
+  EXPECT_TRUE(load(path("m.safetensors")).checksummed);
+  std::string bytes = read_file(path("m.safetensors"));
+  const size_t at = bytes.size() - 1;  // the last byte of the last tensor, "u8"
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x80);
+  write_file(path("m.safetensors"), bytes);
+  try {
+    load(path("m.safetensors"));
+    ADD_FAILURE() << "a flipped byte loaded";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& part :
+         {path("m.safetensors"), std::string("tensor \"u8\""), std::string("checksum mismatch"),
+          checksum_hex(bytes_of(tensors.at("u8")))}) {
+      EXPECT_NE(msg.find(part), std::string::npos) << "no '" << part << "' in: " << msg;
+    }
+  }
+}
+
+TEST(SafetensorsChecksum, DamagedChecksumsAreRejected) {
+  const std::string two =
+      R"("a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})";
+  const std::string ha = checksum_hex("x"), hb = checksum_hex("y");
+  const auto file = [&](const std::string& meta) {
+    return make_file(R"({"__metadata__":{)" + meta + "}," + two, "xy");
+  };
+  // As written: accepted.
+  EXPECT_TRUE(deserialize(file(fmt::format(R"("xxh3_64:a":"{}","xxh3_64:b":"{}")", ha, hb)), "mem")
+                  .checksummed);
+  // Swapped between the tensors: both are still well formed, neither matches.
+  EXPECT_REJECTED(file(fmt::format(R"("xxh3_64:a":"{}","xxh3_64:b":"{}")", hb, ha)), "tensor \"a\"",
+                  "checksum mismatch");
+  // Only some tensors have one.
+  EXPECT_REJECTED(file(fmt::format(R"("xxh3_64:a":"{}")", ha)), "tensor \"b\" has no checksum",
+                  "damaged");
+  // One names a tensor the file does not hold.
+  EXPECT_REJECTED(
+      file(fmt::format(R"("xxh3_64:a":"{}","xxh3_64:b":"{}","xxh3_64:c":"{}")", ha, hb, ha)),
+      "\"xxh3_64:c\"", "tensor \"c\" the file does not hold");
+  // Malformed values.
+  for (const std::string& v : {std::string(""), ha.substr(1), ha + "0", std::string(16, 'g'),
+                               std::string("4DE8D78F7134F4B7"), "-" + ha.substr(1)}) {
+    SCOPED_TRACE(v);
+    const std::string quoted = "\"" + v + "\"";
+    EXPECT_REJECTED(file(fmt::format(R"("xxh3_64:a":"{}","xxh3_64:b":"{}")", v, hb)),
+                    "\"xxh3_64:a\"", "16 lowercase hex digits", quoted.c_str());
+  }
+}
+
+TEST_F(SafetensorsFiles, ChecksumKeysAreReservedForTheWriter) {
+  const std::map<std::string, Tensor> t = {{"a", Tensor::ones({2})}};
+  try {
+    serialize(t, {{"xxh3_64:a", "0000000000000000"}});
+    ADD_FAILURE() << "a caller's checksum key was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"xxh3_64:a\" is reserved"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(save(path("r.safetensors"), t, {{"xxh3_64:", "x"}}), Error);
+  EXPECT_FALSE(fs::exists(path("r.safetensors")));
+  EXPECT_FALSE(fs::exists(path("r.safetensors.tmp")));
+  // Keys that merely contain it are the caller's.
+  EXPECT_EQ(deserialize(serialize(t, {{"my_xxh3_64:a", "v"}}), "mem").metadata.at("my_xxh3_64:a"),
+            "v");
 }
 
 TEST(SafetensorsReject, TruncatedAtEveryPart) {

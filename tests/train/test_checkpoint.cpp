@@ -2,13 +2,22 @@
 // crash at every write step (with RENAME_EXCHANGE and with the rename-aside
 // fallback), rejection of corrupt checkpoints without touching them, and the
 // CheckpointManager's pointers, pruning and fallbacks.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "core/safetensors.h"
@@ -76,6 +85,58 @@ bool same(const Checkpoint& a, const Checkpoint& b) {
          a.recipe_yaml == b.recipe_yaml && a.state == b.state;
 }
 
+// The header length of safetensors `bytes`: the data section starts at 8 + it.
+uint64_t header_length(const std::string& bytes) {
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  return n;
+}
+
+// Flips one bit in the middle of `tensor`'s bytes in the data section of the
+// safetensors file `path`, leaving its header as it was.
+void flip_tensor_byte(const fs::path& path, const std::string& tensor) {
+  std::string bytes = read_file(path);
+  const uint64_t n = header_length(bytes);
+  const json::Value offsets =
+      json::parse(bytes.substr(8, n), "header").at(tensor).at("data_offsets");
+  const uint64_t begin = offsets.at(0).as_uint(), end = offsets.at(1).as_uint();
+  ASSERT_LT(begin, end) << tensor << " has no bytes";
+  const size_t at = 8 + n + (begin + end) / 2;
+  bytes[at] = static_cast<char>(bytes[at] ^ 0x04);
+  write_file(path, bytes);
+}
+
+// Rewrites the safetensors file `path` as a writer without checksums made it:
+// the same tensors, offsets and bytes, and no __metadata__ key starting with
+// `prefix`.
+void strip_metadata(const fs::path& path, const std::string& prefix) {
+  const std::string bytes = read_file(path);
+  const uint64_t n = header_length(bytes);
+  json::Value header = json::parse(bytes.substr(8, n), "header");
+  std::erase_if(header["__metadata__"].as_object(),
+                [&](const auto& kv) { return kv.first.starts_with(prefix); });
+  std::string text = json::dump(header);
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t m = text.size();
+  write_file(path, std::string(reinterpret_cast<const char*>(&m), 8) + text + bytes.substr(8 + n));
+}
+
+// A checkpoint directory as attnforge wrote it before checksums.
+void strip_checksums(const fs::path& dir) {
+  strip_metadata(dir / "model.safetensors", "xxh3_64:");
+  strip_metadata(dir / "model.safetensors", "state_json_xxh3_64");
+  strip_metadata(dir / "optimizer.safetensors", "xxh3_64:");
+}
+
+// Changes a digit of state.json's "epoch" (2 -> 3): still valid JSON, still an object.
+void change_state_digit(const fs::path& dir) {
+  std::string text = read_file(dir / "state.json");
+  const size_t at = text.find("\"epoch\": 2");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 9] = '3';
+  write_file(dir / "state.json", text);
+}
+
 // A fresh directory per test; fault hooks reset around each.
 class CheckpointTest : public ::testing::Test {
  protected:
@@ -139,6 +200,40 @@ TEST_F(CheckpointTest, EmptyOptimizerAndNullState) {
   EXPECT_TRUE(r.optimizer.empty());
   EXPECT_TRUE(r.state.is_object());
   EXPECT_EQ(r.state.size(), 0u);
+  EXPECT_TRUE(r.warnings.empty()) << r.warnings.at(0);
+}
+
+// What the checksums cover, as a plain safetensors reader sees them.
+TEST_F(CheckpointTest, EveryFileIsChecksummed) {
+  const Checkpoint c = make_checkpoint(3);
+  const fs::path dir = root_ / "ckpt";
+  write_checkpoint(dir.string(), c);
+  const auto model = safetensors::load((dir / "model.safetensors").string());
+  const auto optimizer = safetensors::load((dir / "optimizer.safetensors").string());
+  EXPECT_TRUE(model.checksummed);
+  EXPECT_TRUE(optimizer.checksummed);
+  EXPECT_EQ(model.metadata.at("state_json_xxh3_64"),
+            safetensors::checksum_hex(read_file(dir / "state.json")));
+  EXPECT_TRUE(read_checkpoint(dir.string()).warnings.empty());
+}
+
+// Checkpoints written before checksums load as they are, with a warning.
+TEST_F(CheckpointTest, WrittenWithoutChecksumsLoadsWithAWarning) {
+  Checkpoint c = make_checkpoint(4);
+  const fs::path dir = root_ / "old";
+  write_checkpoint(dir.string(), c);
+  strip_checksums(dir);
+  ASSERT_FALSE(safetensors::load((dir / "model.safetensors").string()).checksummed);
+  const Checkpoint r = read_checkpoint(dir.string());
+  EXPECT_TRUE(same(r, c));
+  EXPECT_EQ(r.warnings,
+            std::vector<std::string>{dir.string() + ": written without checksums (an older "
+                                                    "attnforge); its bytes cannot be verified"});
+  // An optimizer without tensors carries no checksums either way.
+  c.optimizer.clear();
+  write_checkpoint(dir.string(), c);
+  strip_checksums(dir);
+  EXPECT_EQ(read_checkpoint(dir.string()).warnings.size(), 1u);
 }
 
 TEST_F(CheckpointTest, OverwriteReplacesTheWholeDirectory) {
@@ -239,9 +334,7 @@ TEST_F(CheckpointTest, CrashDuringAFileWriteLeavesATruncatedTempFile) {
   ASSERT_TRUE(found);
   const fs::path half = tmp / "model.safetensors";
   ASSERT_TRUE(fs::exists(half));
-  const auto full =
-      safetensors::serialize(b.model, {{"format", kCheckpointFormat}, {"recipe", b.recipe_yaml}});
-  EXPECT_EQ(fs::file_size(half), full.size() / 2);
+  const std::string half_bytes = read_file(half);
   expect_error([&] { read_checkpoint(tmp.string()); }, {"model.safetensors"});
   EXPECT_TRUE(same(read_checkpoint(dir.string()), a));
 
@@ -251,6 +344,9 @@ TEST_F(CheckpointTest, CrashDuringAFileWriteLeavesATruncatedTempFile) {
   write_checkpoint(dir.string(), b);
   EXPECT_TRUE(same(read_checkpoint(dir.string()), b));
   EXPECT_EQ(names_in(root_), std::set<std::string>{"ckpt"});
+  // What the crash left was the first half of the file this write made whole.
+  const std::string full = read_file(dir / "model.safetensors");
+  EXPECT_EQ(half_bytes, full.substr(0, full.size() / 2));
 }
 
 // Corrupts a copy of a good checkpoint with `corrupt`, then checks that reading
@@ -359,6 +455,40 @@ TEST_F(CorruptCheckpoint, WrongOrMissingTags) {
         safetensors::save((d / "optimizer.safetensors").string(), c.optimizer, {{"format", "pt"}});
       },
       "optimizer.safetensors", {"\"pt\""});
+}
+
+TEST_F(CorruptCheckpoint, FlippedTensorAndStateBytes) {
+  expect_rejected(
+      [](const fs::path& d) { flip_tensor_byte(d / "model.safetensors", "blocks.0.w"); },
+      "model.safetensors", {"tensor \"blocks.0.w\"", "checksum mismatch", "corrupt"});
+  expect_rejected([](const fs::path& d) { flip_tensor_byte(d / "model.safetensors", "steps"); },
+                  "model.safetensors", {"tensor \"steps\"", "checksum mismatch"});
+  expect_rejected(
+      [](const fs::path& d) {
+        flip_tensor_byte(d / "optimizer.safetensors", "state.0.exp_avg_sq");
+      },
+      "optimizer.safetensors", {"tensor \"state.0.exp_avg_sq\"", "checksum mismatch"});
+  const std::string recorded = safetensors::checksum_hex(read_file(good_ / "state.json"));
+  expect_rejected([](const fs::path& d) { change_state_digit(d); }, "state.json",
+                  {"checksum mismatch", "model.safetensors", recorded, "corrupt"});
+}
+
+TEST_F(CorruptCheckpoint, ChecksumsOnSomeFilesOnly) {
+  expect_rejected(
+      [](const fs::path& d) { strip_metadata(d / "optimizer.safetensors", "xxh3_64:"); },
+      "optimizer.safetensors", {"carry none", "model.safetensors"});
+  expect_rejected([](const fs::path& d) { strip_metadata(d / "model.safetensors", "xxh3_64:"); },
+                  "model.safetensors", {"carry none"});
+  expect_rejected(
+      [](const fs::path& d) { strip_metadata(d / "model.safetensors", "state_json_xxh3_64"); },
+      "state.json", {"carry none"});
+  // Files from an old checkpoint beside those of a new one.
+  expect_rejected(
+      [](const fs::path& d) {
+        strip_metadata(d / "model.safetensors", "xxh3_64:");
+        strip_metadata(d / "model.safetensors", "state_json_xxh3_64");
+      },
+      "model.safetensors", {"optimizer.safetensors carry checksums"});
 }
 
 TEST_F(CheckpointTest, MissingDirectory) {
@@ -478,6 +608,60 @@ TEST_F(CheckpointManagerTest, FallsBackWhenLatestIsCorrupt) {
             (std::set<std::string>{"latest", "step-00000001", "step-00000002", "step-00000004"}));
 }
 
+// A flipped byte anywhere in the latest checkpoint makes it the damaged latest
+// (which the trainer refuses to resume from) instead of being loaded.
+TEST_F(CheckpointManagerTest, FlippedByteMakesTheLatestDamaged) {
+  struct Case {
+    const char* file;
+    std::function<void(const fs::path&)> corrupt;
+    std::string names;
+  };
+  const Case cases[] = {
+      {"model.safetensors",
+       [](const fs::path& d) { flip_tensor_byte(d / "model.safetensors", "blocks.0.b"); },
+       "tensor \"blocks.0.b\""},
+      {"optimizer.safetensors",
+       [](const fs::path& d) { flip_tensor_byte(d / "optimizer.safetensors", "state.0.step"); },
+       "tensor \"state.0.step\""},
+      {"state.json", change_state_digit, "state.json"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.file);
+    fs::remove_all(ckdir());
+    {
+      auto m = manager(3, 0);
+      m.save(1, make_checkpoint(1), {});
+      m.save(2, make_checkpoint(2), {});
+    }
+    c.corrupt(path(2));
+    warned_.clear();
+    auto m = manager(3, 0);
+    EXPECT_EQ(m.latest(), path(1));
+    ASSERT_TRUE(m.damaged_latest());
+    for (const std::string& part :
+         {(fs::path(path(2)) / c.file).string(), c.names, std::string("checksum mismatch")}) {
+      EXPECT_NE(m.damaged_latest()->find(part), std::string::npos)
+          << "'" << part << "' not in: " << *m.damaged_latest();
+    }
+    EXPECT_FALSE(warned_.empty());
+  }
+}
+
+// An old run's checkpoints load; the manager passes on that they are unverified.
+TEST_F(CheckpointManagerTest, WarnsAboutALatestWithoutChecksums) {
+  {
+    auto m = manager(3, 0);
+    m.save(1, make_checkpoint(1), {});
+  }
+  strip_checksums(path(1));
+  auto m = manager(3, 0);
+  EXPECT_EQ(m.latest(), path(1));
+  EXPECT_FALSE(m.damaged_latest());
+  ASSERT_EQ(m.warnings().size(), 1u);
+  EXPECT_NE(m.warnings()[0].find(path(1) + ": written without checksums"), std::string::npos)
+      << m.warnings()[0];
+}
+
 TEST_F(CheckpointManagerTest, FallsBackWhenLatestIsMissingOrGarbage) {
   {
     auto m = manager(3, 0);
@@ -497,6 +681,34 @@ TEST_F(CheckpointManagerTest, FallsBackWhenLatestIsMissingOrGarbage) {
   // Nothing readable at all: no latest.
   for (int64_t s = 1; s <= 3; ++s) fs::remove(fs::path(path(s)) / "state.json");
   EXPECT_FALSE(manager(3, 0).latest());
+}
+
+// A pointer holding garbage is quoted escaped in the warning (which goes to
+// train.log and terminals), not copied raw.
+TEST_F(CheckpointManagerTest, GarbageInAPointerIsQuotedEscaped) {
+  {
+    auto m = manager(3, 0);
+    m.save(1, make_checkpoint(1), {});
+  }
+  write_file(ckdir() / "latest", "\x01\xff\x1b[31mstep");
+  EXPECT_EQ(manager(3, 0).latest(), path(1));
+  const auto quoting = [&](const std::string& part) {
+    return std::count_if(warned_.begin(), warned_.end(),
+                         [&](const std::string& w) { return w.find(part) != std::string::npos; });
+  };
+  EXPECT_EQ(quoting((ckdir() / "latest").string() + ": holds \"\\x01\\xff\\x1b[31mstep\""), 1)
+      << fmt::format("{}", fmt::join(warned_, "\n"));
+  // Long garbage is cut; quotes and backslashes cannot end the quotation early.
+  warned_.clear();
+  write_file(ckdir() / "latest", "\"\\" + std::string(500, 'A'));
+  auto m = manager(3, 0);
+  EXPECT_EQ(quoting("holds \"\\x22\\x5c" + std::string(56, 'A') + "...\""), 1)
+      << fmt::format("{}", fmt::join(warned_, "\n"));
+  for (const std::string& w : m.warnings()) {
+    EXPECT_LT(w.size(), 300u) << w;
+    EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
+        << "a raw control or non-ASCII byte in: " << w;
+  }
 }
 
 TEST_F(CheckpointManagerTest, CorruptBestIsIgnored) {
@@ -570,6 +782,137 @@ TEST_F(CheckpointManagerTest, CrashAtEveryStepOfASave) {
   EXPECT_GE(news, 3);
   // Steps: the checkpoint (7), latest (3), best (3), pruning 2 (4).
   EXPECT_GE(n - 1, 15);
+}
+
+// Runs this test binary again, only CheckpointKillChild, with `env` added to
+// a copy of our environment (GoogleTest's own variables left out, so the child
+// neither shards nor writes our report); its output goes to `log`. Returns the
+// wait status (nullopt, with a failure, when it could not be run).
+std::optional<int> run_child(const std::vector<std::string>& env, const fs::path& log) {
+  char self[PATH_MAX] = {};
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  EXPECT_GT(len, 0) << "cannot find this test binary through /proc/self/exe";
+  std::vector<std::string> vars = env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view v = *e;
+    if (v.starts_with("GTEST_") || v.starts_with("FORGE_CHECKPOINT_") ||
+        v.starts_with("FORGE_TEST_KILL_RUN="))
+      continue;
+    vars.emplace_back(v);
+  }
+  std::vector<char*> envp;
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  std::string filter = "--gtest_filter=CheckpointKillChild.*";
+  char* argv[] = {self, filter.data(), nullptr};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = 0;
+  const int rc = ::posix_spawn(&pid, self, &actions, nullptr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    ADD_FAILURE() << "posix_spawn " << self << ": " << std::strerror(rc);
+    return std::nullopt;
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) {
+    ADD_FAILURE() << "waitpid: " << std::strerror(errno);
+    return std::nullopt;
+  }
+  return status;
+}
+
+// The child of KillAtEveryStepOfASave: saves step 4 into the run it is given,
+// under whatever FORGE_CHECKPOINT_KILL arms.
+TEST(CheckpointKillChild, SavesStep4) {
+  const char* run = std::getenv("FORGE_TEST_KILL_RUN");
+  if (run == nullptr) {
+    GTEST_SKIP()
+        << "runs only as the child process of CheckpointManagerTest.KillAtEveryStepOfASave";
+  }
+  CheckpointManager m(run, 2, 1, "acc", "max");
+  m.save(4, make_checkpoint(4), 0.95);
+}
+
+// A real SIGKILL at every step of a save, armed through FORGE_CHECKPOINT_KILL
+// as scripts/soak.sh arms it: a restart always finds a whole latest checkpoint
+// (the old one until the commit, the new one after), never a damaged one, and
+// a file being written is left half written.
+TEST_F(CheckpointManagerTest, KillAtEveryStepOfASave) {
+  const fs::path original = root_ / "original";
+  {
+    auto m = CheckpointManager(original.string(), 2, 1, "acc", "max");
+    m.save(1, make_checkpoint(1), 0.9);
+    m.save(2, make_checkpoint(2), 0.1);
+    m.save(3, make_checkpoint(3), 0.2);
+  }
+  const fs::path log = root_ / "child.log";
+  std::map<std::string, std::vector<std::string>> left;  // file name -> contents left in a temp dir
+  int n = 1, olds = 0, news = 0;
+  for (;; ++n) {
+    ASSERT_LT(n, 60) << "the hook never stopped firing";
+    SCOPED_TRACE(n);
+    fs::remove_all(ckdir());
+    fs::copy(original / "checkpoints", ckdir(), fs::copy_options::recursive);
+    const std::optional<int> child = run_child(
+        {fmt::format("FORGE_CHECKPOINT_KILL={}", n), "FORGE_TEST_KILL_RUN=" + root_.string()}, log);
+    ASSERT_TRUE(child.has_value());
+    const int status = *child;
+    if (WIFEXITED(status)) {
+      ASSERT_EQ(WEXITSTATUS(status), 0) << read_file(log);
+      break;
+    }
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status << "\n"
+                                                                    << read_file(log);
+    for (const auto& e : fs::directory_iterator(ckdir())) {
+      if (e.path().filename().string().find(".tmp-") == std::string::npos || !e.is_directory())
+        continue;
+      for (const auto& f : fs::directory_iterator(e.path()))
+        left[f.path().filename().string()].push_back(read_file(f.path()));
+    }
+    auto m = manager(2, 1, "acc");
+    ASSERT_TRUE(m.latest());
+    EXPECT_FALSE(m.damaged_latest()) << *m.damaged_latest();
+    const Checkpoint r = read_checkpoint(*m.latest());
+    if (*m.latest() == path(3)) {
+      EXPECT_EQ(news, 0) << "went back to the old checkpoint";
+      ++olds;
+      EXPECT_TRUE(same_tensors(r.model, make_checkpoint(3).model));
+    } else {
+      ASSERT_EQ(*m.latest(), path(4));
+      ++news;
+      EXPECT_TRUE(same_tensors(r.model, make_checkpoint(4).model));
+      EXPECT_EQ(r.state.at("step").as_int(), 400);
+    }
+  }
+  // The child that was not killed wrote the whole files; each killed write left its first half.
+  for (const char* name : {"model.safetensors", "optimizer.safetensors", "state.json"}) {
+    const std::string full = read_file(fs::path(path(4)) / name);
+    const std::string half = full.substr(0, full.size() / 2);
+    EXPECT_NE(std::find(left[name].begin(), left[name].end(), half), left[name].end())
+        << name << " was never left half written";
+  }
+  EXPECT_GE(olds, 5);
+  EXPECT_GE(news, 3);
+}
+
+// A hook set wrong fails the save loudly instead of letting it run unkilled.
+TEST_F(CheckpointManagerTest, KillHookSetWrongIsAnError) {
+  const fs::path log = root_ / "child.log";
+  for (const auto& [env, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"FORGE_CHECKPOINT_KILL=3x"}, "FORGE_CHECKPOINT_KILL: expected the integer"},
+           {{"FORGE_CHECKPOINT_KILL=3", "FORGE_CHECKPOINT_FAULT=2"}, "are both set"}}) {
+    SCOPED_TRACE(says);
+    std::vector<std::string> vars = env;
+    vars.push_back("FORGE_TEST_KILL_RUN=" + root_.string());
+    const std::optional<int> status = run_child(vars, log);
+    ASSERT_TRUE(status.has_value());
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << "status " << *status;
+    EXPECT_NE(read_file(log).find(says), std::string::npos) << read_file(log);
+    EXPECT_FALSE(fs::exists(path(4)));
+  }
 }
 
 }  // namespace
