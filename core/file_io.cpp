@@ -66,7 +66,7 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   fsync_directory(std::filesystem::path(path).parent_path().string());
 }
 
-std::string read_file(const std::string& path) {
+std::string read_file(const std::string& path, size_t max_bytes) {
   Fd in(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   FORGE_CHECK(in.fd >= 0, "{}: cannot open: {}", path, errno_message());
   std::string out;
@@ -76,6 +76,11 @@ std::string read_file(const std::string& path) {
     if (r < 0 && errno == EINTR) continue;
     FORGE_CHECK(r >= 0, "{}: read failed: {}", path, errno_message());
     if (r == 0) break;
+    // Counted as it is read: a FIFO or /dev/zero has no size to check first.
+    FORGE_CHECK(out.size() + static_cast<size_t>(r) <= max_bytes,
+                "{}: more than {} bytes, more than such a file ever holds: not the file expected "
+                "here (or damaged)",
+                path, max_bytes);
     out.append(buf, static_cast<size_t>(r));
   }
   return out;

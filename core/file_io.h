@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -39,7 +40,8 @@ void fsync_directory(const std::string& dir);
 // fsynced; the temporary is removed when anything fails.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
-// The whole file; errors name `path`.
-std::string read_file(const std::string& path);
+// The whole file; errors name `path`. A file longer than `max_bytes` is an
+// error found while reading, before more than that is held in memory.
+std::string read_file(const std::string& path, size_t max_bytes = SIZE_MAX);
 
 }  // namespace forge::io

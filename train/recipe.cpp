@@ -5,11 +5,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
-#include <fstream>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace forge::train {
 
@@ -126,6 +127,30 @@ json::Value convert_scalar(const KeySpec& key, KeyType type, const YAML::Node& n
   return bad("a value");
 }
 
+// The keys whose values become paths the run writes to. A recipe may come from
+// anywhere (a checkpoint, a colleague): what it names stays inside the working
+// directory. A directory elsewhere is the command line's to choose (--out).
+void check_written_path(const KeySpec& key, const std::string& value, const std::string& place) {
+  namespace fs = std::filesystem;
+  const auto bad = [&](const char* why) {
+    FORGE_FAIL("recipe {}: '{}' = '{}' {}", place, key.path, value, why);
+  };
+  if (value.find('\0') != std::string::npos) bad("holds a NUL byte");
+  if (key.path == "name") {
+    if (value.empty() || value == "." || value == ".." || value.find('/') != std::string::npos)
+      bad("must be one plain name (no '/', not '.' or '..'): the run directory is runs/<name>");
+  } else if (key.path == "output.dir" && !value.empty()) {
+    const fs::path p(value);
+    if (p.is_absolute())
+      bad("is an absolute path; a recipe names a directory under the working directory (give "
+          "another place on the command line: attnforge train R.yaml --out DIR)");
+    for (const fs::path& part : p)
+      if (part == "..")
+        bad("climbs out of the working directory with '..' (give such a place on the command "
+            "line: --out DIR)");
+  }
+}
+
 json::Value convert(const KeySpec& key, const YAML::Node& node, const std::string& place) {
   if (!node.IsDefined() || node.IsNull())
     FORGE_FAIL("recipe {}: '{}' has no value (expected {})", place, key.path,
@@ -141,7 +166,11 @@ json::Value convert(const KeySpec& key, const YAML::Node& node, const std::strin
       for (const YAML::Node& item : node) out.push_back(convert_scalar(key, key.type, item, place));
       return json::Value(out);
     }
-    default: return convert_scalar(key, key.type, node, place);
+    default: {
+      json::Value v = convert_scalar(key, key.type, node, place);
+      if (key.type == KeyType::string) check_written_path(key, v.as_string(), place);
+      return v;
+    }
   }
 }
 
@@ -214,8 +243,14 @@ Recipe Recipe::from_yaml(const std::string& text, const std::string& what) {
   } catch (const YAML::Exception& e) {
     FORGE_FAIL("recipe {}:{}:{}: not valid YAML: {}", what, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
+  // An empty file would train the default model on the default data: surely
+  // not what a user who gave this file meant.
+  if (root.IsNull())
+    FORGE_FAIL(
+        "recipe {}: the recipe is empty (no keys); a recipe gives at least the keys it "
+        "changes, e.g. 'model: {{type: vit}}' (every key: attnforge recipe-reference)",
+        what);
   Recipe r;
-  if (root.IsNull()) return r;  // an empty file: every default
   std::vector<std::pair<const KeySpec*, json::Value>> entries;
   walk(root, "", what, entries);
   for (auto& [key, value] : entries) r.assign(*key, value, true);
@@ -223,11 +258,17 @@ Recipe Recipe::from_yaml(const std::string& text, const std::string& what) {
 }
 
 Recipe Recipe::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  FORGE_CHECK(in.good(), "recipe {}: cannot open the file (does it exist?)", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_yaml(ss.str(), path);
+  std::error_code ec;
+  FORGE_CHECK(!std::filesystem::is_directory(path, ec),
+              "recipe {}: is a directory, not a recipe file (a run directory is continued with "
+              "attnforge train --resume {})",
+              path, path);
+  FORGE_CHECK(std::filesystem::exists(path, ec), "recipe {}: cannot open the file (does it exist?)",
+              path);
+  // The largest shipped recipe is about 1 KB; a file a thousand times larger
+  // is not a recipe (and /dev/zero never ends).
+  constexpr size_t kMaxRecipeBytes = size_t{1} << 20;
+  return from_yaml(io::read_file(path, kMaxRecipeBytes), path);
 }
 
 void Recipe::set(const std::string& assignment) {

@@ -2,6 +2,7 @@
 #include "train/trainer.h"
 
 #include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -18,21 +19,22 @@
 #include "core/file_io.h"
 #include "core/threading.h"
 #include "data/image_io.h"
+#include "ops/autocast.h"
+#include "ops/linalg/matmul.h"
+#include "ops/ops.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/grad_scaler.h"
 #include "optim/lamb.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
-#include "ops/autocast.h"
-#include "ops/linalg/matmul.h"
-#include "ops/ops.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/model.h"
 #include "train/plot.h"
 #include "train/progress.h"
+#include "train/run_state.h"
 
 namespace forge::train {
 
@@ -45,16 +47,109 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::shared_ptr<spdlog::logger> make_logger(const std::string& run_dir, bool console) {
-  std::vector<spdlog::sink_ptr> sinks;
-  if (console) sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
-  sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(
-      (fs::path(run_dir) / "train.log").string(), false));
-  auto logger = std::make_shared<spdlog::logger>("attnforge", sinks.begin(), sinks.end());
-  logger->set_pattern("[%H:%M:%S] %^%l%$ %v");
-  logger->flush_on(spdlog::level::info);
-  return logger;
+// The run's log: on the console at once; into train.log only once the run has
+// passed every check (commit()), so a refused start or resume leaves no trace
+// in the run directory. What was said before the commit goes into the file first.
+class RunLog {
+ public:
+  explicit RunLog(bool console)
+      : pending_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(4096)) {
+    std::vector<spdlog::sink_ptr> sinks;
+    if (console) sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    sinks.push_back(pending_);
+    logger_ = std::make_shared<spdlog::logger>("attnforge", sinks.begin(), sinks.end());
+    logger_->set_pattern("[%H:%M:%S] %^%l%$ %v");
+    logger_->flush_on(spdlog::level::info);
+  }
+
+  void commit(const std::string& run_dir) {
+    const std::string path = (fs::path(run_dir) / "train.log").string();
+    {
+      std::ofstream out(path, std::ios::app | std::ios::binary);
+      FORGE_CHECK(out.good(), "{}: cannot open for writing", path);
+      for (const std::string& line : pending_->last_formatted()) out << line;
+      FORGE_CHECK(out.good(), "{}: write failed", path);
+    }
+    auto& sinks = logger_->sinks();
+    std::erase(sinks, spdlog::sink_ptr(pending_));
+    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, false);
+    file->set_pattern("[%H:%M:%S] %^%l%$ %v");
+    sinks.push_back(std::move(file));
+  }
+
+  spdlog::logger* operator->() const { return logger_.get(); }
+  spdlog::logger& operator*() const { return *logger_; }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> pending_;
+  std::shared_ptr<spdlog::logger> logger_;
+};
+
+// The entries a run writes at the top of its directory (and the temporary
+// names of their atomic writes). A directory holding only these and no
+// checkpoint is a start that stopped before its first checkpoint: a new start
+// may take it over.
+bool is_run_entry(const std::string& name) {
+  for (const char* e : {"recipe.yaml", "train.log", "metrics.jsonl", "curves.svg", "checkpoints",
+                        "data", "attention_maps"})
+    if (name == e || name.rfind(std::string(e) + ".tmp-", 0) == 0) return true;
+  return false;
 }
+
+// Whether run_dir/checkpoints holds a checkpoint, readable or not. What an
+// interrupted write leaves (step-N.tmp-PID, step-N.del-PID) is no checkpoint;
+// a checkpoint renamed aside (step-N.old-PID) is one, restored by the next write.
+bool has_checkpoint(const std::string& run_dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.find(".tmp-") == std::string::npos &&
+        name.find(".del-") == std::string::npos)
+      return true;
+  }
+  return false;
+}
+
+// A new run may go into a directory that does not exist, is empty, or holds a
+// start that never reached its first checkpoint.
+void check_new_run_dir(const std::string& run_dir) {
+  std::error_code ec;
+  if (!fs::exists(run_dir, ec)) return;
+  FORGE_CHECK(fs::is_directory(run_dir, ec), "run directory {} exists and is not a directory",
+              run_dir);
+  FORGE_CHECK(!has_checkpoint(run_dir),
+              "run directory {} already holds a run; continue it with --resume {} or train into "
+              "another directory (--out DIR or --set output.dir=DIR)",
+              run_dir, run_dir);
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    FORGE_CHECK(is_run_entry(name),
+                "run directory {} is not empty and holds no run (found '{}'); train into another "
+                "directory (--out DIR) or empty it",
+                run_dir, name);
+  }
+}
+
+// Removes the run directory a failed start created, unless the start got far
+// enough to disarm it.
+class CreatedDirGuard {
+ public:
+  explicit CreatedDirGuard(std::string dir) : dir_(std::move(dir)) {
+    std::error_code ec;
+    armed_ = !fs::exists(dir_, ec);
+  }
+  ~CreatedDirGuard() {
+    std::error_code ec;
+    if (armed_) fs::remove_all(dir_, ec);
+  }
+  CreatedDirGuard(const CreatedDirGuard&) = delete;
+  CreatedDirGuard& operator=(const CreatedDirGuard&) = delete;
+  void disarm() { armed_ = false; }
+
+ private:
+  std::string dir_;
+  bool armed_;
+};
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const Recipe& r, nn::Module& model) {
   auto groups = optim::param_groups(model, r.number("optimizer.weight_decay"),
@@ -188,8 +283,11 @@ Tensor batch_loss(const Tensor& logits, const data::Batch& b, double smoothing) 
   return loss;
 }
 
-EvalResult run_eval(TaskModel& model, data::DataLoader& loader, const Placement& place,
-                    double smoothing) {
+// Evaluates on every batch of `loader`; nullopt when `stop` asks to stop first
+// (an evaluation can take minutes: a stop signal does not wait for it).
+std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
+                                   const Placement& place, double smoothing,
+                                   const std::function<bool()>& stop = {}) {
   nn::Module& m = model.module();
   const bool was_training = m.is_training();
   m.eval();
@@ -200,6 +298,10 @@ EvalResult run_eval(TaskModel& model, data::DataLoader& loader, const Placement&
   int64_t correct = 0;
   const int64_t epoch = 0;
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
+    if (stop && stop()) {
+      m.train(was_training);
+      return std::nullopt;
+    }
     const data::Batch b = cast_batch(loader.build(epoch, i), place.dtype, place.device);
     const Tensor logits = model.forward(b);
     loss_sum += batch_loss(logits, b, smoothing).item() * static_cast<double>(b.size);
@@ -211,45 +313,6 @@ EvalResult run_eval(TaskModel& model, data::DataLoader& loader, const Placement&
   r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(r.examples, 1));
   return r;
 }
-
-json::Value generator_json(const GeneratorState& s) {
-  json::Value v;
-  v["seed"] = s.seed;
-  v["offset"] = s.offset;
-  return v;
-}
-GeneratorState generator_from(const json::Value& v) {
-  return {v.at("seed").as_uint(), v.at("offset").as_uint()};
-}
-
-// The metrics of the steps since the last train record.
-struct Window {
-  double loss_sum = 0, grad_norm_sum = 0, seconds = 0;
-  int64_t correct = 0, examples = 0, tokens = 0, steps = 0;
-
-  json::Value to_json() const {
-    json::Value v;
-    v["loss_sum"] = loss_sum;
-    v["grad_norm_sum"] = grad_norm_sum;
-    v["seconds"] = seconds;
-    v["correct"] = correct;
-    v["examples"] = examples;
-    v["tokens"] = tokens;
-    v["steps"] = steps;
-    return v;
-  }
-  static Window from_json(const json::Value& v) {
-    Window w;
-    w.loss_sum = v.at("loss_sum").as_double();
-    w.grad_norm_sum = v.at("grad_norm_sum").as_double();
-    w.seconds = v.at("seconds").as_double();
-    w.correct = v.at("correct").as_int();
-    w.examples = v.at("examples").as_int();
-    w.tokens = v.at("tokens").as_int();
-    w.steps = v.at("steps").as_int();
-    return w;
-  }
-};
 
 void write_attention_maps(TaskModel& model, data::DataLoader& loader, const Placement& place,
                           const std::string& dir, spdlog::logger& log) {
@@ -311,34 +374,35 @@ json::Value EvalResult::to_json() const {
 }
 
 TrainResult train(Recipe r, const TrainOptions& opt) {
-  const Placement place = placement(r);  // a missing GPU is an error before anything is written
+  // Everything a recipe or a checkpoint can fail is checked before the run
+  // directory is written to: the directory itself, the device, the data (only
+  // generated data is written, into run_dir/data), the model, the optimizer,
+  // the schedule and, on --resume, the whole checkpoint. A start that fails
+  // removes the directory it created; one that fails in a directory that was
+  // there leaves it as it was.
+  const Placement place = placement(r);
   const std::string run_dir = opt.run_dir.empty() ? default_run_dir(r) : opt.run_dir;
+  bool from_checkpoint = false;
   if (opt.resume) {
     FORGE_CHECK(fs::is_directory(run_dir), "--resume {}: no such run directory", run_dir);
+    from_checkpoint = has_checkpoint(run_dir);
   } else {
-    FORGE_CHECK(!fs::exists(run_dir) || fs::is_empty(run_dir),
-                "run directory {} already holds a run; continue it with --resume {} or train into "
-                "another directory (--out DIR or --set output.dir=DIR)",
-                run_dir, run_dir);
-    fs::create_directories(run_dir);
-    io::write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
+    check_new_run_dir(run_dir);
   }
-  // The manager only reads until its first save; its warnings go to the log
-  // once there is one.
-  std::shared_ptr<spdlog::logger> log;
+  CreatedDirGuard created(run_dir);
+  RunLog log(opt.console);
   CheckpointManager ckpts(run_dir, static_cast<int>(r.integer("checkpoint.keep_last")),
                           r.boolean("checkpoint.keep_best") ? 1 : 0, "eval_accuracy", "max",
-                          [&log](const std::string& w) {
-                            if (log) log->warn("{}", w);
-                          });
+                          [&log](const std::string& w) { log->warn("{}", w); });
   // A resume refuses a damaged latest checkpoint rather than going back to an
   // older one (whose next save would delete the damaged one): the user decides.
-  if (opt.resume && ckpts.damaged_latest())
+  if (from_checkpoint && ckpts.damaged_latest())
     FORGE_FAIL("--resume {}: the latest checkpoint is damaged: {}. Nothing was changed. To resume "
                "from the newest whole checkpoint before it, move it out of {}",
                run_dir, *ckpts.damaged_latest(), ckpts.dir());
-  log = make_logger(run_dir, opt.console);
-  for (const std::string& w : ckpts.warnings()) log->warn("{}", w);
+  FORGE_CHECK(!from_checkpoint || ckpts.latest(),
+              "--resume {}: {} holds checkpoints but none can be read ({}). Nothing was changed",
+              run_dir, ckpts.dir(), fmt::join(ckpts.warnings(), "; "));
   const DType dtype = place.dtype;
   ops::set_allow_tf32(r.boolean("allow_tf32"));
   const int64_t threads = r.integer("threads");
@@ -377,42 +441,59 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   const int64_t eval_every = r.integer("loop.eval_every");
   const int64_t ckpt_every = r.integer("checkpoint.every");
 
-  // ---- resume ----
+  // ---- resume: the whole checkpoint is read and checked first ----
   int64_t step = 0;
-  Window window;
+  MetricWindow window;
   double elapsed_before = 0;
   EvalResult last_eval;
-  if (opt.resume) {
-    const auto latest = ckpts.latest();
-    FORGE_CHECK(latest.has_value(), "--resume {}: the run has no checkpoint to resume from", run_dir);
-    const Checkpoint c = read_checkpoint(*latest);
+  if (from_checkpoint) {
+    const std::string latest = *ckpts.latest();
+    const Checkpoint c = read_checkpoint(latest);
     try {
       model.load_state_dict(c.model);
       optimizer->load_state_dict(c.optimizer);
     } catch (const Error& e) {
-      FORGE_FAIL("--resume {}: checkpoint {} does not fit the run's recipe: {}", run_dir, *latest, e.what());
+      FORGE_FAIL("--resume {}: checkpoint {} does not fit the run's recipe: {}", run_dir, latest,
+                 e.what());
     }
-    const json::Value& s = c.state;
-    if (const json::Value* gs = s.find("grad_scaler"))
-      scaler.set_state({{"scale", gs->at("scale").as_double()},
-                        {"growth_tracker", gs->at("growth_tracker").as_double()}});
-    step = s.at("step").as_int();
-    train_loader.seek({s.at("loader").at("epoch").as_int(), s.at("loader").at("batch").as_int()});
-    gen.set_state(generator_from(s.at("generator")));
-    default_generator().set_state(generator_from(s.at("default_generator")));
-    window = Window::from_json(s.at("window"));
-    elapsed_before = s.at("elapsed_s").as_double();
-    if (const json::Value* e = s.find("last_eval")) {
-      last_eval.loss = e->at("loss").as_double();
-      last_eval.accuracy = e->at("accuracy").as_double();
+    RunStateExpect expect;
+    expect.step = *CheckpointManager::step_of(fs::path(latest).filename().string());
+    expect.total_steps = total_steps;
+    expect.batches_per_epoch = train_loader.batches_per_epoch();
+    expect.accumulation = accum;
+    const std::string state_file = (fs::path(latest) / "state.json").string();
+    const RunState s = parse_run_state(c.state, state_file, expect);
+    if (s.grad_scaler && place.loss_scaling) {
+      try {
+        scaler.set_state(*s.grad_scaler);
+      } catch (const Error& e) {
+        FORGE_FAIL("{}: \"grad_scaler\": {}", state_file, e.what());
+      }
     }
-    // --set overrides given with --resume become the run's recipe.
-    io::write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
-    log->info("resuming {} from {} (step {} of {})", run_dir, *latest, step, total_steps);
+    step = s.step;
+    train_loader.seek(s.loader);
+    gen.set_state(s.generator);
+    default_generator().set_state(s.default_generator);
+    window = s.window;
+    elapsed_before = s.elapsed_s;
+    last_eval.loss = s.last_eval_loss;
+    last_eval.accuracy = s.last_eval_accuracy;
+  }
+
+  // ---- every check passed: the run directory is written from here on ----
+  fs::create_directories(run_dir);
+  created.disarm();
+  // The recipe the run continues with: --set overrides given with --resume become the run's.
+  io::write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
+  log.commit(run_dir);
+  if (from_checkpoint) {
+    log->info("resuming {} from {} (step {} of {})", run_dir, *ckpts.latest(), step, total_steps);
+  } else if (opt.resume) {
+    log->info("resuming {}: it has no checkpoint yet; starting it from the beginning", run_dir);
   } else {
     log->info("run directory: {}", run_dir);
   }
-  MetricsLog metrics(run_dir, opt.resume ? std::optional<int64_t>(step) : std::nullopt);
+  MetricsLog metrics(run_dir, from_checkpoint ? std::optional<int64_t>(step) : std::nullopt);
 
   if (!place.note.empty()) log->warn("{}", place.note);
   log->info("model: {} {} on {} ({} parameters), attention {}, {} steps ({} per epoch, batch {} x {} accumulation), {} threads",
@@ -426,47 +507,41 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     c.model = model.state_dict();
     c.optimizer = optimizer->state_dict();
     c.recipe_yaml = r.to_yaml();
-    json::Value s;
-    s["step"] = step;
-    const data::LoaderPosition pos = train_loader.position();
-    s["epoch"] = pos.epoch;
-    s["loader"]["epoch"] = pos.epoch;
-    s["loader"]["batch"] = pos.batch;
-    s["generator"] = generator_json(gen.state());
-    s["default_generator"] = generator_json(default_generator().state());
-    s["window"] = window.to_json();
-    s["schedule"]["kind"] = r.string("schedule.kind");
-    s["schedule"]["step"] = step;
-    s["schedule"]["lr"] = optimizer->lr();
-    s["elapsed_s"] = elapsed_before + seconds_since(run_start);
-    s["last_eval"]["loss"] = last_eval.loss;
-    s["last_eval"]["accuracy"] = last_eval.accuracy;
-    if (place.loss_scaling) {
-      const auto st = scaler.state();
-      s["grad_scaler"]["scale"] = st.at("scale");
-      s["grad_scaler"]["growth_tracker"] = st.at("growth_tracker");
-    }
-    c.state = s;
+    RunState s;
+    s.step = step;
+    s.loader = train_loader.position();
+    s.generator = gen.state();
+    s.default_generator = default_generator().state();
+    s.window = window;
+    s.schedule_kind = r.string("schedule.kind");
+    s.lr = optimizer->lr();
+    s.elapsed_s = elapsed_before + seconds_since(run_start);
+    s.last_eval_loss = last_eval.loss;
+    s.last_eval_accuracy = last_eval.accuracy;
+    if (place.loss_scaling) s.grad_scaler = scaler.state();
+    c.state = s.to_json();
     const std::string path = ckpts.save(step, c, metric);
     log->info("checkpoint {}", path);
     return path;
   };
 
-  auto evaluate = [&]() {
+  const auto stop_now = [&] { return opt.stop_requested && opt.stop_requested(step); };
+  auto evaluate = [&]() -> std::optional<EvalResult> {
     const auto t0 = Clock::now();
-    EvalResult e = run_eval(*task, eval_loader, place, smoothing);
-    e.step = step;
-    last_eval = e;
+    std::optional<EvalResult> e = run_eval(*task, eval_loader, place, smoothing, stop_now);
+    if (!e) return e;
+    e->step = step;
+    last_eval = *e;
     json::Value rec;
     rec["step"] = step;
     rec["split"] = "eval";
-    rec["loss"] = e.loss;
-    rec["accuracy"] = e.accuracy;
-    rec["examples"] = e.examples;
+    rec["loss"] = e->loss;
+    rec["accuracy"] = e->accuracy;
+    rec["examples"] = e->examples;
     rec["seconds"] = seconds_since(t0);
     metrics.append(rec);
-    log->info("eval  step {:>6}  loss {:.4f}  accuracy {:.2f}%  ({} examples, {})", step, e.loss,
-              100 * e.accuracy, e.examples, format_duration(seconds_since(t0)));
+    log->info("eval  step {:>6}  loss {:.4f}  accuracy {:.2f}%  ({} examples, {})", step, e->loss,
+              100 * e->accuracy, e->examples, format_duration(seconds_since(t0)));
     return e;
   };
 
@@ -475,11 +550,11 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   result.run_dir = run_dir;
   EtaEstimator eta;
   std::string last_ckpt;
-  int64_t last_ckpt_step = opt.resume ? step : -1;
+  int64_t last_ckpt_step = from_checkpoint ? step : -1;
   reset_peak_memory(place.device);
   int64_t skipped_steps = 0;  // fp16: steps the loss scaler skipped for inf / NaN gradients
   while (step < total_steps) {
-    if (opt.stop_requested && opt.stop_requested(step)) {
+    if (stop_now()) {
       if (last_ckpt_step != step) last_ckpt = save(std::nullopt);
       log->warn("stopped at step {} of {}; continue with: attnforge train --resume {}", step,
                 total_steps, run_dir);
@@ -491,8 +566,11 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     optimizer->set_lr(base_lr * optim::lr_factor(schedule, step));
     for (int64_t a = 0; a < accum; ++a) {
       data::Batch b;
-      while (!train_loader.next(b)) {
-      }
+      // At the end of an epoch next() moves to the next one and returns false
+      // once; the loader refuses a dataset that makes no batch at all.
+      if (!train_loader.next(b))
+        FORGE_CHECK(train_loader.next(b), "DataLoader: epoch {} has no batch",
+                    train_loader.position().epoch);
       b = cast_batch(std::move(b), dtype, place.device);
       Tensor logits, loss;
       {
@@ -573,12 +651,26 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
                 format_count(rec.at("samples_per_s").as_double()),
                 rec.at("step_time_ms").as_double(), rec.at("peak_memory_mb").as_double(),
                 format_duration(eta.eta(total_steps - step)));
-      window = Window{};
+      window = MetricWindow{};
     }
     const bool epoch_ended = completed_epochs(train_loader) != epochs_before;
     const bool eval_now = last || (eval_every > 0 ? step % eval_every == 0 : epoch_ended);
     std::optional<double> metric;
-    if (eval_now) metric = evaluate().accuracy;
+    if (eval_now) {
+      const std::optional<EvalResult> e = evaluate();
+      if (!e) {
+        // Stopped inside the evaluation: the checkpoint of this step would miss
+        // it, so none is written and a resume redoes the steps since the last one.
+        const auto good = ckpts.latest();
+        log->warn(
+            "stopped during the evaluation at step {}; continue from {} with: attnforge "
+            "train --resume {}",
+            step, good ? *good : std::string("the beginning (no checkpoint yet)"), run_dir);
+        result.status = TrainResult::Status::interrupted;
+        break;
+      }
+      metric = e->accuracy;
+    }
     const bool ckpt_now = last || (ckpt_every > 0 ? step % ckpt_every == 0 : eval_now);
     if (ckpt_now) {
       last_ckpt = save(metric);
@@ -624,7 +716,7 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::string& split,
   } catch (const Error& e) {
     FORGE_FAIL("{}: the weights do not fit the recipe's model: {}", dir, e.what());
   }
-  EvalResult e = run_eval(*task, loader, place, r.number("loop.label_smoothing"));
+  EvalResult e = *run_eval(*task, loader, place, r.number("loop.label_smoothing"));
   e.split = split.empty() ? r.string("data.eval_split") : split;
   e.step = c.state.at("step").as_int();
   return e;

@@ -11,6 +11,15 @@
 //   checkpoints/       step-NNNNNNNN/{model,optimizer}.safetensors + state.json; latest; best
 //   attention_maps/    with output.attention_maps
 //
+// Lifecycle: every check a recipe can fail (schema, cross-key rules, data
+// present and readable, model buildable, schedule within the steps) and, on
+// resume, the whole checkpoint (checksums, state.json against its directory
+// and the recipe) runs before the run directory is written to. A start that
+// fails removes the directory it created; a resume that fails changes
+// nothing. A directory whose run stopped before its first checkpoint (a
+// failed start, a kill) is not a run yet: a new start may take it over, and
+// --resume starts it from the beginning.
+//
 // Resuming reproduces the uninterrupted run exactly: the state saves the
 // optimizer step, the loader position, the model's random generator, the
 // Performer redraw counters (model buffers) and the partial metric window, and
@@ -34,7 +43,9 @@ struct TrainOptions {
   bool check_nan = false;
   bool console = true;   // log to the console (tests turn it off)
   // Polled before each optimizer step with the number of steps done; true
-  // writes a checkpoint and stops (SIGINT / SIGTERM, tests).
+  // writes a checkpoint and stops (SIGINT / SIGTERM, tests). Polled before each
+  // evaluation batch too: true there abandons the evaluation and stops without
+  // a checkpoint (the resume redoes the steps since the last one).
   std::function<bool(int64_t step)> stop_requested;
 };
 
@@ -46,8 +57,9 @@ struct TrainResult {
   std::string last_checkpoint;
 };
 
-// Trains; throws forge::Error on bad input and on a non-finite loss (after
-// which the last good checkpoint is still whole: nothing is written).
+// Trains; throws forge::Error on bad input (naming what and where) and on a
+// non-finite loss (after which the last good checkpoint is still whole:
+// nothing is written).
 TrainResult train(Recipe recipe, const TrainOptions& options);
 
 // The run directory a recipe trains into when none is given.

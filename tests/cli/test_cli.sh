@@ -48,6 +48,22 @@ expect 1 "unknown key 'model.dimm'" -- "$bin" train "$work/bad.yaml" --out "$wor
 expect 1 "'loop.batch_size' = 0 is out of range" -- "$bin" train "$work/tiny.yaml" --set loop.batch_size=0
 expect 1 "cannot open the file" -- "$bin" train "$work/missing.yaml"
 
+# ---- hostile recipes: refused before anything is written, never a hang ----
+: >"$work/empty.yaml"
+expect 1 "is empty" -- "$bin" train "$work/empty.yaml" --out "$work/empty_run"
+[ ! -e "$work/empty_run" ] || fail "an empty recipe created its run directory"
+expect 1 "is a directory" -- "$bin" train "$work" --dump-config
+printf 'name: ../../escape\n' >"$work/escape.yaml"
+expect 1 "'name' = '../../escape'" -- "$bin" train "$work/escape.yaml"
+# More batch than data: refused at once (it used to spin forever).
+expect 1 "batch" -- timeout 60 "$bin" train "$work/tiny.yaml" --set data.limit_train=100 \
+  --set loop.batch_size=500 --out "$work/no_batch"
+[ ! -e "$work/no_batch" ] || fail "a start that makes no batch created its run directory"
+# A failed start does not block its directory: fixed, it trains there.
+expect 1 "warmup" -- "$bin" train "$work/tiny.yaml" --set loop.steps=4 --out "$work/retry"
+expect 0 "done: 4 steps" -- "$bin" train "$work/tiny.yaml" --set loop.steps=4 \
+  --set schedule.warmup_steps=1 --out "$work/retry"
+
 # ---- --dump-config: the resolved recipe, with the override ----
 expect 0 "kind: linformer" -- "$bin" train "$work/tiny.yaml" --set model.attention.kind=linformer --dump-config
 

@@ -1,10 +1,10 @@
 // Recipes: defaults, overrides, the resolved YAML, and one clear error per
 // kind of mistake (unknown key, wrong type, out of range, bad choice, ...).
-#include "train/recipe.h"
-
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "tests/test_util.h"
+#include "train/recipe.h"
 
 namespace forge::train {
 namespace {
@@ -106,8 +106,41 @@ TEST(Recipe, ResolvedYamlReadsBackToTheSameRecipe) {
   EXPECT_EQ(back.string("data.root"), "yes");
 }
 
-TEST(Recipe, EmptyFileMeansEveryDefault) {
-  EXPECT_EQ(Recipe::from_yaml("", "empty.yaml").to_yaml(), Recipe().to_yaml());
+// An empty file (or one holding only comments) would silently train the
+// default model on the default data.
+TEST(RecipeErrors, EmptyRecipeIsRefused) {
+  for (const char* text : {"", "\n\n", "# nothing yet\n", "~\n"}) {
+    SCOPED_TRACE(text);
+    forge::testing::expect_error([&] { Recipe::from_yaml(text, "empty.yaml"); },
+                                 {"empty.yaml", "empty"});
+  }
+}
+
+TEST(RecipeErrors, ADirectoryIsNotARecipe) {
+  const forge::testing::TempDir tmp;
+  forge::testing::expect_error([&] { Recipe::from_file(tmp.path().string()); },
+                               {tmp.path().string(), "is a directory", "--resume"});
+}
+
+// The run directory is runs/<name> or output.dir: a recipe cannot point it
+// outside the working directory.
+TEST(RecipeErrors, NameAndOutputDirCannotEscape) {
+  for (const char* bad : {"name: ../../escape\n", "name: a/b\n", "name: ..\n", "name: .\n",
+                          "name: ''\n", "output: {dir: /tmp/elsewhere}\n",
+                          "output: {dir: runs/../../x}\n", "output: {dir: ..}\n"}) {
+    SCOPED_TRACE(bad);
+    const std::string e = error_of(bad);
+    EXPECT_TRUE(e.find("'name'") != std::string::npos ||
+                e.find("'output.dir'") != std::string::npos)
+        << e;
+  }
+  Recipe r;
+  forge::testing::expect_error([&] { r.set("name=../up"); }, {"--set name=../up", "'name'"});
+  forge::testing::expect_error([&] { r.set("output.dir=/abs"); }, {"output.dir", "--out"});
+  // Plain relative places stay allowed.
+  r.set("name=vit-s16_run.2");
+  r.set("output.dir=experiments/a/b");
+  EXPECT_EQ(r.string("output.dir"), "experiments/a/b");
 }
 
 // ---- malformed recipes: each error names the key (and the place) ----

@@ -5,23 +5,23 @@
 //
 // Fashion-MNIST comes from the Debian package dataset-fashion-mnist, which
 // scripts/install-deps.sh installs (make test runs it first).
-#include "train/trainer.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "data/image_io.h"
 #include "tests/test_util.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/model.h"
-#include "data/image_io.h"
+#include "train/trainer.h"
 
 namespace forge::train {
 namespace {
@@ -264,11 +264,9 @@ TEST(Trainer, ResumeWithAnotherModelShapeIsAnErrorAndChangesNothing) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
   }
-  auto after = snapshot(dir);
-  // train.log gains the lines of the refused attempt; nothing else changes.
-  before.erase("train.log");
-  after.erase("train.log");
-  EXPECT_EQ(after, before);
+  // Not even train.log: the log reaches the run directory only once a resume
+  // has passed every check.
+  EXPECT_EQ(snapshot(dir), before);
   fs::remove_all(dir);
 }
 
@@ -300,16 +298,155 @@ TEST(Trainer, ResumeRefusesADamagedLatestCheckpointAndChangesNothing) {
     EXPECT_NE(m.find("step-00000004"), std::string::npos) << m;
     EXPECT_NE(m.find("model.safetensors"), std::string::npos) << m;
   }
-  auto after = snapshot(dir);
-  before.erase("train.log");
-  after.erase("train.log");
-  EXPECT_EQ(after, before);
+  EXPECT_EQ(snapshot(dir), before);
   // Moved aside by the user: the run continues from step 2 and finishes.
   fs::rename(latest, fs::path(dir) / "damaged-step-4");
   const TrainResult t = train(r, resume);
   EXPECT_EQ(t.status, TrainResult::Status::finished);
   EXPECT_EQ(t.steps, 6);
   fs::remove_all(dir);
+}
+
+// A short run with a checkpoint every 2 steps.
+Recipe short_recipe(int64_t steps) {
+  Recipe r = tiny_recipe();
+  r.set("loop.epochs=0");
+  r.set("loop.steps=" + std::to_string(steps));
+  r.set("schedule.warmup_steps=1");
+  r.set("checkpoint.every=2");
+  return r;
+}
+
+// Each check a recipe can fail runs before anything is written: a failed start
+// leaves no directory behind, or, when the directory was there, leaves it as it
+// was; the fixed recipe then trains into the same place.
+TEST(RunLifecycle, AFailedStartNeverBlocksItsDirectory) {
+  const testing::TempDir tmp;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> bad = {
+      {"schedule.warmup_steps=40", {"schedule", "warmup"}},  // cosine needs warmup <= steps
+      {"data.root=" + (tmp.path() / "no_such_data").string(), {"no_such_data"}},
+      {"model.heads=5", {"model.heads"}},            // 32 is not divisible by 5
+      {"model.patch_size=5", {"model.patch_size"}},  // 28 is not divisible by 5
+      {"loop.batch_size=4096", {"batch"}},           // more than the 2048 examples: no batch
+  };
+  for (const auto& [assignment, parts] : bad) {
+    SCOPED_TRACE(assignment);
+    Recipe r = short_recipe(4);
+    r.set(assignment);
+    const std::string dir = (tmp.path() / "run").string();
+    testing::expect_error([&] { train(r, quiet(dir)); }, parts);
+    EXPECT_FALSE(fs::exists(dir)) << "a failed start left its directory behind";
+    fs::create_directories(dir);
+    testing::expect_error([&] { train(r, quiet(dir)); }, parts);
+    EXPECT_TRUE(fs::is_empty(dir)) << "a failed start wrote into an existing directory";
+    const TrainResult t = train(short_recipe(4), quiet(dir));
+    EXPECT_EQ(t.steps, 4);
+    fs::remove_all(dir);
+  }
+}
+
+// A run killed before its first checkpoint leaves its recipe, log and metrics
+// (and perhaps a half-written checkpoint): --resume starts it from the
+// beginning, and so does a new start into the same directory; either ends
+// bit-identical to an uninterrupted run.
+TEST(RunLifecycle, ARunKilledBeforeItsFirstCheckpointStartsAgain) {
+  const testing::TempDir tmp;
+  const std::string ref = (tmp.path() / "ref").string();
+  train(short_recipe(6), quiet(ref));
+  for (const bool resume : {true, false}) {
+    SCOPED_TRACE(resume ? "--resume" : "a new start");
+    const fs::path dir = tmp.path() / (resume ? "resumed" : "restarted");
+    fs::create_directories(dir / "checkpoints" / "step-00000002.tmp-12345");
+    testing::write_file(dir / "checkpoints" / "step-00000002.tmp-12345" / "model.safetensors",
+                        "half");
+    testing::write_file(dir / "recipe.yaml", short_recipe(6).to_yaml());
+    testing::write_file(dir / "train.log", "[00:00:00] info run directory: x\n");
+    testing::write_file(dir / "metrics.jsonl",
+                        "{\"step\": 1, \"split\": \"train\", \"loss\": 2.3}\n");
+    TrainOptions o = quiet(dir.string());
+    o.resume = resume;
+    const TrainResult t = train(short_recipe(6), o);
+    EXPECT_EQ(t.status, TrainResult::Status::finished);
+    EXPECT_EQ(t.steps, 6);
+    expect_bit_equal(final_weights(ref), final_weights(dir.string()));
+    EXPECT_EQ(deterministic_metrics(ref), deterministic_metrics(dir.string()));
+    EXPECT_FALSE(fs::exists(dir / "checkpoints" / "step-00000002.tmp-12345"));
+  }
+  // A directory holding something that is not a run is not taken over.
+  const fs::path foreign = tmp.path() / "foreign";
+  fs::create_directories(foreign);
+  testing::write_file(foreign / "thesis.tex", "keep me");
+  testing::expect_error([&] { train(short_recipe(2), quiet(foreign.string())); },
+                        {foreign.string(), "thesis.tex", "not empty"});
+  EXPECT_EQ(snapshot(foreign).size(), 1u);
+}
+
+// state.json is read whole and checked (against its directory and the recipe)
+// before anything in the run changes; each refusal names the file and the key.
+TEST(RunLifecycle, ABadStateIsRefusedBeforeAnythingChanges) {
+  const testing::TempDir tmp;
+  const std::string dir = (tmp.path() / "run").string();
+  TrainOptions stop = quiet(dir);
+  stop.stop_requested = [](int64_t step) { return step == 4; };
+  train(short_recipe(8), stop);
+  const std::string latest =
+      (fs::path(dir) / "checkpoints" / CheckpointManager::name_of(4)).string();
+  const Checkpoint good = read_checkpoint(latest);
+  const std::vector<std::pair<std::function<void(json::Value&)>, std::vector<std::string>>> cases =
+      {
+          {[](json::Value& s) { s["step"] = -5; }, {"\"step\""}},
+          {[](json::Value& s) { s["step"] = "abc"; }, {"\"step\"", "string"}},
+          {[](json::Value& s) { s["loader"]["batch"] = 100000; }, {"\"loader.batch\""}},
+          {[](json::Value& s) { s["step"] = 2; }, {"\"step\" is 2", "step 4"}},
+          {[](json::Value& s) { s["generator"] = "lost"; }, {"\"generator\""}},
+      };
+  for (const auto& [damage, parts] : cases) {
+    Checkpoint c = good;
+    damage(c.state);
+    write_checkpoint(latest, c);  // with valid checksums: only the values are wrong
+    const auto before = snapshot(dir);
+    TrainOptions resume = quiet(dir);
+    resume.resume = true;
+    Recipe longer = short_recipe(8);
+    longer.set("loop.log_every=2");  // a --set given with the refused resume
+    std::vector<std::string> want = parts;
+    want.push_back((fs::path(latest) / "state.json").string());
+    testing::expect_error([&] { train(longer, resume); }, want);
+    EXPECT_EQ(snapshot(dir), before) << "a refused resume changed the run directory";
+  }
+  write_checkpoint(latest, good);
+  TrainOptions resume = quiet(dir);
+  resume.resume = true;
+  EXPECT_EQ(train(short_recipe(8), resume).steps, 8);
+}
+
+// A stop during an evaluation does not wait for it, and writes no checkpoint
+// that would miss it: the resume redoes the steps since the last checkpoint
+// and ends exactly where an uninterrupted run does.
+TEST(RunLifecycle, AStopDuringAnEvaluationAbandonsItAndResumesExactly) {
+  const testing::TempDir tmp;
+  Recipe r = short_recipe(12);
+  r.set("loop.eval_every=6");
+  r.set("checkpoint.every=4");
+  r.set("data.limit_eval=128");
+  r.set("loop.eval_batch_size=32");
+  const std::string a = (tmp.path() / "a").string(), b = (tmp.path() / "b").string();
+  train(r, quiet(a));
+  TrainOptions stop = quiet(b);
+  int polls_at_6 = 0;
+  stop.stop_requested = [&](int64_t step) {
+    return step == 6 && ++polls_at_6 == 2;
+  };  // 2nd eval batch
+  const TrainResult first = train(r, stop);
+  EXPECT_EQ(first.status, TrainResult::Status::interrupted);
+  EXPECT_EQ(first.steps, 6);
+  CheckpointManager m(b, 2, 1, "eval_accuracy", "max", [](const std::string&) {});
+  EXPECT_EQ(*m.latest(), (fs::path(b) / "checkpoints" / CheckpointManager::name_of(4)).string());
+  TrainOptions resume = quiet(b);
+  resume.resume = true;
+  EXPECT_EQ(train(r, resume).steps, 12);
+  expect_bit_equal(final_weights(a), final_weights(b));
+  EXPECT_EQ(deterministic_metrics(a), deterministic_metrics(b));
 }
 
 TEST(Trainer, EvalOfTheLastCheckpointReproducesTheLastEvaluation) {
