@@ -199,6 +199,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   }
   if (ckpt.empty()) throw UsageError("eval: give a checkpoint directory");
   const auto r = forge::train::evaluate_checkpoint(ckpt, split, sets);
+  for (const std::string& w : r.warnings) std::fprintf(stderr, "attnforge eval: warning: %s\n", w.c_str());
   const std::string text = forge::json::dump(r.to_json(), 2) + "\n";
   std::fputs(text.c_str(), stdout);
   if (out.empty()) {

@@ -35,6 +35,10 @@ constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", 
 // The model.safetensors __metadata__ key of state.json's XXH3-64; the tensors'
 // own checksums are the safetensors layer's.
 constexpr const char* kStateChecksumKey = "state_json_xxh3_64";
+// What the small files may hold, read with these caps so a damaged or hostile
+// one cannot take the memory: a state is a few KB, a pointer one name.
+constexpr size_t kMaxStateBytes = size_t{16} << 20;
+constexpr size_t kMaxPointerBytes = 4096;
 
 // The suffixes of what a write leaves beside its target until it finishes:
 // the directory being built, an old directory renamed aside, one being deleted.
@@ -411,7 +415,7 @@ Checkpoint read_checkpoint(const std::string& dir) {
   check_format(optimizer, optimizer_path);
 
   const std::string state_path = (fs::path(dir) / kFiles[2]).string();
-  const std::string state_text = io::read_file(state_path);
+  const std::string state_text = io::read_file(state_path, kMaxStateBytes);
   // Parsed first: a cut or garbled file is better described by where its JSON breaks.
   c.state = json::parse(state_text, state_path);
   FORGE_CHECK(c.state.is_object(), "{}: expected a JSON object, found {}", state_path,
@@ -479,7 +483,7 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
     const fs::path p = fs::path(dir_) / file;
     if (!exists_no_follow(p)) return std::nullopt;
     try {
-      const std::string text = trim(io::read_file(p.string()));
+      const std::string text = trim(io::read_file(p.string(), kMaxPointerBytes));
       if (const auto s = parse_name(text)) return s;
       warn(fmt::format("{}: holds \"{}\", not a checkpoint name like step-00001234", p.string(),
                        escaped(text)));
@@ -532,7 +536,8 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
     if (!metric_name_.empty()) {
       try {
         const fs::path state = fs::path(path_of(s)) / kFiles[2];
-        const json::Value v = json::parse(io::read_file(state.string()), state.string());
+        const json::Value v =
+            json::parse(io::read_file(state.string(), kMaxStateBytes), state.string());
         const json::Value* m = v.is_object() ? v.find("checkpoint_metric") : nullptr;
         if (m && m->is_object()) {
           const json::Value* n = m->find("name");

@@ -719,6 +719,7 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::string& split,
   EvalResult e = *run_eval(*task, loader, place, r.number("loop.label_smoothing"));
   e.split = split.empty() ? r.string("data.eval_split") : split;
   e.step = c.state.at("step").as_int();
+  e.warnings = c.warnings;
   return e;
 }
 

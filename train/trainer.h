@@ -31,6 +31,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/json.h"
 #include "train/recipe.h"
@@ -70,6 +71,7 @@ struct EvalResult {
   int64_t examples = 0;
   double loss = 0, accuracy = 0;
   int64_t step = 0;
+  std::vector<std::string> warnings;  // about the checkpoint read (e.g. written without checksums)
   json::Value to_json() const;
 };
 
