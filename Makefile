@@ -6,7 +6,7 @@ SANITIZE ?= build-sanitize
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train test-sanitize gpu-bundle bench bench-attention bench-stack bench-torch bench-vit format clean
+.PHONY: all deps configure build test train test-sanitize soak fuzz gpu-bundle bench bench-attention bench-stack bench-torch bench-vit format clean
 
 all: build
 
@@ -38,6 +38,14 @@ test-sanitize: deps
 	cmake --build $(SANITIZE) -j$(JOBS) --target test_core test_autograd test_ops test_attention test_nn test_optim test_data test_train attnforge
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir $(SANITIZE) --output-on-failure -j$(JOBS) -E '^test_cuda$$'
+
+# kill -9 soak of a small run (scripts/soak.sh): SOAK_KILLS kills at random
+# instants and inside checkpoint writes, each resumed; every checkpoint must
+# load, every run resume, and the final weights match an uninterrupted run's.
+SOAK_KILLS ?= 40
+soak: configure
+	cmake --build $(BUILD) -j$(JOBS) --target attnforge
+	SOAK_KILLS=$(SOAK_KILLS) bash scripts/soak.sh $(BUILD)/apps/attnforge
 
 # The GPU tests and benchmarks packed for a machine with a GPU but without our
 # packages (docs/GPU.md): .gpu/attnforge-gpu.tar.xz, run there by scripts/gpu/run.sh.

@@ -161,6 +161,11 @@ int cmd_train(const std::vector<std::string>& args) {
   if (!resume.empty() && !out.empty())
     throw UsageError("train: --resume continues in its own directory; drop --out");
 
+  if (!resume.empty() && fs::is_directory(resume) && !fs::exists(fs::path(resume) / "recipe.yaml"))
+    throw std::runtime_error(fmt::format(
+        "--resume {}: no recipe.yaml: the run was stopped before it started; start it again with "
+        "attnforge train RECIPE.yaml --out {}",
+        resume, resume));
   Recipe recipe = resume.empty() ? Recipe::from_file(recipe_path)
                                  : Recipe::from_file((fs::path(resume) / "recipe.yaml").string());
   for (const std::string& s : sets) recipe.set(s);

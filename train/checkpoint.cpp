@@ -679,6 +679,13 @@ std::string CheckpointManager::save(int64_t step_number, const Checkpoint& ckpt,
   return path;
 }
 
+void CheckpointManager::tidy() {
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return;
+  clean_leftovers(dir_, "");
+  prune();
+}
+
 void CheckpointManager::prune() {
   std::vector<int64_t> keep;
   if (latest_) keep.push_back(*latest_);

@@ -87,6 +87,11 @@ class CheckpointManager {
   // checkpoint's directory.
   std::string save(int64_t step, const Checkpoint& ckpt, std::optional<double> metric);
 
+  // Finishes what a process killed after a save's commit left undone: removes
+  // the leftovers of interrupted writes and prunes as save() would. A run that
+  // resumes calls it once its checks have passed (a finished run never saves again).
+  void tidy();
+
   // Directories (run_dir/checkpoints/NAME), not names.
   std::optional<std::string> latest() const;
   std::optional<std::string> best() const;

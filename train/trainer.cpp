@@ -96,6 +96,17 @@ bool is_run_entry(const std::string& name) {
   return false;
 }
 
+// Removes what a killed atomic write of a run entry left (recipe.yaml.tmp-PID, ...).
+void remove_leftover_temps(const std::string& run_dir) {
+  std::error_code ec;
+  std::vector<fs::path> doomed;
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find(".tmp-") != std::string::npos && is_run_entry(name)) doomed.push_back(e.path());
+  }
+  for (const fs::path& p : doomed) fs::remove_all(p, ec);
+}
+
 // Whether run_dir/checkpoints holds a checkpoint, readable or not. What an
 // interrupted write leaves (step-N.tmp-PID, step-N.del-PID) is no checkpoint;
 // a checkpoint renamed aside (step-N.old-PID) is one, restored by the next write.
@@ -483,6 +494,8 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   // ---- every check passed: the run directory is written from here on ----
   fs::create_directories(run_dir);
   created.disarm();
+  remove_leftover_temps(run_dir);
+  ckpts.tidy();
   // The recipe the run continues with: --set overrides given with --resume become the run's.
   io::write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
   log.commit(run_dir);

@@ -533,6 +533,24 @@ TEST_F(CheckpointManagerTest, KeepLastPrunesAndWritesLatest) {
   EXPECT_TRUE(warned_.empty());
 }
 
+// A process killed after a save's commit (latest already names the new
+// checkpoint) leaves the pruning undone; a finished run never saves again, so
+// a resume tidies: the leftovers go and keep_last holds again.
+TEST_F(CheckpointManagerTest, TidyFinishesThePruningOfAKilledSave) {
+  {
+    auto m = manager(3, 0);
+    for (int64_t s = 1; s <= 3; ++s) m.save(s * 10, make_checkpoint(s), {});
+  }
+  fs::create_directories(ckdir() / "step-00000010.del-4242");
+  fs::create_directories(ckdir() / "step-00000040.tmp-4242");
+  auto m = manager(1, 0);
+  EXPECT_EQ(names_in(ckdir()).size(), 6u);  // read only: nothing changed yet
+  m.tidy();
+  EXPECT_EQ(names_in(ckdir()), (std::set<std::string>{"latest", "step-00000030"}));
+  EXPECT_EQ(m.list(), paths({30}));
+  EXPECT_TRUE(same(read_checkpoint(*m.latest()), make_checkpoint(3)));
+}
+
 TEST_F(CheckpointManagerTest, KeepBestKeepsTheBestAndRecordsTheMetric) {
   auto m = manager(1, 2, "eval/accuracy", "max");
   const double acc[] = {0.5, 0.9, 0.7, 0.9, 0.6, 0.8};

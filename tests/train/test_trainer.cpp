@@ -360,6 +360,7 @@ TEST(RunLifecycle, ARunKilledBeforeItsFirstCheckpointStartsAgain) {
     testing::write_file(dir / "checkpoints" / "step-00000002.tmp-12345" / "model.safetensors",
                         "half");
     testing::write_file(dir / "recipe.yaml", short_recipe(6).to_yaml());
+    testing::write_file(dir / "recipe.yaml.tmp-12345", "rec");  // a killed atomic write
     testing::write_file(dir / "train.log", "[00:00:00] info run directory: x\n");
     testing::write_file(dir / "metrics.jsonl",
                         "{\"step\": 1, \"split\": \"train\", \"loss\": 2.3}\n");
@@ -371,6 +372,7 @@ TEST(RunLifecycle, ARunKilledBeforeItsFirstCheckpointStartsAgain) {
     expect_bit_equal(final_weights(ref), final_weights(dir.string()));
     EXPECT_EQ(deterministic_metrics(ref), deterministic_metrics(dir.string()));
     EXPECT_FALSE(fs::exists(dir / "checkpoints" / "step-00000002.tmp-12345"));
+    EXPECT_FALSE(fs::exists(dir / "recipe.yaml.tmp-12345"));
   }
   // A directory holding something that is not a run is not taken over.
   const fs::path foreign = tmp.path() / "foreign";
