@@ -47,6 +47,15 @@ soak: configure
 	cmake --build $(BUILD) -j$(JOBS) --target attnforge
 	SOAK_KILLS=$(SOAK_KILLS) bash scripts/soak.sh $(BUILD)/apps/attnforge
 
+# libFuzzer on every parser of untrusted input (scripts/fuzz.sh, tests/fuzz/README.md):
+# replays the regression inputs and seeds, then fuzzes each target for
+# FUZZ_SECONDS (0: replay only); FUZZ_TARGETS="json idx" picks some.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz:
+	@bash scripts/install-deps.sh fuzz
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_TARGETS="$(FUZZ_TARGETS)" JOBS=$(JOBS) bash scripts/fuzz.sh
+
 # The GPU tests and benchmarks packed for a machine with a GPU but without our
 # packages (docs/GPU.md): .gpu/attnforge-gpu.tar.xz, run there by scripts/gpu/run.sh.
 gpu-bundle: deps
@@ -78,4 +87,4 @@ format:
 	find core autograd ops apps bench tests -name '*.h' -o -name '*.cpp' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD) $(SANITIZE)
+	rm -rf $(BUILD) $(SANITIZE) build-fuzz

@@ -14,6 +14,15 @@ packages=(
   dataset-fashion-mnist
 )
 
+# `install-deps.sh fuzz`: also what scripts/fuzz.sh needs (make fuzz).
+if [ "${1:-}" = fuzz ]; then
+  packages+=(
+    clang-14 libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes
+    libomp-14-dev                # OpenMP under clang
+    llvm-14                      # llvm-symbolizer: readable sanitizer reports
+  )
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

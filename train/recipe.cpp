@@ -77,6 +77,42 @@ std::string scalar_text(const YAML::Node& node) {
   return e.c_str();
 }
 
+// `s` with every byte outside printable ASCII as \xNN, at most 64 of them.
+std::string escaped_bytes(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < 64; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    out += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02X}", c);
+  }
+  return s.size() > 64 ? out + "..." : out;
+}
+
+// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code
+// points past U+10FFFF) without control characters.
+bool is_clean_text(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) return false;
+      ++i;
+      continue;
+    }
+    const size_t n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+    if (n == 0 || c > 0xf4 || i + n > s.size()) return false;
+    uint32_t cp = c & (0x7f >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const auto t = static_cast<unsigned char>(s[i + k]);
+      if ((t & 0xc0) != 0x80) return false;
+      cp = cp << 6 | (t & 0x3f);
+    }
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (n == 4 && cp < 0x10000) ||
+        cp > 0x10ffff || (cp >= 0x80 && cp < 0xa0))
+      return false;
+    i += n;
+  }
+  return true;
+}
+
 // One scalar of `key`'s element type, from YAML text. Errors name the key,
 // the value and the place.
 json::Value convert_scalar(const KeySpec& key, KeyType type, const YAML::Node& node,
@@ -85,6 +121,11 @@ json::Value convert_scalar(const KeySpec& key, KeyType type, const YAML::Node& n
     FORGE_FAIL("recipe {}: '{}' expects {}, found '{}'", place, key.path, with_article(type),
                scalar_text(node));
   const std::string text = node.Scalar();
+  // What the recipe says must be what runs, --dump-config shows and the run
+  // directory keeps: YAML's printer would rewrite invalid UTF-8.
+  if (!is_clean_text(text))
+    FORGE_FAIL("recipe {}: '{}' holds invalid UTF-8 or a control character (found {} bytes: {})",
+               place, key.path, text.size(), escaped_bytes(text));
   auto bad = [&](const char* expected) -> json::Value {
     FORGE_FAIL("recipe {}: '{}' expects {}, found '{}'", place, key.path, expected, text);
   };
@@ -135,7 +176,6 @@ void check_written_path(const KeySpec& key, const std::string& value, const std:
   const auto bad = [&](const char* why) {
     FORGE_FAIL("recipe {}: '{}' = '{}' {}", place, key.path, value, why);
   };
-  if (value.find('\0') != std::string::npos) bad("holds a NUL byte");
   if (key.path == "name") {
     if (value.empty() || value == "." || value == ".." || value.find('/') != std::string::npos)
       bad("must be one plain name (no '/', not '.' or '..'): the run directory is runs/<name>");

@@ -62,6 +62,10 @@ TEST(ListOps, PrintsLikeLra) {
   // LRA's to_string over ((op, a1), a2) ... , END) pairs.
   const auto t = ids({kListOpsMin, kListOpsMax, 7, 8, kListOpsClose, 9, kListOpsClose});
   EXPECT_EQ(listops_to_string(t), "( ( ( [MIN ( ( ( [MAX 1 ) 2 ) ] ) ) 3 ) ] )");
+  // Found by fuzzing: tokens side by side outside any operator kept their space
+  // (a row the reader accepts, "5 6", printed as the unknown token "56").
+  EXPECT_EQ(listops_to_string(ids({11, 12})), "5 6");
+  EXPECT_EQ(listops_tokenize(listops_to_string(ids({11, 12}))), ids({11, 12}));
   EXPECT_EQ(listops_to_string(ids({kListOpsMed, 6, 7, 8, kListOpsClose})),
             "( ( ( ( [MED 0 ) 1 ) 2 ) ] )");
   EXPECT_EQ(listops_to_string(ids({9})), "3");

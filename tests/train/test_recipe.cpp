@@ -116,6 +116,22 @@ TEST(RecipeErrors, EmptyRecipeIsRefused) {
   }
 }
 
+// Found by fuzzing: YAML's printer rewrote invalid UTF-8 (an overlong NUL
+// became a real one), so the recipe a run kept was not the one it ran.
+TEST(RecipeErrors, InvalidUtf8AndControlCharactersAreRefused) {
+  for (const std::string& bad : {std::string("name: a\xC0\x80\n"), std::string("name: \xFF\xFE\n"),
+                                std::string("name: \"a\\x01b\"\n"), std::string("data: {root: \"/d\\0\"}\n"),
+                                std::string("name: \xED\xA0\x80\n")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_HAS(error_of(bad), "invalid UTF-8 or a control character");
+  }
+  EXPECT_HAS(set_error_of(std::string("name=x\x1b[31m")), "invalid UTF-8 or a control character");
+  // Well-formed text in any script stays, and reads back the same.
+  const Recipe r = Recipe::from_yaml("name: vit-\xC3\xBC\xE2\x82\xAC\n", "utf8.yaml");
+  EXPECT_EQ(r.string("name"), "vit-\xC3\xBC\xE2\x82\xAC");
+  EXPECT_EQ(Recipe::from_yaml(r.to_yaml(), "back.yaml").string("name"), r.string("name"));
+}
+
 TEST(RecipeErrors, ADirectoryIsNotARecipe) {
   const forge::testing::TempDir tmp;
   forge::testing::expect_error([&] { Recipe::from_file(tmp.path().string()); },
