@@ -17,4 +17,18 @@ void throw_error(const char* file, int line, const std::string& message) {
   throw Error(fmt::format("{} ({}:{})", message, shown, line));
 }
 
+std::string escaped(std::string_view bytes, size_t max_chars) {
+  std::string out;
+  for (const char c : bytes) {
+    if (out.size() >= max_chars) return out + "...";
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f && c != '"' && c != '\\') {
+      out += c;
+    } else {
+      out += fmt::format("\\x{:02x}", u);
+    }
+  }
+  return out;
+}
+
 }  // namespace forge

@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace forge {
 
@@ -16,6 +17,11 @@ class Error : public std::runtime_error {
 };
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+
+// `bytes` fit to quote in a message (they may come from a damaged or hostile
+// file): printable ASCII as is, every other byte and " and \ as \xNN, cut
+// with "..." after `max_chars` characters.
+std::string escaped(std::string_view bytes, size_t max_chars = 64);
 
 }  // namespace forge
 

@@ -329,25 +329,6 @@ std::optional<int64_t> parse_name(std::string_view name) {
   return step;
 }
 
-// `bytes` fit for a one-line message in a terminal or log: printable ASCII as
-// it is, every other byte (and the quote and backslash) as \xNN, cut after
-// about 64 characters with "...". A pointer file can hold anything: a torn
-// write, a stray binary, escape sequences.
-std::string escaped(std::string_view bytes) {
-  constexpr size_t kMaxChars = 64;
-  std::string out;
-  for (const char c : bytes) {
-    if (out.size() >= kMaxChars) return out + "...";
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f && c != '"' && c != '\\') {
-      out += c;
-    } else {
-      out += fmt::format("\\x{:02x}", u);
-    }
-  }
-  return out;
-}
-
 std::string trim(std::string s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
   size_t i = 0;

@@ -77,16 +77,6 @@ std::string scalar_text(const YAML::Node& node) {
   return e.c_str();
 }
 
-// `s` with every byte outside printable ASCII as \xNN, at most 64 of them.
-std::string escaped_bytes(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < 64; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    out += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02X}", c);
-  }
-  return s.size() > 64 ? out + "..." : out;
-}
-
 // Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code
 // points past U+10FFFF) without control characters.
 bool is_clean_text(std::string_view s) {
@@ -125,7 +115,7 @@ json::Value convert_scalar(const KeySpec& key, KeyType type, const YAML::Node& n
   // directory keeps: YAML's printer would rewrite invalid UTF-8.
   if (!is_clean_text(text))
     FORGE_FAIL("recipe {}: '{}' holds invalid UTF-8 or a control character (found {} bytes: {})",
-               place, key.path, text.size(), escaped_bytes(text));
+               place, key.path, text.size(), escaped(text));
   auto bad = [&](const char* expected) -> json::Value {
     FORGE_FAIL("recipe {}: '{}' expects {}, found '{}'", place, key.path, expected, text);
   };
