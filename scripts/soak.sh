@@ -9,12 +9,11 @@
 #   - once it has finished, no leftover *.tmp-* / *.old-* / *.del-* remains and
 #     checkpoints/ holds what an uninterrupted run's holds (keep_last 1, so the
 #     last save prunes after its commit and kills land there too),
-#   - the final model.safetensors and optimizer.safetensors are byte-identical
-#     to those of an uninterrupted run of the same recipe (where they are not,
-#     tensors and __metadata__ are compared without model.safetensors'
-#     state_json_xxh3_64, the checksum of a state.json whose elapsed_s is wall
-#     time; such finals pass and the summary counts them), and state.json is
-#     the same apart from elapsed_s.
+#   - the final model.safetensors is byte-identical to that of an uninterrupted
+#     run of the same recipe; so are optimizer.safetensors' tensors and
+#     __metadata__ apart from state_json_xxh3_64 (the checksum of a state.json
+#     holding wall times), and state.json apart from those wall times
+#     (elapsed_s, window.seconds).
 # Kills go SOAK_PER_RUN to a run directory (kill, resume, kill, ..., finish).
 #
 #   scripts/soak.sh [PATH/TO/attnforge]      (or ATTNFORGE=...; default build/apps/attnforge)
@@ -104,7 +103,7 @@ echo "soak: $kills kills, seed $seed, $per_run per run directory; reference run 
 
 # ---- checks ----
 n_random=0 n_write=0 n_missed=0
-n_loaded=0 n_corrupt=0 n_noresume=0 n_leftover=0 n_identical=0 n_differ=0 n_checksum_only=0
+n_loaded=0 n_corrupt=0 n_noresume=0 n_leftover=0 n_identical=0 n_differ=0
 n_restart=0 n_nockpt=0
 declare -A verified=()  # checkpoint fingerprint -> loaded before
 declare -A hist=()      # run directory -> the attempts it went through
@@ -163,8 +162,8 @@ start_cmd() {
 }
 
 # same_apart_from_state_checksum A B: two safetensors files with the same tensor
-# bytes and the same __metadata__ except the state_json_* keys (model.safetensors
-# holds the checksum of state.json, which differs with elapsed_s).
+# bytes and the same __metadata__ except the state_json_* keys
+# (optimizer.safetensors holds the checksum of state.json, which holds wall times).
 same_apart_from_state_checksum() {
   python3 - "$1" "$2" <<'PY'
 import json, struct, sys
@@ -219,22 +218,21 @@ finish_run() {
     return
   fi
   same=1
-  for f in model.safetensors optimizer.safetensors; do
-    cmp -s "$ref_ckpt/$f" "$run/checkpoints/$name/$f" && continue
-    # Not byte-identical: the same tensors and metadata apart from the checksum
-    # of state.json (whose elapsed_s is a wall time)?
-    if out="$(same_apart_from_state_checksum "$ref_ckpt/$f" "$run/checkpoints/$name/$f")"; then
-      [ "$same" -eq 1 ] && same=2
-    else
-      same=0
-      fail "$what: $f differs from the uninterrupted run's: $out"
-    fi
-  done
+  if ! cmp -s "$ref_ckpt/model.safetensors" "$run/checkpoints/$name/model.safetensors"; then
+    same=0
+    fail "$what: model.safetensors is not byte-identical to the uninterrupted run's: $(same_apart_from_state_checksum "$ref_ckpt/model.safetensors" "$run/checkpoints/$name/model.safetensors" || true)"
+  fi
+  f=optimizer.safetensors
+  if ! out="$(same_apart_from_state_checksum "$ref_ckpt/$f" "$run/checkpoints/$name/$f")"; then
+    same=0
+    fail "$what: $f differs from the uninterrupted run's: $out"
+  fi
   if out="$(python3 - "$ref_ckpt/state.json" "$run/checkpoints/$name/state.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:])
 for s in (a, b):
     s.pop("elapsed_s", None)
+    s.get("window", {}).pop("seconds", None)
 if a != b:
     print(json.dumps(a, sort_keys=True), "vs", json.dumps(b, sort_keys=True))
     sys.exit(1)
@@ -243,11 +241,11 @@ PY
     same=0
     fail "$what: state.json differs from the uninterrupted run's (elapsed_s aside): $out"
   fi
-  case "$same" in
-    1) n_identical=$((n_identical + 1)) ;;
-    2) n_identical=$((n_identical + 1)); n_checksum_only=$((n_checksum_only + 1)) ;;
-    *) n_differ=$((n_differ + 1)) ;;
-  esac
+  if [ "$same" -eq 1 ]; then
+    n_identical=$((n_identical + 1))
+  else
+    n_differ=$((n_differ + 1))
+  fi
 }
 
 # ---- the kills ----
@@ -356,11 +354,7 @@ echo "soak: resumes of a run killed before its first checkpoint: $n_nockpt; firs
 echo "soak: checkpoints loaded: $n_loaded; corrupt checkpoints or pointers: $n_corrupt"
 echo "soak: runs that could not resume: $n_noresume"
 echo "soak: finished runs with leftovers or extra checkpoints: $n_leftover"
-if [ "$n_checksum_only" -eq 0 ]; then
-  echo "soak: byte-identical finals: $n_identical/$runs"
-else
-  echo "soak: byte-identical finals: $n_identical/$runs ($n_checksum_only of them byte-identical apart from model.safetensors' __metadata__ state_json_xxh3_64, the checksum of state.json, whose elapsed_s is wall time; tensors and all other metadata identical)"
-fi
+echo "soak: byte-identical final model.safetensors: $n_identical/$runs run directories (optimizer tensors and state equal too, wall times aside)"
 if [ $((n_random + n_write)) -lt "$kills" ]; then
   fail "only $((n_random + n_write)) of $kills kills happened in $attempt attempts (the runs ended first)"
 fi

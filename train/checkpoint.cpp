@@ -265,11 +265,14 @@ void write_checkpoint_impl(const std::string& dir_arg, const std::map<std::strin
     step("create the temp directory");
     FORGE_CHECK(::mkdir(tmp.c_str(), 0755) == 0, "cannot create {}: {}", tmp.string(),
                 io::errno_message());
-    write_tensors(tmp / kFiles[0], model,
+    // The state's checksum goes with the optimizer, the other training state:
+    // model.safetensors is then a function of the weights and the recipe alone
+    // (two runs that train the same weights write the same file), while
+    // state.json holds wall times.
+    write_tensors(tmp / kFiles[0], model, {{"format", kCheckpointFormat}, {"recipe", recipe_yaml}});
+    write_tensors(tmp / kFiles[1], optimizer,
                   {{"format", kCheckpointFormat},
-                   {"recipe", recipe_yaml},
                    {kStateChecksumKey, safetensors::checksum_hex(state_text)}});
-    write_tensors(tmp / kFiles[1], optimizer, {{"format", kCheckpointFormat}});
     write_durable((tmp / kFiles[2]).string(), state_text, true);
     step("fsync the temp directory");
     io::fsync_directory(tmp);
@@ -401,18 +404,18 @@ Checkpoint read_checkpoint(const std::string& dir) {
   c.state = json::parse(state_text, state_path);
   FORGE_CHECK(c.state.is_object(), "{}: expected a JSON object, found {}", state_path,
               json::type_name(c.state.type()));
-  const auto state_sum = model.metadata.find(kStateChecksumKey);
+  const auto state_sum = optimizer.metadata.find(kStateChecksumKey);
   check_checksums_everywhere(dir,
                              {{model_path, model.checksummed, !model.tensors.empty()},
                               {optimizer_path, optimizer.checksummed, !optimizer.tensors.empty()},
-                              {state_path, state_sum != model.metadata.end(), true}});
-  if (state_sum != model.metadata.end()) {
+                              {state_path, state_sum != optimizer.metadata.end(), true}});
+  if (state_sum != optimizer.metadata.end()) {
     const std::string got = safetensors::checksum_hex(state_text);
     FORGE_CHECK(got == state_sum->second,
                 "{}: checksum mismatch: {} records xxh3_64 {} for it, its {} bytes hash to {}: the "
                 "file is corrupt (damaged on disk or in a copy); restore it from a copy or use "
                 "another checkpoint",
-                state_path, model_path, state_sum->second, state_text.size(), got);
+                state_path, optimizer_path, state_sum->second, state_text.size(), got);
   } else {
     c.warnings.push_back(fmt::format(
         "{}: written without checksums (an older attnforge); its bytes cannot be verified", dir));

@@ -9,10 +9,11 @@
 //                              RNG states, data position, counters, metrics)
 //
 // Checksums: both safetensors files carry the XXH3-64 of every tensor (see
-// core/safetensors.h), and model.safetensors' __metadata__ holds
+// core/safetensors.h), and optimizer.safetensors' __metadata__ holds
 // "state_json_xxh3_64": the XXH3-64 of state.json's exact bytes (16 lowercase
-// hex digits). The reader checks them all. A checkpoint written before them
-// (no checksums on any file) still loads, with a warning.
+// hex digits). model.safetensors holds nothing that depends on wall time: the
+// same weights and recipe give the same bytes. The reader checks them all. A checkpoint written
+// before them (no checksums on any file) still loads, with a warning.
 //
 // A write builds DIR.tmp-<pid> beside DIR, fsyncs every file and the directory,
 // then swaps it in with one rename (renameat2 RENAME_EXCHANGE where the

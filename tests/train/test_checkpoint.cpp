@@ -124,8 +124,8 @@ void strip_metadata(const fs::path& path, const std::string& prefix) {
 // A checkpoint directory as attnforge wrote it before checksums.
 void strip_checksums(const fs::path& dir) {
   strip_metadata(dir / "model.safetensors", "xxh3_64:");
-  strip_metadata(dir / "model.safetensors", "state_json_xxh3_64");
   strip_metadata(dir / "optimizer.safetensors", "xxh3_64:");
+  strip_metadata(dir / "optimizer.safetensors", "state_json_xxh3_64");
 }
 
 // Changes a digit of state.json's "epoch" (2 -> 3): still valid JSON, still an object.
@@ -212,9 +212,23 @@ TEST_F(CheckpointTest, EveryFileIsChecksummed) {
   const auto optimizer = safetensors::load((dir / "optimizer.safetensors").string());
   EXPECT_TRUE(model.checksummed);
   EXPECT_TRUE(optimizer.checksummed);
-  EXPECT_EQ(model.metadata.at("state_json_xxh3_64"),
+  EXPECT_EQ(optimizer.metadata.at("state_json_xxh3_64"),
             safetensors::checksum_hex(read_file(dir / "state.json")));
+  EXPECT_EQ(model.metadata.count("state_json_xxh3_64"), 0u);
   EXPECT_TRUE(read_checkpoint(dir.string()).warnings.empty());
+}
+
+// The weights file depends on nothing but the weights and the recipe: the
+// wall times in state.json (and its checksum) stay out of it.
+TEST_F(CheckpointTest, TheModelFileIsTheSameForTheSameWeights) {
+  Checkpoint a = make_checkpoint(5), b = make_checkpoint(5);
+  a.state["elapsed_s"] = 1.25;
+  b.state["elapsed_s"] = 99.5;
+  write_checkpoint((root_ / "a").string(), a);
+  write_checkpoint((root_ / "b").string(), b);
+  EXPECT_EQ(read_file(root_ / "a" / "model.safetensors"),
+            read_file(root_ / "b" / "model.safetensors"));
+  EXPECT_NE(read_file(root_ / "a" / "state.json"), read_file(root_ / "b" / "state.json"));
 }
 
 // Checkpoints written before checksums load as they are, with a warning.
@@ -470,7 +484,7 @@ TEST_F(CorruptCheckpoint, FlippedTensorAndStateBytes) {
       "optimizer.safetensors", {"tensor \"state.0.exp_avg_sq\"", "checksum mismatch"});
   const std::string recorded = safetensors::checksum_hex(read_file(good_ / "state.json"));
   expect_rejected([](const fs::path& d) { change_state_digit(d); }, "state.json",
-                  {"checksum mismatch", "model.safetensors", recorded, "corrupt"});
+                  {"checksum mismatch", "optimizer.safetensors", recorded, "corrupt"});
 }
 
 TEST_F(CorruptCheckpoint, ChecksumsOnSomeFilesOnly) {
@@ -480,15 +494,15 @@ TEST_F(CorruptCheckpoint, ChecksumsOnSomeFilesOnly) {
   expect_rejected([](const fs::path& d) { strip_metadata(d / "model.safetensors", "xxh3_64:"); },
                   "model.safetensors", {"carry none"});
   expect_rejected(
-      [](const fs::path& d) { strip_metadata(d / "model.safetensors", "state_json_xxh3_64"); },
+      [](const fs::path& d) { strip_metadata(d / "optimizer.safetensors", "state_json_xxh3_64"); },
       "state.json", {"carry none"});
   // Files from an old checkpoint beside those of a new one.
   expect_rejected(
       [](const fs::path& d) {
-        strip_metadata(d / "model.safetensors", "xxh3_64:");
-        strip_metadata(d / "model.safetensors", "state_json_xxh3_64");
+        strip_metadata(d / "optimizer.safetensors", "xxh3_64:");
+        strip_metadata(d / "optimizer.safetensors", "state_json_xxh3_64");
       },
-      "model.safetensors", {"optimizer.safetensors carry checksums"});
+      "optimizer.safetensors", {"model.safetensors carry checksums"});
 }
 
 TEST_F(CheckpointTest, MissingDirectory) {

@@ -191,6 +191,12 @@ TEST(Trainer, InterruptedAndResumedRunIsBitIdenticalToAnUninterruptedOne) {
 
   expect_bit_equal(final_weights(a), final_weights(b));
   EXPECT_EQ(deterministic_metrics(a), deterministic_metrics(b));
+  // The whole weights file, not only its tensors: nothing in it depends on time.
+  const auto model_file = [](const std::string& run) {
+    CheckpointManager m(run, 2, 1, "eval_accuracy", "max", [](const std::string&) {});
+    return forge::testing::read_file(fs::path(*m.latest()) / "model.safetensors");
+  };
+  EXPECT_EQ(model_file(a), model_file(b));
   fs::remove_all(a);
   fs::remove_all(b);
 }
