@@ -161,7 +161,9 @@ int cmd_train(const std::vector<std::string>& args) {
   if (!resume.empty() && !out.empty())
     throw UsageError("train: --resume continues in its own directory; drop --out");
 
-  if (!resume.empty() && fs::is_directory(resume) && !fs::exists(fs::path(resume) / "recipe.yaml"))
+  if (!resume.empty() && !fs::is_directory(resume))
+    throw std::runtime_error(fmt::format("--resume {}: no such run directory", resume));
+  if (!resume.empty() && !fs::exists(fs::path(resume) / "recipe.yaml"))
     throw std::runtime_error(fmt::format(
         "--resume {}: no recipe.yaml: the run was stopped before it started; start it again with "
         "attnforge train RECIPE.yaml --out {}",

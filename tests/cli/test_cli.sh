@@ -59,6 +59,9 @@ expect 1 "'name' = '../../escape'" -- "$bin" train "$work/escape.yaml"
 expect 1 "batch" -- timeout 60 "$bin" train "$work/tiny.yaml" --set data.limit_train=100 \
   --set loop.batch_size=500 --out "$work/no_batch"
 [ ! -e "$work/no_batch" ] || fail "a start that makes no batch created its run directory"
+expect 1 "no such run directory" -- "$bin" train --resume "$work/never_ran"
+mkdir -p "$work/killed_early"
+expect 1 "stopped before it started.*--out" -- "$bin" train --resume "$work/killed_early"
 # A failed start does not block its directory: fixed, it trains there.
 expect 1 "warmup" -- "$bin" train "$work/tiny.yaml" --set loop.steps=4 --out "$work/retry"
 expect 0 "done: 4 steps" -- "$bin" train "$work/tiny.yaml" --set loop.steps=4 \
