@@ -53,8 +53,19 @@ void fsync_directory(const std::string& dir_arg) {
               errno_message());
 }
 
+namespace {
+constexpr std::string_view kAtomicTempMark = ".tmp-";  // then the writer's pid
+}  // namespace
+
+bool is_atomic_write_temp(std::string_view name, std::string_view target) {
+  if (!name.starts_with(target) || !name.substr(target.size()).starts_with(kAtomicTempMark))
+    return false;
+  const std::string_view pid = name.substr(target.size() + kAtomicTempMark.size());
+  return !pid.empty() && pid.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
 void write_file_atomic(const std::string& path, std::string_view bytes) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const std::string tmp = path + std::string(kAtomicTempMark) + std::to_string(::getpid());
   try {
     write_file_durable(tmp, bytes);
     FORGE_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}: {}", tmp, path,

@@ -39,6 +39,9 @@ void fsync_directory(const std::string& dir);
 // `path` + ".tmp-<pid>" written durably, renamed over `path`, the directory
 // fsynced; the temporary is removed when anything fails.
 void write_file_atomic(const std::string& path, std::string_view bytes);
+// Whether file name `name` is what a write_file_atomic of the file named
+// `target` leaves when the process is killed before its rename.
+bool is_atomic_write_temp(std::string_view name, std::string_view target);
 
 // The whole file; errors name `path`. A file longer than `max_bytes` is an
 // error found while reading, before more than that is held in memory.

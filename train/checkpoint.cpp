@@ -32,8 +32,8 @@ namespace {
 
 constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
 
-// The model.safetensors __metadata__ key of state.json's XXH3-64; the tensors'
-// own checksums are the safetensors layer's.
+// The optimizer.safetensors __metadata__ key of state.json's XXH3-64; the
+// tensors' own checksums are the safetensors layer's.
 constexpr const char* kStateChecksumKey = "state_json_xxh3_64";
 // What the small files may hold, read with these caps so a damaged or hostile
 // one cannot take the memory: a state is a few KB, a pointer one name.
@@ -556,8 +556,19 @@ std::string CheckpointManager::name_of(int64_t step) {
   return fmt::format("step-{:08d}", step);
 }
 
-std::optional<int64_t> CheckpointManager::step_of(std::string_view name) {
-  return parse_name(name);
+bool CheckpointManager::holds_checkpoint(const std::string& run_dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
+    std::string name = e.path().filename().string();
+    std::string base;
+    std::string_view mark;
+    if (split_leftover(name, base, mark)) {
+      if (mark != kOldMark) continue;
+      name = base;
+    }
+    if (parse_name(name)) return true;
+  }
+  return false;
 }
 
 std::string CheckpointManager::path_of(int64_t step) const {

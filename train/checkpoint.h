@@ -95,6 +95,7 @@ class CheckpointManager {
 
   // Directories (run_dir/checkpoints/NAME), not names.
   std::optional<std::string> latest() const;
+  std::optional<int64_t> latest_step() const { return latest_; }
   std::optional<std::string> best() const;
   std::vector<std::string> list() const;  // oldest first
 
@@ -104,8 +105,11 @@ class CheckpointManager {
   const std::optional<std::string>& damaged_latest() const { return damaged_latest_; }
   const std::string& dir() const { return dir_; }
 
-  static std::string name_of(int64_t step);                      // "step-00001234"
-  static std::optional<int64_t> step_of(std::string_view name);  // "step-00001234" -> 1234
+  static std::string name_of(int64_t step);  // "step-00001234"
+  // Whether `run_dir`/checkpoints holds a checkpoint, readable or not, without
+  // reading one: a step-N directory, or one an interrupted write renamed aside
+  // (restored by the next write). What a write leaves half done is none.
+  static bool holds_checkpoint(const std::string& run_dir);
 
  private:
   struct Entry {

@@ -97,7 +97,6 @@ class Reader {
     FORGE_FAIL("{}: \"{}\": expected {}, found {} {}", file_, key, expected,
                json::type_name(found.type()), text);
   }
-  const std::string& file() const { return file_; }
 
  private:
   std::string path(const std::string& key) const {

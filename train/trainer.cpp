@@ -85,40 +85,31 @@ class RunLog {
   std::shared_ptr<spdlog::logger> logger_;
 };
 
-// The entries a run writes at the top of its directory (and the temporary
-// names of their atomic writes). A directory holding only these and no
-// checkpoint is a start that stopped before its first checkpoint: a new start
-// may take it over.
-bool is_run_entry(const std::string& name) {
-  for (const char* e : {"recipe.yaml", "train.log", "metrics.jsonl", "curves.svg", "checkpoints",
-                        "data", "attention_maps"})
-    if (name == e || name.rfind(std::string(e) + ".tmp-", 0) == 0) return true;
+// The entries a run writes at the top of its directory. A directory holding
+// only these (and what a killed atomic write of one leaves) and no checkpoint
+// is a start that stopped before its first checkpoint: a new start may take it over.
+constexpr const char* kRunEntries[] = {"recipe.yaml", "train.log", "metrics.jsonl", "curves.svg",
+                                       "checkpoints", "data",      "attention_maps"};
+
+// What a killed atomic write of a run entry leaves (recipe.yaml.tmp-PID, ...).
+bool is_run_entry_temp(const std::string& name) {
+  for (const char* e : kRunEntries)
+    if (io::is_atomic_write_temp(name, e)) return true;
   return false;
 }
 
-// Removes what a killed atomic write of a run entry left (recipe.yaml.tmp-PID, ...).
+bool is_run_entry(const std::string& name) {
+  for (const char* e : kRunEntries)
+    if (name == e) return true;
+  return is_run_entry_temp(name);
+}
+
 void remove_leftover_temps(const std::string& run_dir) {
   std::error_code ec;
   std::vector<fs::path> doomed;
-  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find(".tmp-") != std::string::npos && is_run_entry(name)) doomed.push_back(e.path());
-  }
-  for (const fs::path& p : doomed) fs::remove_all(p, ec);
-}
-
-// Whether run_dir/checkpoints holds a checkpoint, readable or not. What an
-// interrupted write leaves (step-N.tmp-PID, step-N.del-PID) is no checkpoint;
-// a checkpoint renamed aside (step-N.old-PID) is one, restored by the next write.
-bool has_checkpoint(const std::string& run_dir) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && name.find(".tmp-") == std::string::npos &&
-        name.find(".del-") == std::string::npos)
-      return true;
-  }
-  return false;
+  for (const auto& f : fs::directory_iterator(run_dir, ec))
+    if (is_run_entry_temp(f.path().filename().string())) doomed.push_back(f.path());
+  for (const fs::path& p : doomed) fs::remove(p, ec);
 }
 
 // A new run may go into a directory that does not exist, is empty, or holds a
@@ -128,7 +119,7 @@ void check_new_run_dir(const std::string& run_dir) {
   if (!fs::exists(run_dir, ec)) return;
   FORGE_CHECK(fs::is_directory(run_dir, ec), "run directory {} exists and is not a directory",
               run_dir);
-  FORGE_CHECK(!has_checkpoint(run_dir),
+  FORGE_CHECK(!CheckpointManager::holds_checkpoint(run_dir),
               "run directory {} already holds a run; continue it with --resume {} or train into "
               "another directory (--out DIR or --set output.dir=DIR)",
               run_dir, run_dir);
@@ -396,7 +387,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   bool from_checkpoint = false;
   if (opt.resume) {
     FORGE_CHECK(fs::is_directory(run_dir), "--resume {}: no such run directory", run_dir);
-    from_checkpoint = has_checkpoint(run_dir);
+    from_checkpoint = CheckpointManager::holds_checkpoint(run_dir);
   } else {
     check_new_run_dir(run_dir);
   }
@@ -468,7 +459,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
                  e.what());
     }
     RunStateExpect expect;
-    expect.step = *CheckpointManager::step_of(fs::path(latest).filename().string());
+    expect.step = *ckpts.latest_step();
     expect.total_steps = total_steps;
     expect.batches_per_epoch = train_loader.batches_per_epoch();
     expect.accumulation = accum;

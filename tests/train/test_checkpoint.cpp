@@ -565,6 +565,21 @@ TEST_F(CheckpointManagerTest, TidyFinishesThePruningOfAKilledSave) {
   EXPECT_TRUE(same(read_checkpoint(*m.latest()), make_checkpoint(3)));
 }
 
+// What decides whether a run directory holds a run, without reading anything.
+TEST_F(CheckpointManagerTest, HoldsCheckpointCountsWholeAndAsideOnes) {
+  EXPECT_FALSE(CheckpointManager::holds_checkpoint(root_.string()));  // no checkpoints/ at all
+  fs::create_directories(ckdir() / "step-00000010.tmp-77");
+  fs::create_directories(ckdir() / "step-00000020.del-77");
+  fs::create_directories(ckdir() / "not-a-step");
+  EXPECT_FALSE(CheckpointManager::holds_checkpoint(root_.string()));
+  fs::create_directories(ckdir() /
+                         "step-00000030.old-77");  // renamed aside: restored on the next write
+  EXPECT_TRUE(CheckpointManager::holds_checkpoint(root_.string()));
+  fs::remove_all(ckdir() / "step-00000030.old-77");
+  fs::create_directories(ckdir() / "step-00000040");
+  EXPECT_TRUE(CheckpointManager::holds_checkpoint(root_.string()));
+}
+
 TEST_F(CheckpointManagerTest, KeepBestKeepsTheBestAndRecordsTheMetric) {
   auto m = manager(1, 2, "eval/accuracy", "max");
   const double acc[] = {0.5, 0.9, 0.7, 0.9, 0.6, 0.8};
