@@ -2,6 +2,9 @@
 //
 // Shapes: an image example is f32 [C, H, W] (already transformed); a sequence
 // example is i64 [N] token ids (N may differ between examples; the loader pads).
+// Language models and encoder-decoders also give next-token targets: a
+// language model's target pairs with `input` (target[t] follows input[t]), an
+// encoder-decoder's with `input2`, the decoder input (input is the source).
 #pragma once
 
 #include <cstdint>
@@ -15,8 +18,11 @@ namespace forge::data {
 
 struct Example {
   Tensor input;       // f32 [C, H, W] image, or i64 [N] tokens
-  Tensor input2;      // retrieval: the second document's tokens i64 [N2]; undefined otherwise
+  Tensor input2;      // retrieval: the second document's tokens i64 [N2]; seq2seq: the
+                      // decoder input i64 [N2]; undefined otherwise
   int64_t label = 0;  // class id in [0, num_classes)
+  Tensor target{};    // next-token targets, i64 [N] (LM, with input) or [N2] (seq2seq, with
+                      // input2); undefined for classification
 };
 
 class Dataset {

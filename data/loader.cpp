@@ -40,11 +40,11 @@ Tensor stack_images(const std::vector<Example>& examples, const std::vector<int6
   return out;
 }
 
-// Pads i64 [N_k] sequences (example field `field`) into ids [B, N] and mask
-// [B, N]; returns the number of real tokens.
+// Pads i64 [N_k] sequences (example field `field`) into ids [B, N] and, when
+// `mask` is given, mask [B, N]; returns the number of real tokens.
 int64_t pad_sequences(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
                       Tensor Example::*field, const char* name, const LoaderOptions& options,
-                      Tensor& ids, Tensor& mask) {
+                      Tensor& ids, Tensor* mask) {
   const int64_t B = static_cast<int64_t>(examples.size());
   int64_t longest = 0;
   for (size_t k = 0; k < examples.size(); ++k) {
@@ -60,19 +60,34 @@ int64_t pad_sequences(const std::vector<Example>& examples, const std::vector<in
   }
   const int64_t N = options.pad_to > 0 ? options.pad_to : longest;
   ids = Tensor::empty({B, N}, DType::i64);
-  mask = Tensor::zeros({B, N}, DType::boolean);
   int64_t* id = ids.data<int64_t>();
   std::fill(id, id + B * N, options.pad_id);
-  bool* m = mask.data<bool>();
+  bool* m = nullptr;
+  if (mask) {
+    *mask = Tensor::zeros({B, N}, DType::boolean);
+    m = mask->data<bool>();
+  }
   int64_t real = 0;
   for (int64_t k = 0; k < B; ++k) {
     const Tensor& x = examples[static_cast<size_t>(k)].*field;
     const int64_t n = x.numel();
     if (n) std::memcpy(id + k * N, x.raw_data(), static_cast<size_t>(n) * sizeof(int64_t));
-    std::fill(m + k * N, m + k * N + n, true);
+    if (m) std::fill(m + k * N, m + k * N + n, true);
     real += n;
   }
   return real;
+}
+
+// Whether the examples carry `field`: all of them or none.
+bool all_or_none(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
+                 Tensor Example::*field, const char* what) {
+  const bool present = (examples[0].*field).defined();
+  for (size_t k = 0; k < examples.size(); ++k)
+    FORGE_CHECK((examples[k].*field).defined() == present,
+                "collate: example {} (dataset index {}) {} {} but example 0 (dataset index {}) {}",
+                k, indices[k], present ? "lacks" : "has", what, indices[0],
+                present ? "has" : "does not");
+  return present;
 }
 
 }  // namespace
@@ -96,16 +111,24 @@ Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& 
     batch.tokens = B * (first.numel() / std::max<int64_t>(channels, 1));
   } else {
     batch.tokens = pad_sequences(examples, indices, &Example::input, "input", options, batch.input,
-                                 batch.mask);
-    const bool pairs = examples[0].input2.defined();
-    for (size_t k = 0; k < examples.size(); ++k)
-      FORGE_CHECK(examples[k].input2.defined() == pairs,
-                  "collate: example {} (dataset index {}) {} a second document but example 0 "
-                  "(dataset index {}) {}",
-                  k, indices[k], pairs ? "lacks" : "has", indices[0], pairs ? "has" : "does not");
+                                 &batch.mask);
+    const bool pairs = all_or_none(examples, indices, &Example::input2, "a second document");
     if (pairs)
       batch.tokens += pad_sequences(examples, indices, &Example::input2, "input2", options,
-                                    batch.input2, batch.mask2);
+                                    batch.input2, &batch.mask2);
+    if (all_or_none(examples, indices, &Example::target, "a target")) {
+      // Same lengths as the partner sequence, so the same padded shape and mask.
+      Tensor Example::*partner = pairs ? &Example::input2 : &Example::input;
+      for (size_t k = 0; k < examples.size(); ++k) {
+        const Tensor& t = examples[k].target;
+        const int64_t n = (examples[k].*partner).numel();
+        FORGE_CHECK(t.numel() == n,
+                    "collate: the target of example {} (dataset index {}) has {} tokens but its {} "
+                    "has {}; a target pairs with input2 when there is one, else with input",
+                    k, indices[k], t.numel(), pairs ? "input2" : "input", n);
+      }
+      pad_sequences(examples, indices, &Example::target, "target", options, batch.target, nullptr);
+    }
   }
   batch.label = Tensor::empty({B}, DType::i64);
   int64_t* label = batch.label.data<int64_t>();

@@ -26,9 +26,15 @@ namespace forge::data {
 struct Batch {
   Tensor input;   // f32 [B, C, H, W] images, or i64 [B, N] tokens padded with pad_id
   Tensor mask;    // sequences: bool [B, N], true = real token; undefined for images
-  Tensor input2;  // retrieval: i64 [B, N2] second documents; undefined otherwise
+  Tensor input2;  // retrieval: i64 [B, N2] second documents; seq2seq: decoder inputs
   Tensor mask2;   // bool [B, N2]
-  Tensor label;   // i64 [B]
+  // Next-token targets padded like the sequence they pair with: i64 [B, N] with
+  // `mask` when the examples have no input2 (language models), i64 [B, N2] with
+  // `mask2` when they do (encoder-decoders); pad_id where that mask is false (so
+  // a loss must skip positions by the mask: pad_id may be a real token, e.g.
+  // byte 0). Undefined when the examples carry no target.
+  Tensor target;
+  Tensor label;  // i64 [B]
   // Mixup / cutmix: the partner examples' labels and the weight of `label`;
   // the loss is lam * CE(label) + (1 - lam) * CE(label_mix).
   Tensor label_mix;  // i64 [B]; undefined when the batch is not mixed
@@ -134,7 +140,10 @@ class DataLoader {
 // Collates examples into a batch (padding sequences as `options` says): f32
 // images of one shape [C, H, W] are stacked into [B, C, H, W]; i64 [N] token
 // sequences are padded with pad_id to [B, max N] (or [B, pad_to]) with a bool
-// mask. Errors name the dataset index (from `indices`) of the odd example.
+// mask; input2 likewise, and target to the shape of the sequence it pairs with
+// (input2 if present, else input), whose length it must have. Every example
+// must have input2 (target) if example 0 does, and none otherwise. Errors name
+// the dataset index (from `indices`) of the odd example.
 Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
               const LoaderOptions& options);
 

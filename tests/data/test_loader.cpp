@@ -1,7 +1,8 @@
 // DataLoader and collate: batches depend only on (seed, epoch, batch) whatever
 // the number of workers, every index once per epoch, drop_last, seeking to a
 // saved position across an epoch boundary, errors from worker threads, clean
-// shutdown while workers are busy, the bounded prefetch queue, and padding.
+// shutdown while workers are busy, the bounded prefetch queue, and padding
+// (inputs, second inputs and next-token targets).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -47,15 +48,18 @@ class ImageSet : public Dataset {
 };
 
 // i64 token sequences of length 1 + i % 5, tokens 100 i + k + 1; pairs add a
-// second document of length 1 + i % 3.
+// second document of length 1 + i % 3. With targets, each example has a
+// target as long as input2 (pairs) or input, tokens 100 (i + 70) + k + 1.
 class SequenceSet : public Dataset {
  public:
-  SequenceSet(int64_t n, bool pairs = false) : n_(n), pairs_(pairs) {}
+  SequenceSet(int64_t n, bool pairs = false, bool targets = false)
+      : n_(n), pairs_(pairs), targets_(targets) {}
   int64_t size() const override { return n_; }
   Example get(int64_t i, Rng*) const override {
     Example ex;
     ex.input = tokens(i, 1 + i % 5);
     if (pairs_) ex.input2 = tokens(i + 50, 1 + i % 3);
+    if (targets_) ex.target = tokens(i + 70, pairs_ ? 1 + i % 3 : 1 + i % 5);
     ex.label = i % 2;
     return ex;
   }
@@ -70,6 +74,7 @@ class SequenceSet : public Dataset {
  private:
   int64_t n_;
   bool pairs_;
+  bool targets_;
 };
 
 // Fails on one index, as a corrupt file would.
@@ -107,6 +112,7 @@ void expect_same_batch(const Batch& a, const Batch& b) {
   EXPECT_TRUE(same_tensor(a.mask, b.mask));
   EXPECT_TRUE(same_tensor(a.input2, b.input2));
   EXPECT_TRUE(same_tensor(a.mask2, b.mask2));
+  EXPECT_TRUE(same_tensor(a.target, b.target));
   EXPECT_TRUE(same_tensor(a.label, b.label));
   EXPECT_TRUE(same_tensor(a.label_mix, b.label_mix));
   EXPECT_EQ(a.mix_lambda, b.mix_lambda);
@@ -427,6 +433,65 @@ TEST(Collate, PairsGetSecondInputsAndMasks) {
 
   std::vector<Example> mixed = {data->get(0, nullptr), SequenceSet(1).get(0, nullptr)};
   expect_error([&] { collate(mixed, {0, 8}, o); }, {"dataset index 8", "lacks a second document"});
+}
+
+// A language model's targets take input's padded shape, an encoder-decoder's
+// take input2's; pad_id where the paired mask is false; pad_to alike.
+TEST(Collate, TargetsArePaddedLikeTheSequenceTheyPairWith) {
+  LoaderOptions o = options(3, 0, 0);
+  o.shuffle = false;
+  o.pad_id = -1;
+  DataLoader lm(std::make_shared<SequenceSet>(10, false, true), o);
+  const Batch b = lm.build(0, 1);  // indices 3, 4, 5: lengths 4, 5, 1
+  ASSERT_EQ(b.target.shape(), (Shape{3, 5}));
+  EXPECT_EQ(b.target.dtype(), DType::i64);
+  EXPECT_EQ(b.target.to_vector<int64_t>(),
+            (std::vector<int64_t>{7301, 7302, 7303, 7304, -1, 7401, 7402, 7403, 7404, 7405, 7501,
+                                  -1, -1, -1, -1}));
+  EXPECT_EQ(b.tokens, 10);  // targets are not counted as input tokens
+  EXPECT_FALSE(b.input2.defined());
+
+  DataLoader pairs(std::make_shared<SequenceSet>(10, true, true), o);
+  const Batch p = pairs.build(0, 0);  // input lengths 1, 2, 3; input2 and target 1, 2, 3
+  ASSERT_EQ(p.target.shape(), p.input2.shape());
+  EXPECT_EQ(p.target.to_vector<int64_t>(),
+            (std::vector<int64_t>{7001, -1, -1, 7101, 7102, -1, 7201, 7202, 7203}));
+  const Batch p1 = pairs.build(0, 1);  // input lengths 4, 5, 1; input2 and target 1, 2, 3
+  ASSERT_EQ(p1.target.shape(), (Shape{3, 3}));
+  ASSERT_EQ(p1.input.shape(), (Shape{3, 5}));
+  const auto m2 = p1.mask2.to_vector<uint8_t>();
+  const auto t = p1.target.to_vector<int64_t>();
+  for (size_t k = 0; k < t.size(); ++k) EXPECT_EQ(t[k] == -1, m2[k] == 0) << k;
+
+  o.pad_to = 6;
+  DataLoader fixed(std::make_shared<SequenceSet>(10, false, true), o);
+  const Batch f = fixed.build(0, 0);  // lengths 1, 2, 3
+  ASSERT_EQ(f.target.shape(), (Shape{3, 6}));
+  EXPECT_EQ(f.target.to_vector<int64_t>(), (std::vector<int64_t>{7001, -1, -1, -1, -1, -1,    //
+                                                                 7101, 7102, -1, -1, -1, -1,  //
+                                                                 7201, 7202, 7203, -1, -1, -1}));
+
+  // Without targets the batch has none.
+  EXPECT_FALSE(DataLoader(std::make_shared<SequenceSet>(10), o).build(0, 0).target.defined());
+}
+
+TEST(Collate, TargetsMustBeOnEveryExampleAndMatchTheirSequence) {
+  const LoaderOptions o;
+  std::vector<Example> ex = {SequenceSet(3, false, true).get(2, nullptr),
+                             SequenceSet(3).get(1, nullptr)};
+  expect_error([&] { collate(ex, {2, 9}, o); }, {"dataset index 9", "lacks a target"});
+  ex[1] = SequenceSet(3, false, true).get(1, nullptr);
+  ex[1].target = SequenceSet::tokens(0, 4);  // input has 2 tokens
+  expect_error(
+      [&] {
+        collate(ex, {2, 9}, o);
+      },
+      {"target of example 1 (dataset index 9) has 4 tokens", "its input has 2"});
+  ex = {SequenceSet(3, true, true).get(2, nullptr)};
+  ex[0].target = SequenceSet::tokens(0, 1);  // input2 has 3 tokens
+  expect_error([&] { collate(ex, {2}, o); }, {"dataset index 2", "its input2 has 3"});
+  ex[0].target = Tensor::zeros({3}, DType::f32);
+  expect_error([&] { collate(ex, {2}, o); }, {"target of example 0", "i64 [N]", "f32"});
 }
 
 TEST(Collate, ImagesOfDifferentShapesAreAnErrorNamingBoth) {
