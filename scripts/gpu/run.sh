@@ -4,7 +4,7 @@
 # the comparison), but without our Debian dependencies. Logs go to OUT_DIR.
 #
 #   scripts/gpu/run.sh [ARCHIVE=.gpu/attnforge-gpu.tar.xz] [OUT_DIR=${OUT:-gpu-out}] [WHAT=all]
-# WHAT (comma-separated): tests | matmul | attention | attention64 | attention128 | steps |
+# WHAT (comma-separated): tests | train | matmul | attention | attention64 | attention128 | steps |
 #   bench (= matmul, attention, steps) | all (= tests, bench). Each part fits in one
 #   10-minute call of the device tool; raw CSV goes to OUT_DIR too.
 # Exit status: that of the tests (benchmarks report only).
@@ -47,20 +47,61 @@ want() {
   local w=",$what,"
   [[ $w == *",$1,"* || $w == *",all,"* || (-n ${2:-} && $w == *",$2,"*) ]]
 }
+# Each part runs under `timeout`, never past DEADLINE seconds after the start
+# (default 540: one 10-minute call of the device tool, with time to pack the logs).
+# ATTN_NS (e.g. 4096,16384) limits the attention parts' sequence lengths.
+deadline=$((SECONDS + ${DEADLINE:-540}))
+left() { local l=$((deadline - SECONDS)); ((l > ${1:-0})) && echo "$l" || echo 0; }
+limited() { # limited SECONDS CMD...: CMD under timeout, capped by the deadline
+  local t=$1; shift
+  local l; l=$(left); ((l < t)) && t=$l
+  ((t > 5)) || { echo "skipped (deadline): $*"; return 124; }
+  timeout -k 5 "$t" "$@"
+}
 if want tests; then
+  # One process per suite, four at a time: a kernel that faults poisons its CUDA
+  # context, so it fails its own suite, not every test after it. XML per suite.
   echo "== test_cuda"
-  "$root/bin/test_cuda" --gtest_output="xml:$out/test_cuda.xml" 2>&1 | tee "$out/test_cuda.log"
-  status=${PIPESTATUS[0]}
-  grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\] [0-9]+ test|tests? from .* ran' "$out/test_cuda.log"
+  mkdir -p "$out/test_cuda"
+  "$root/bin/test_cuda" --gtest_list_tests | awk '/^[A-Za-z0-9_]+\.$/ {sub(/\.$/, ""); print}' > "$out/test_cuda/suites.txt"
+  export root out
+  run_suite() {
+    local s=$1 t0=$SECONDS
+    OMP_NUM_THREADS=4 timeout -k 5 "${SUITE_TIMEOUT:-300}" "$root/bin/test_cuda" --gtest_filter="$s.*" \
+      --gtest_output="xml:$out/test_cuda/$s.xml" > "$out/test_cuda/$s.log" 2>&1
+    local rc=$?
+    echo "$s rc=$rc $((SECONDS - t0))s $(grep -cE '^\[       OK \]' "$out/test_cuda/$s.log") ok" \
+      "$(grep -cE '^\[  FAILED  \] [A-Za-z]' "$out/test_cuda/$s.log") failed"
+    return $rc
+  }
+  export -f run_suite
+  SUITE_TIMEOUT=$(left 0); ((SUITE_TIMEOUT > ${TESTS_BUDGET:-$SUITE_TIMEOUT})) && SUITE_TIMEOUT=$TESTS_BUDGET
+  export SUITE_TIMEOUT
+  xargs -P "${SUITE_JOBS:-4}" -I{} bash -c 'run_suite {}' < "$out/test_cuda/suites.txt" | tee "$out/test_cuda.summary"
+  grep -h '^\[  FAILED  \] [A-Za-z]' "$out"/test_cuda/*.log | sort -u | tee -a "$out/test_cuda.summary"
+  if grep -q 'rc=[^0]' "$out/test_cuda.summary"; then status=1; fi
+fi
+if want train; then
+  # The default recipe of `make train` on the GPU, fp32 then bf16. Its data:
+  # FMNIST_ROOT (the Fashion-MNIST files), carried beside the bundle.
+  for p in fp32 bf16; do
+    echo "== train recipes/vit/fmnist_tiny.yaml, device cuda, $p"
+    t0=$SECONDS
+    limited "${TRAIN_TIMEOUT:-240}" "$root/bin/attnforge" train "$src/recipes/vit/fmnist_tiny.yaml" \
+      --out "$dest/run-$p" --set device=cuda --set precision=$p --set data.root="${FMNIST_ROOT:-/usr/share/datasets/fashion-mnist}" \
+      > "$out/train_$p.log" 2>&1
+    echo "train $p rc=$? $((SECONDS - t0))s" | tee -a "$out/train.summary"
+    tail -n 4 "$out/train_$p.log" | tee -a "$out/train.summary"
+  done
 fi
 if want matmul bench; then
   echo "== bench_cuda_matmul"
-  "$root/bin/bench_cuda_matmul" 2>&1 | tee "$out/bench_cuda_matmul.log"
+  limited "${MATMUL_TIMEOUT:-120}" "$root/bin/bench_cuda_matmul" 2>&1 | tee "$out/bench_cuda_matmul.log"
 fi
 for d in 64 128; do
   if want "attention$d" || want attention bench; then
     echo "== attention ops, d = $d, bf16, ours vs eager PyTorch vs SDPA"
-    (cd "$src" && python3 bench/torch_cuda_attention.py --ours "$root/bin/bench_attention" --dims "$d" \
+    (cd "$src" && limited 300 python3 bench/torch_cuda_attention.py --ours "$root/bin/bench_attention" --dims "$d" ${ATTN_NS:+--ns "$ATTN_NS"} \
         --raw "$out/attention_d$d.csv") 2>&1 | tee "$out/bench_attention_d$d.log"
   fi
 done
@@ -69,7 +110,7 @@ if want steps bench; then
     batch=$([[ $model == s16 ]] && echo 128 || echo 32)
     for att in softmax favor taylorshift; do
       echo "== $model training step, $att attention, bf16, ours vs PyTorch"
-      (cd "$src" && python3 bench/torch_train_step.py --ours "$root/bin/bench_train_step" --model "$model" \
+      (cd "$src" && limited 120 python3 bench/torch_train_step.py --ours "$root/bin/bench_train_step" --model "$model" \
           --attention "$att" --device cuda --precision bf16 --batches "$batch" --steps 10) 2>&1 |
         tee "$out/bench_step_${model}_$att.log"
     done
