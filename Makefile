@@ -6,7 +6,7 @@ SANITIZE ?= build-sanitize
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train test-sanitize soak fuzz gpu-bundle bench bench-attention bench-stack bench-torch bench-vit format clean
+.PHONY: all deps configure build test train test-sanitize soak fuzz gpu-bundle bench bench-attention bench-stack bench-generate bench-torch bench-vit format clean
 
 all: build
 
@@ -70,6 +70,10 @@ bench-attention: build
 # One training step of a depth-12 stack at N = 4096 under C0, C1, C2 and reversible.
 bench-stack: build
 	$(BUILD)/bench/bench_stack
+
+# Tokens/s of language-model generation against the context length, per mechanism.
+bench-generate: build
+	$(BUILD)/bench/bench_generate
 
 # One training step of the default recipe's ViT, ours against eager PyTorch, same run.
 bench-vit: build

@@ -34,6 +34,9 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_attention as eager  # noqa: E402  (the mechanisms as eager composites)
 
+# LayerNorm epsilon of our ViT and sequence classifier (timm's 1e-6).
+EPS = 1e-6
+
 
 def gaussian_orthogonal(m, d):
     """FAVOR+'s projection [m, d]: stacked orthogonal blocks, rows scaled by Gaussian norms."""
@@ -51,10 +54,10 @@ class Block(nn.Module):
             self.register_buffer("W", gaussian_orthogonal(int(d * math.log(d)), d))
         if attention == "taylorshift":
             self.tau = nn.Parameter(torch.ones(heads))
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = nn.LayerNorm(dim, eps=EPS)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim, eps=EPS)
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, dim)
         self.heads = heads
@@ -93,7 +96,7 @@ class ViT(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(torch.randn(1, n + 1, dim) * 0.02)
         self.blocks = nn.Sequential(*[Block(dim, heads, hidden, attention) for _ in range(depth)])
-        self.norm = nn.LayerNorm(dim)
+        self.norm = nn.LayerNorm(dim, eps=EPS)
         self.head = nn.Linear(dim, classes)
 
     def forward(self, x):
@@ -112,7 +115,7 @@ class ListOps(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(torch.randn(1, n + 1, dim) * 0.02)
         self.blocks = nn.Sequential(*[Block(dim, heads, hidden, attention) for _ in range(depth)])
-        self.norm = nn.LayerNorm(dim)
+        self.norm = nn.LayerNorm(dim, eps=EPS)
         self.head = nn.Linear(dim, classes)
 
     def forward(self, ids):

@@ -1,7 +1,8 @@
 // MultiHeadAttention and ProjectionBank (see attention.h). The attention itself
 // is one fused op per group of heads (ops/attention); this file projects,
-// groups heads (local heads, then global ones; or one head at a time under C2
-// checkpointing), and merges. Recurrent decoding lives in attention_step.cpp.
+// groups heads (the local and the global ones, in head order; or one head at a
+// time under C2 checkpointing), and merges. Recurrent decoding lives in
+// attention_step.cpp.
 #include "nn/attention.h"
 
 #include <cmath>
@@ -22,6 +23,7 @@ constexpr const char* kMechanismNames[] = {"softmax", "local",         "efficien
                                            "linear",  "taylor_linear", "linformer",
                                            "favor",   "taylorshift"};
 constexpr const char* kSharingNames[] = {"none", "headwise", "kv", "layerwise"};
+constexpr const char* kLocalHeadsAtNames[] = {"first", "last"};
 
 template <typename E, size_t K>
 E enum_from_name(const char* const (&names)[K], const std::string& name, const char* what) {
@@ -47,6 +49,12 @@ const char* sharing_name(LinformerSharing s) {
 LinformerSharing sharing_from_name(const std::string& name) {
   return enum_from_name<LinformerSharing>(kSharingNames, name, "linformer sharing");
 }
+const char* local_heads_at_name(LocalHeadsAt p) {
+  return kLocalHeadsAtNames[static_cast<int>(p)];
+}
+LocalHeadsAt local_heads_at_from_name(const std::string& name) {
+  return enum_from_name<LocalHeadsAt>(kLocalHeadsAtNames, name, "local heads position");
+}
 
 void AttentionConfig::validate(const std::string& where) const {
   FORGE_CHECK(dim > 0, "{}.dim must be > 0, got {}", where, dim);
@@ -58,6 +66,9 @@ void AttentionConfig::validate(const std::string& where) const {
   FORGE_CHECK(n_local_heads >= 0 && n_local_heads <= heads,
               "{}.n_local_heads must be in [0, heads = {}], got {}", where, heads, n_local_heads);
   FORGE_CHECK(local_window >= 1, "{}.local_window must be >= 1, got {}", where, local_window);
+  FORGE_CHECK(!local_rotary || n_local_heads == 0 || resolved_head_dim() % 2 == 0,
+              "{}.local_rotary turns pairs of features, so the head dim must be even, got {}",
+              where, resolved_head_dim());
   for (auto [name, p] :
        {std::pair{"attn_dropout", attn_dropout}, {"output_dropout", output_dropout}})
     FORGE_CHECK(p >= 0 && p < 1, "{}.{} must be in [0, 1), got {}", where, name, p);
@@ -256,7 +267,10 @@ MultiHeadAttention::Projected MultiHeadAttention::project(const Tensor& x, const
   };
   Projected p{heads_of(*to_q, x), heads_of(*to_k, src), heads_of(*to_v, src),
               cross ? context_mask : mask};
-  if (rotary_ && !cross) {
+  if (config.local_rotary && is_local(h0)) {
+    p.q = rotate_half_split(p.q, offset + config.resolved_look_forward() * config.local_window);
+    p.k = rotate_half_split(p.k, offset);
+  } else if (rotary_ && !cross) {
     p.q = rotary_->rotate(p.q, offset);
     p.k = rotary_->rotate(p.k, offset);
   }
@@ -274,8 +288,7 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
                                 .causal = c.causal,
                                 .dropout = p_attn,
                                 .gen = gen};
-  if (h1 <= c.n_local_heads) return att::local(q, k, v, key_mask, local);
-  const int64_t nl = c.n_local_heads;
+  if (is_local(h0)) return att::local(q, k, v, key_mask, local);
   switch (c.kind) {
     case Mechanism::softmax:
       return att::softmax(q, k, v, key_mask,
@@ -322,7 +335,8 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
           q, k, v, projection_matrix, key_mask,
           {.kernel = c.favor_kernel, .causal = c.causal, .stabilizer = c.favor_stabilizer});
     case Mechanism::taylorshift: {
-      Tensor t = (h0 == nl && h1 == c.heads) ? tau : ops::narrow(tau, 0, h0 - nl, h1 - h0);
+      const int64_t g0 = c.global_begin();
+      Tensor t = h1 - h0 == tau.size(0) ? tau : ops::narrow(tau, 0, h0 - g0, h1 - h0);
       return att::taylorshift(q, k, v, t, key_mask,
                               {.a = c.ts_a,
                                .b = c.ts_b,
@@ -345,10 +359,10 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& mask, const Te
                                    const Tensor& context_mask) {
   if (capture_maps && has_attention_maps())
     captured_maps = attention_maps(x, mask, context, context_mask);
-  // Head groups of one mechanism each: the local heads, then the global ones;
-  // under C2 one head per group, each group checkpointed on its own.
+  // Head groups of one mechanism each, in head order (the local heads first or
+  // last); under C2 one head per group, each group checkpointed on its own.
   std::vector<std::pair<int64_t, int64_t>> groups;
-  const int64_t nl = config.n_local_heads, H = config.heads;
+  const int64_t nl = config.n_local_heads, H = config.heads, l0 = config.local_begin();
   // Attention dropout draws by element index within one op call, so heads are
   // always called one at a time when it is on: then C2's per-head calls draw
   // exactly the masks of C0 and C1.
@@ -357,8 +371,9 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& mask, const Te
   if (per_head || dropout) {
     for (int64_t h = 0; h < H; ++h) groups.emplace_back(h, h + 1);
   } else {
-    if (nl > 0) groups.emplace_back(0, nl);
-    if (nl < H) groups.emplace_back(nl, H);
+    if (l0 > 0) groups.emplace_back(0, l0);  // global heads before the local ones
+    if (nl > 0) groups.emplace_back(l0, l0 + nl);
+    if (l0 + nl < H) groups.emplace_back(l0 + nl, H);
   }
   const std::vector<Tensor> params = per_head ? parameters() : std::vector<Tensor>{};
   std::vector<Tensor> outs;
@@ -393,15 +408,14 @@ Tensor MultiHeadAttention::attention_maps(const Tensor& x, const Tensor& mask,
   NoGradGuard no_grad;
   const AttentionConfig& c = config;
   const int64_t H = c.heads, nl = c.n_local_heads, d = c.resolved_head_dim();
-  Projected p = project(x, mask, context, context_mask, 0, 0, H);
-  const int64_t B = x.size(0), N = p.q.size(2), M = p.k.size(2);
+  const Tensor& key_mask = cross ? context_mask : mask;
+  const int64_t B = x.size(0), N = x.size(1), M = cross ? context.size(1) : N;
   // blocked[b, i, j] (B, 1, N, M): a padded key, a later key (causal), or for
   // local heads a key outside the band of windows.
   auto blocked = [&](bool band) {
     std::vector<uint8_t> a(static_cast<size_t>(B * N * M));
-    const Tensor km = p.key_mask.defined() ? p.key_mask.to(Device::cpu()).to(DType::u8) : Tensor();
-    const int64_t w = c.local_window, lb = c.local_look_backward;
-    const int64_t lf = c.local_look_forward >= 0 ? c.local_look_forward : (c.causal ? 0 : 1);
+    const Tensor km = key_mask.defined() ? key_mask.to(Device::cpu()).to(DType::u8) : Tensor();
+    const int64_t w = c.local_window, lb = c.local_look_backward, lf = c.resolved_look_forward();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < N; ++i)
         for (int64_t j = 0; j < M; ++j) {
@@ -420,14 +434,14 @@ Tensor MultiHeadAttention::attention_maps(const Tensor& x, const Tensor& mask,
   std::vector<Tensor> maps;
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(double(d));
   for (int64_t h = 0; h < H; ++h) {
-    Tensor q = ops::narrow(p.q, 1, h, 1), k = ops::narrow(p.k, 1, h, 1);  // (B, 1, N|M, d)
-    const Mechanism kind = h < nl ? Mechanism::local : c.kind;
+    const Projected p = project(x, mask, context, context_mask, 0, h, h + 1);
+    const Tensor &q = p.q, &k = p.k;  // (B, 1, N|M, d)
+    const Mechanism kind = is_local(h) ? Mechanism::local : c.kind;
     if (kind == Mechanism::linformer) {
       // K = E k + bE over the first M columns of E (B, 1, k, d); P = softmax(q K^T / sqrt d).
       Linear& E = bank_->E(layer, h);
-      Tensor kz = p.key_mask.defined()
-                      ? ops::mul(k, ops::reshape(p.key_mask.to(k.dtype()), {B, 1, M, 1}))
-                      : k;
+      Tensor kz =
+          key_mask.defined() ? ops::mul(k, ops::reshape(key_mask.to(k.dtype()), {B, 1, M, 1})) : k;
       Tensor K = ops::matmul(ops::narrow(E.weight, 1, 0, M), kz) + ops::reshape(E.bias, {-1, 1});
       maps.push_back(ops::softmax(ops::matmul(q, K, false, true) * (1.0 / std::sqrt(double(d)))));
       continue;
@@ -438,7 +452,8 @@ Tensor MultiHeadAttention::attention_maps(const Tensor& x, const Tensor& mask,
       auto unit = [](const Tensor& t) {
         return t / ops::sqrt(ops::sum(ops::square(t), {-1}, true));
       };
-      Tensor A = ops::matmul(unit(q) * ops::narrow(tau, 0, h - nl, 1), unit(k), false, true);
+      Tensor A =
+          ops::matmul(unit(q) * ops::narrow(tau, 0, h - c.global_begin(), 1), unit(k), false, true);
       Tensor T = ops::masked_fill(c.ts_a * ops::square(A) + c.ts_b * A + c.ts_c, off, 0.0);
       maps.push_back(T / ops::sum(T, {-1}, true));
       continue;

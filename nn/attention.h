@@ -37,6 +37,13 @@ enum class LinformerSharing { none, headwise, kv, layerwise };
 const char* sharing_name(LinformerSharing s);
 LinformerSharing sharing_from_name(const std::string& name);
 
+// Where a layer's n_local_heads local heads sit among its H heads: first
+// (linear-attention-transformer's split_at_index) or last (performer-pytorch's
+// Attention, which splits t[:, :global_heads] and t[:, global_heads:]).
+enum class LocalHeadsAt { first, last };
+const char* local_heads_at_name(LocalHeadsAt p);
+LocalHeadsAt local_heads_at_from_name(const std::string& name);
+
 struct AttentionConfig {
   Mechanism kind = Mechanism::softmax;
   int64_t dim = 0;       // D: input and output width
@@ -48,11 +55,23 @@ struct AttentionConfig {
   double output_dropout = 0;  // after the output projection
   double scale = 0;           // softmax score scale; 0: d^-1/2
 
-  // The first n_local_heads heads use `local` attention, the others `kind`.
+  // n_local_heads heads use `local` attention, the others `kind`; the local
+  // heads are the first or the last ones (local_heads_at).
   int64_t n_local_heads = 0;
-  int64_t local_window = 128;
+  LocalHeadsAt local_heads_at = LocalHeadsAt::first;
+  int64_t local_window = 128;  // w
   int64_t local_look_backward = 1;
   int64_t local_look_forward = -1;  // -1: 0 when causal, else 1
+  // true (performer-pytorch's LocalAttention with rel_pos_emb_config): the
+  // local heads turn q and k by local-attention's rotary relative positions,
+  // not by the model's layer rotary (which then turns the global heads only).
+  // Halves pair up: (x_i, x_{i + d/2}) at position t turns by t f_i, f_i =
+  // 10000^(-2i/d); keys sit at their positions j, queries at i + look_forward w
+  // (the reference's window frame has the query's window last in its band, so
+  // every score depends on j - i - look_forward w). false: the local heads
+  // share the layer rotary, if any, with the global heads
+  // (linear-attention-transformer).
+  bool local_rotary = false;
 
   int64_t bucket_size = 64;  // efficient, causal: the blind-spot bucket (1 = none)
   double linear_eps = 1e-6;  // linear
@@ -76,6 +95,15 @@ struct AttentionConfig {
   DType dtype = DType::f32;
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : dim / heads; }
+  int64_t resolved_look_forward() const {
+    return local_look_forward >= 0 ? local_look_forward : (causal ? 0 : 1);
+  }
+  // The local heads are [local_begin(), local_begin() + n_local_heads).
+  int64_t local_begin() const {
+    return local_heads_at == LocalHeadsAt::first ? 0 : heads - n_local_heads;
+  }
+  // The first global head; the global heads are contiguous.
+  int64_t global_begin() const { return local_heads_at == LocalHeadsAt::first ? n_local_heads : 0; }
   // Throws a forge::Error naming the first bad field.
   void validate(const std::string& where = "AttentionConfig") const;
 };
@@ -101,15 +129,26 @@ class ProjectionBank : public Module {
   std::vector<std::shared_ptr<Linear>> projections_;  // registered as "0", "1", ...
 };
 
-// Recurrent decoding state of one attention layer for causal generation, O(1)
-// per token for the linear mechanisms (linear, efficient, favor); see
-// MultiHeadAttention::step.
+// Keys and values (B, h, C, d) kept for heads that attend over past tokens;
+// key j sits in row j % C. softmax keeps every key (C doubles when full, so it
+// never wraps); local keeps C = (look_backward + 1) w rows, the widest band a
+// causal query sees (its own window and look_backward windows behind).
+struct KVCache {
+  Tensor k, v;
+};
+
+// Decoding state of one causal self-attention layer (see
+// MultiHeadAttention::step): a KVCache for softmax and local heads, O(F dv)
+// running sums per head for the linear mechanisms (linear, efficient, favor).
+// Hg is the number of global (non-local) heads.
 struct AttentionState {
-  int64_t pos = 0;  // tokens consumed so far
-  Tensor S, z;      // [B, H, F, d], [B, H, F]: sums over the keys seen (F = feature count)
+  int64_t pos = 0;   // tokens consumed so far
+  KVCache kv;        // the global heads when they are softmax or local
+  KVCache local_kv;  // the local heads of a layer that mixes local and global heads
+  Tensor S, z;       // [B, Hg, F, d], [B, Hg, F]: sums over the keys seen (F = feature count)
   Tensor S_bucket, z_bucket;  // efficient with buckets: the current bucket's sums
-  Tensor k_max;               // favor prefix stabiliser: running max [B, H]
-  Tensor v_sum;               // favor softmax kernel: sum of v [B, H, d]
+  Tensor k_max;               // favor prefix stabiliser: running max [B, Hg]
+  Tensor v_sum;               // favor softmax kernel: sum of v [B, Hg, d]
   Tensor count;               // favor softmax kernel: keys seen (for the eps term)
 };
 
@@ -138,8 +177,13 @@ class MultiHeadAttention : public Module {
   bool capture_maps = false;
   Tensor captured_maps;
 
-  // Causal linear mechanisms: one token x (B, 1, D) -> (B, 1, D), updating
-  // `state`; equals row `state.pos` of forward over the whole prefix.
+  // Causal decoding: x (B, n, D) at positions state.pos.. -> (B, n, D), those
+  // rows of forward over the whole prefix, consumed into `state`. One token
+  // (n = 1) attends to the state: O(1) for linear, efficient and favor heads,
+  // O(keys kept) for softmax and local heads. A prompt (n > 1) runs the
+  // forward's op and must come first (state.pos = 0). supports_recurrent():
+  // causal self-attention of those mechanisms (favor's softmax kernel with the
+  // prefix stabiliser), local heads mixed in or not.
   bool supports_recurrent() const;
   Tensor step(const Tensor& x, AttentionState& state);
 
@@ -154,7 +198,8 @@ class MultiHeadAttention : public Module {
   void set_n0(int64_t n0) { config.n0 = n0; }
   // C2: compute each head's attention under autograd::checkpoint.
   void set_checkpoint_heads(bool on) { checkpoint_heads_ = on; }
-  // Rotary position embedding applied to q and k (owned by the model).
+  // Rotary position embedding applied to q and k (owned by the model), of
+  // every head but the local ones with local_rotary.
   void set_rotary(std::shared_ptr<RotaryEmbedding> rotary) { rotary_ = std::move(rotary); }
 
   AttentionConfig config;
@@ -162,7 +207,7 @@ class MultiHeadAttention : public Module {
   int64_t layer;
   std::shared_ptr<Linear> to_q, to_k, to_v, to_out;
   std::shared_ptr<Dropout> out_dropout;
-  Tensor tau;                      // taylorshift [H - n_local]
+  Tensor tau;                      // taylorshift [H - n_local], global heads in order
   Tensor projection_matrix;        // favor [m, d] (buffer)
   Tensor calls_since_last_redraw;  // favor: i64 scalar buffer
 
@@ -171,13 +216,23 @@ class MultiHeadAttention : public Module {
     Tensor q, k, v;  // (B, H, N, d), (B, H, M, d), (B, H, M, d)
     Tensor key_mask;
   };
-  // q, k, v of heads [h0, h1) (rotary applied at positions offset..).
+  // q, k, v of heads [h0, h1), all local or all global (rotary applied at
+  // positions offset..).
   Projected project(const Tensor& x, const Tensor& mask, const Tensor& context,
                     const Tensor& context_mask, int64_t offset, int64_t h0, int64_t h1);
   // Heads [h0, h1), all of one mechanism, on (B, h1 - h0, ., d) tensors.
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_mask,
                 int64_t h0, int64_t h1);
   Tensor merge(const Tensor& o);  // (B, H, N, d) -> (B, N, D)
+  // step's halves for heads [h0, h1) of one mechanism: add k, v (B, h, n, d)
+  // of positions pos.. to the state; attend q (B, h, 1, d) of position pos
+  // (its own key absorbed) to the state -> (B, h, 1, d).
+  void absorb(const Tensor& k, const Tensor& v, int64_t pos, int64_t h0, AttentionState& st);
+  Tensor read(const Tensor& q, int64_t pos, int64_t h0, AttentionState& st);
+
+  bool is_local(int64_t h) const {
+    return h >= config.local_begin() && h < config.local_begin() + config.n_local_heads;
+  }
 
   std::shared_ptr<ProjectionBank> bank_;
   std::shared_ptr<RotaryEmbedding> rotary_;

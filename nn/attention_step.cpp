@@ -1,8 +1,12 @@
-// Recurrent decoding for the causal linear mechanisms: MultiHeadAttention::step
-// consumes one token and keeps O(F dv) state per head, so generating a token
-// costs the same at position 10 and at position 10^5. Each update below is the
-// causal formula of ATTENTION.md restricted to the newest query, with the sums
-// over j <= i kept as running state:
+// Incremental decoding for causal self-attention: MultiHeadAttention::step
+// consumes tokens into an AttentionState, so a new token never re-runs the
+// prefix. Each group of heads (the local heads, the global ones) keeps the
+// state of its mechanism, and each update is the causal formula of
+// ATTENTION.md for the newest query i with what it needs of j <= i kept:
+//   softmax, local: a KVCache; the query attends to the cached keys it sees
+//              (local: windows i / w - look_backward .. i / w, so the cache
+//              holds (look_backward + 1) w keys), S = scale q k^T (local:
+//              d^-1/2), softmax, P v. O(i) per token (local: O(w)).
 //   linear:    S += phi(k) v^T, z += phi(k);  o = phi(q) S / (phi(q) . z + eps)
 //   efficient: the same with k' = exp(k), q' = softmax_d(q) d^-1/2 and the
 //              denominator max(q' . z, 1e-3); with buckets of s > 1 a key joins
@@ -10,8 +14,11 @@
 //   favor:     relu / no_projection as linear (normaliser + 1e-6 sum(phi(q)));
 //              the softmax kernel keeps S, z relative to the running key maximum
 //              M (prefix stabiliser) and rescales them by exp(M_old - M_new).
-// Tests compare every step with the full causal op (tests/nn/test_attention_module.cpp).
+// The linear mechanisms cost O(1) per token. A prompt (n > 1 tokens) gets its
+// outputs from the forward's own op and only fills the state.
+// Tests: tests/nn/test_attention_module.cpp, tests/nn/test_generation.cpp.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -19,7 +26,9 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
+#include "core/threading.h"
 #include "nn/attention.h"
+#include "ops/blas.h"
 #include "ops/ops.h"
 
 namespace forge::nn {
@@ -61,7 +70,7 @@ void accumulate(const T* g, const T* v, int64_t F, int64_t dv, T* S, T* z) {
 
 // o [dv] = y S (unnormalised); returns y . z.
 template <typename T>
-T read(const T* y, const T* S, const T* z, int64_t F, int64_t dv, T* o) {
+T read_sums(const T* y, const T* S, const T* z, int64_t F, int64_t dv, T* o) {
   std::fill(o, o + dv, T(0));
   T yz = 0;
   for (int64_t f = 0; f < F; ++f) {
@@ -71,11 +80,88 @@ T read(const T* y, const T* S, const T* z, int64_t F, int64_t dv, T* o) {
   return yz;
 }
 
+// Writes k, v (B, h, n, d) of positions pos.. into the cache: with band > 0
+// its last `band` positions (key j in row j % band); with band = 0 all of
+// them, doubling the capacity when it is full.
+template <typename T>
+void cache_append(KVCache& c, const Tensor& k, const Tensor& v, int64_t pos, int64_t band) {
+  const int64_t BH = k.size(0) * k.size(1), n = k.size(2), d = k.size(3), dv = v.size(3);
+  const int64_t C = c.k.defined() ? c.k.size(2) : 0;
+  FORGE_CHECK(C == 0 || c.k.size(0) == k.size(0),
+              "MultiHeadAttention::step: the state holds batch {}, x has {}", c.k.size(0),
+              k.size(0));
+  const int64_t need = band > 0 ? band : pos + n;
+  if (C < need) {
+    const int64_t grown =
+        band > 0 ? band
+                 : std::max<int64_t>(16, static_cast<int64_t>(std::bit_ceil(uint64_t(need))));
+    // Rows are written before any query reads them.
+    KVCache g{Tensor::empty({k.size(0), k.size(1), grown, d}, k.dtype()),
+              Tensor::empty({k.size(0), k.size(1), grown, dv}, v.dtype())};
+    // Only softmax grows a filled cache, and it never wraps: rows [0, C) stay.
+    for (int64_t bh = 0; C > 0 && bh < BH; ++bh) {
+      std::copy_n(c.k.data<T>() + bh * C * d, C * d, g.k.data<T>() + bh * grown * d);
+      std::copy_n(c.v.data<T>() + bh * C * dv, C * dv, g.v.data<T>() + bh * grown * dv);
+    }
+    c = std::move(g);
+  }
+  const int64_t cap = c.k.size(2);
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (int64_t j = std::max(pos, pos + n - cap); j < pos + n; ++j) {
+      std::copy_n(k.data<T>() + (bh * n + j - pos) * d, d,
+                  c.k.data<T>() + (bh * cap + j % cap) * d);
+      std::copy_n(v.data<T>() + (bh * n + j - pos) * dv, dv,
+                  c.v.data<T>() + (bh * cap + j % cap) * dv);
+    }
+}
+
+// o (B, h, 1, dv) of query q (B, h, 1, d) at position i over the cached keys
+// j0..i: softmax_j(scale q k_j) v_j. The rows j0 % C .. i % C are at most two
+// contiguous runs (the ring wraps once).
+template <typename T>
+Tensor cache_attend(const KVCache& c, const Tensor& q, int64_t j0, int64_t i, double scale) {
+  const int64_t BH = q.size(0) * q.size(1), d = q.size(3), dv = c.v.size(3), C = c.k.size(2);
+  const int64_t n = i + 1 - j0;
+  Tensor o = Tensor::zeros({q.size(0), q.size(1), 1, dv}, q.dtype());
+  parallel_for(BH, n * (d + dv), [&](int64_t begin, int64_t end) {
+    std::vector<T> s(static_cast<size_t>(n));
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const T* K = c.k.data<T>() + bh * C * d;
+      const T* V = c.v.data<T>() + bh * C * dv;
+      T* out = o.data<T>() + bh * dv;
+      const auto runs = [&](auto&& fn) {  // fn(first key, its row, run length)
+        for (int64_t j = j0; j <= i;) {
+          const int64_t r = j % C, len = std::min(i + 1 - j, C - r);
+          fn(j, r, len);
+          j += len;
+        }
+      };
+      // s [n] = scale q K^T
+      runs([&](int64_t j, int64_t r, int64_t len) {
+        ops::gemm(false, true, 1, len, d, static_cast<T>(scale), q.data<T>() + bh * d, d, K + r * d,
+                  d, T(0), s.data() + (j - j0), len);
+      });
+      const T mx = *std::max_element(s.begin(), s.end());
+      T sum = 0;
+      for (T& e : s) sum += (e = std::exp(e - mx));
+      // out [dv] = (s / sum) V
+      runs([&](int64_t j, int64_t r, int64_t len) {
+        ops::gemm(false, false, 1, dv, len, T(1) / sum, s.data() + (j - j0), len, V + r * dv, dv,
+                  T(1), out, dv);
+      });
+    }
+  });
+  return o;
+}
+
 }  // namespace
 
 bool MultiHeadAttention::supports_recurrent() const {
-  if (cross || !config.causal || config.n_local_heads > 0) return false;
+  if (cross || !config.causal) return false;
+  if (config.n_local_heads == config.heads) return true;
   switch (config.kind) {
+    case Mechanism::softmax:
+    case Mechanism::local:
     case Mechanism::linear:
     case Mechanism::efficient:
       return true;
@@ -90,116 +176,191 @@ bool MultiHeadAttention::supports_recurrent() const {
 
 Tensor MultiHeadAttention::step(const Tensor& x, AttentionState& st) {
   FORGE_CHECK(supports_recurrent(),
-              "MultiHeadAttention::step: recurrent decoding needs causal self-attention with "
-              "linear, efficient or favor (prefix stabiliser) on every head; this layer is {}{}{}",
-              config.causal ? "causal " : "non-causal ", mechanism_name(config.kind),
-              config.n_local_heads > 0 ? " with local heads" : "");
-  FORGE_CHECK(x.dim() == 3 && x.size(1) == 1 && x.size(2) == config.dim,
-              "MultiHeadAttention::step: expected one token (B, 1, {}), got {}", config.dim,
+              "MultiHeadAttention::step: decoding needs causal self-attention with softmax, "
+              "local, linear, efficient or favor (prefix stabiliser) heads; this layer is {}{}",
+              config.causal ? "causal " : "non-causal ",
+              cross ? "cross-attention" : mechanism_name(config.kind));
+  FORGE_CHECK(x.dim() == 3 && x.size(1) >= 1 && x.size(2) == config.dim,
+              "MultiHeadAttention::step: expected tokens (B, n, {}), got {}", config.dim,
               shape_str(x.shape()));
+  FORGE_CHECK(x.size(1) == 1 || st.pos == 0,
+              "MultiHeadAttention::step: a prompt of {} tokens must come first (the state "
+              "already holds {}); feed later tokens one at a time",
+              x.size(1), st.pos);
   NoGradGuard no_grad;
-  const int64_t B = x.size(0), H = config.heads, d = config.resolved_head_dim(), dv = d;
-  const bool favor = config.kind == Mechanism::favor;
-  const bool softmax_kernel = favor && config.favor_kernel == att::FavorKernel::softmax;
-  const bool projected = favor && config.favor_kernel != att::FavorKernel::no_projection;
+  // The head groups of forward: the local heads and the global ones, in head order.
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  const int64_t H = config.heads, l0 = config.local_begin(), l1 = l0 + config.n_local_heads;
+  if (l0 > 0) groups.emplace_back(0, l0);
+  if (l1 > l0) groups.emplace_back(l0, l1);
+  if (l1 < H) groups.emplace_back(l1, H);
+  std::vector<Tensor> outs;
+  for (auto [h0, h1] : groups) {
+    const Projected p = project(x, Tensor(), Tensor(), Tensor(), st.pos, h0, h1);  // (B, h, n, d)
+    absorb(p.k, p.v, st.pos, h0, st);
+    outs.push_back(x.size(1) == 1 ? read(p.q, st.pos, h0, st)
+                                  : attend(p.q, p.k, p.v, Tensor(), h0, h1));
+  }
+  st.pos += x.size(1);
+  return merge(outs.size() == 1 ? outs[0] : ops::cat(outs, 1));
+}
+
+void MultiHeadAttention::absorb(const Tensor& k, const Tensor& v, int64_t pos, int64_t h0,
+                                AttentionState& st) {
+  const Mechanism kind = is_local(h0) ? Mechanism::local : config.kind;
+  const DType dt = k.dtype();
+  if (kind == Mechanism::softmax || kind == Mechanism::local) {
+    const int64_t band =
+        kind == Mechanism::local ? (config.local_look_backward + 1) * config.local_window : 0;
+    FORGE_DISPATCH_FLOAT(dt, "MultiHeadAttention::step", [&] {
+      cache_append<scalar_t>(is_local(h0) ? st.local_kv : st.kv, k, v, pos, band);
+    });
+    return;
+  }
+  const int64_t B = k.size(0), Hg = k.size(1), n = k.size(2), d = k.size(3), dv = v.size(3);
+  const bool softmax_kernel =
+      kind == Mechanism::favor && config.favor_kernel == att::FavorKernel::softmax;
+  const bool projected =
+      kind == Mechanism::favor && config.favor_kernel != att::FavorKernel::no_projection;
   const int64_t F = projected ? projection_matrix.size(0) : d;
-  const DType dt = x.dtype();
   if (!st.S.defined()) {
-    st.S = Tensor::zeros({B, H, F, dv}, dt);
-    st.z = Tensor::zeros({B, H, F}, dt);
-    st.S_bucket = Tensor::zeros({B, H, F, dv}, dt);
-    st.z_bucket = Tensor::zeros({B, H, F}, dt);
-    st.k_max = Tensor::full({B, H}, -std::numeric_limits<double>::infinity(), dt);
-    st.v_sum = Tensor::zeros({B, H, dv}, dt);
-    st.count = Tensor::zeros({B, H}, dt);
+    st.S = Tensor::zeros({B, Hg, F, dv}, dt);
+    st.z = Tensor::zeros({B, Hg, F}, dt);
+    st.S_bucket = Tensor::zeros({B, Hg, F, dv}, dt);
+    st.z_bucket = Tensor::zeros({B, Hg, F}, dt);
+    st.k_max = Tensor::full({B, Hg}, -std::numeric_limits<double>::infinity(), dt);
+    st.v_sum = Tensor::zeros({B, Hg, dv}, dt);
+    st.count = Tensor::zeros({B, Hg}, dt);
   }
   FORGE_CHECK(st.S.size(0) == B, "MultiHeadAttention::step: the state holds batch {}, x has {}",
               st.S.size(0), B);
-  Projected p = project(x, Tensor(), Tensor(), Tensor(), st.pos, 0, H);  // (B, H, 1, d)
-  Tensor o = Tensor::empty({B, H, 1, dv}, dt);
-  const int64_t s = config.bucket_size, pos = st.pos;
+  const int64_t s = config.bucket_size;
+  FORGE_DISPATCH_FLOAT(dt, "MultiHeadAttention::step", [&] {
+    using T = scalar_t;
+    const T* W = projected ? projection_matrix.data<T>() : nullptr;
+    const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
+    parallel_for(B * Hg, n * F * dv, [&](int64_t begin, int64_t end) {
+      std::vector<T> fk(static_cast<size_t>(F));
+      for (int64_t bh = begin; bh < end; ++bh) {
+        T* S = st.S.data<T>() + bh * F * dv;
+        T* z = st.z.data<T>() + bh * F;
+        for (int64_t t = 0; t < n; ++t) {
+          const T* kt = k.data<T>() + (bh * n + t) * d;
+          const T* vt = v.data<T>() + (bh * n + t) * dv;
+          if (kind == Mechanism::linear) {
+            elu1(kt, d, fk.data());
+            accumulate(fk.data(), vt, F, dv, S, z);
+          } else if (kind == Mechanism::efficient) {
+            for (int64_t e = 0; e < d; ++e) fk[e] = std::exp(kt[e]);
+            if (s == 1) {
+              accumulate(fk.data(), vt, F, dv, S, z);
+              continue;
+            }
+            T* Sb = st.S_bucket.data<T>() + bh * F * dv;
+            T* zb = st.z_bucket.data<T>() + bh * F;
+            if ((pos + t) % s == 0) {  // the previous bucket is complete: it becomes visible
+              for (int64_t e = 0; e < F * dv; ++e) S[e] += std::exchange(Sb[e], T(0));
+              for (int64_t f = 0; f < F; ++f) z[f] += std::exchange(zb[f], T(0));
+            }
+            accumulate(fk.data(), vt, F, dv, Sb, zb);
+          } else if (!softmax_kernel) {  // favor relu / no_projection
+            if (projected) {
+              project_row(kt, W, F, d, c, fk.data());
+              for (int64_t f = 0; f < F; ++f) fk[f] = std::max(fk[f], T(0)) + static_cast<T>(1e-3);
+            } else {
+              for (int64_t e = 0; e < d; ++e) fk[e] = std::exp(kt[e]);
+            }
+            accumulate(fk.data(), vt, F, dv, S, z);
+          } else {  // favor softmax kernel, prefix stabiliser
+            T kk = 0;
+            for (int64_t e = 0; e < d; ++e) kk += kt[e] * kt[e];
+            project_row(kt, W, F, d, c, fk.data());
+            T& M = st.k_max.data<T>()[bh];
+            const T M_new = std::max(M, *std::max_element(fk.begin(), fk.end()));
+            const T scale = std::exp(M - M_new);  // 0 before the first key (M = -inf)
+            for (int64_t e = 0; e < F * dv; ++e) S[e] *= scale;
+            for (int64_t f = 0; f < F; ++f) z[f] *= scale;
+            M = M_new;
+            for (int64_t f = 0; f < F; ++f) fk[f] = std::exp(fk[f] - kk * c * c / 2 - M);
+            accumulate(fk.data(), vt, F, dv, S, z);
+            T* vs = st.v_sum.data<T>() + bh * dv;
+            for (int64_t e = 0; e < dv; ++e) vs[e] += vt[e];
+            st.count.data<T>()[bh] += 1;
+          }
+        }
+      }
+    });
+  });
+}
+
+Tensor MultiHeadAttention::read(const Tensor& q, int64_t pos, int64_t h0, AttentionState& st) {
+  const Mechanism kind = is_local(h0) ? Mechanism::local : config.kind;
+  const DType dt = q.dtype();
+  const int64_t d = q.size(3);
+  const double rsqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
+  if (kind == Mechanism::softmax || kind == Mechanism::local) {
+    // local: S = d^-1/2 q k^T over the band; softmax: config.scale (0: d^-1/2) over 0..pos.
+    const int64_t w = config.local_window;
+    const int64_t j0 = kind == Mechanism::local
+                           ? std::max<int64_t>(0, (pos / w - config.local_look_backward) * w)
+                           : 0;
+    const double scale = kind == Mechanism::softmax && config.scale > 0 ? config.scale : rsqrt_d;
+    return FORGE_DISPATCH_FLOAT(dt, "MultiHeadAttention::step", [&] {
+      return cache_attend<scalar_t>(is_local(h0) ? st.local_kv : st.kv, q, j0, pos, scale);
+    });
+  }
+  const int64_t BH = q.size(0) * q.size(1), F = st.S.size(2), dv = st.S.size(3);
+  const bool softmax_kernel =
+      kind == Mechanism::favor && config.favor_kernel == att::FavorKernel::softmax;
+  const bool projected =
+      kind == Mechanism::favor && config.favor_kernel != att::FavorKernel::no_projection;
+  Tensor o = Tensor::empty({q.size(0), q.size(1), 1, dv}, dt);
   FORGE_DISPATCH_FLOAT(dt, "MultiHeadAttention::step", [&] {
     using T = scalar_t;
     const T* W = projected ? projection_matrix.data<T>() : nullptr;
     const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
     const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(F)));
-    std::vector<T> fq(static_cast<size_t>(F)), fk(static_cast<size_t>(F));
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const T* q = p.q.data<T>() + bh * d;
-      const T* k = p.k.data<T>() + bh * d;
-      const T* v = p.v.data<T>() + bh * dv;
-      T* S = st.S.data<T>() + bh * F * dv;
-      T* z = st.z.data<T>() + bh * F;
+    std::vector<T> fq(static_cast<size_t>(F));
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      const T* qt = q.data<T>() + bh * d;
+      const T* S = st.S.data<T>() + bh * F * dv;
+      const T* z = st.z.data<T>() + bh * F;
       T* out = o.data<T>() + bh * dv;
-      if (config.kind == Mechanism::linear) {
-        elu1(q, d, fq.data());
-        elu1(k, d, fk.data());
-        accumulate(fk.data(), v, F, dv, S, z);
-        const T den = read(fq.data(), S, z, F, dv, out) + static_cast<T>(config.linear_eps);
-        for (int64_t e = 0; e < dv; ++e) out[e] /= den;
-      } else if (config.kind == Mechanism::efficient) {
-        softmax_row(q, d, static_cast<T>(1.0 / std::sqrt(static_cast<double>(d))), fq.data());
-        for (int64_t e = 0; e < d; ++e) fk[e] = std::exp(k[e]);
-        T* Sb = st.S_bucket.data<T>() + bh * F * dv;
-        T* zb = st.z_bucket.data<T>() + bh * F;
-        if (s == 1) {
-          accumulate(fk.data(), v, F, dv, S, z);
-        } else if (pos % s == 0) {  // a bucket just completed: it becomes visible
-          for (int64_t t = 0; t < F * dv; ++t) S[t] += std::exchange(Sb[t], T(0));
-          for (int64_t f = 0; f < F; ++f) z[f] += std::exchange(zb[f], T(0));
-        }
-        const T den = std::max(read(fq.data(), S, z, F, dv, out), static_cast<T>(1e-3));
-        for (int64_t e = 0; e < dv; ++e) out[e] /= den;
-        if (s > 1) accumulate(fk.data(), v, F, dv, Sb, zb);
+      T den = 0;
+      if (kind == Mechanism::linear) {
+        elu1(qt, d, fq.data());
+        den = read_sums(fq.data(), S, z, F, dv, out) + static_cast<T>(config.linear_eps);
+      } else if (kind == Mechanism::efficient) {
+        softmax_row(qt, d, static_cast<T>(rsqrt_d), fq.data());
+        den = std::max(read_sums(fq.data(), S, z, F, dv, out), static_cast<T>(1e-3));
       } else if (!softmax_kernel) {  // favor relu / no_projection
         if (projected) {
-          project_row(q, W, F, d, c, fq.data());
-          project_row(k, W, F, d, c, fk.data());
-          for (int64_t f = 0; f < F; ++f) {
-            fq[f] = std::max(fq[f], T(0)) + static_cast<T>(1e-3);
-            fk[f] = std::max(fk[f], T(0)) + static_cast<T>(1e-3);
-          }
+          project_row(qt, W, F, d, c, fq.data());
+          for (int64_t f = 0; f < F; ++f) fq[f] = std::max(fq[f], T(0)) + static_cast<T>(1e-3);
         } else {
-          softmax_row(q, d, T(1), fq.data());
-          for (int64_t e = 0; e < d; ++e) fk[e] = std::exp(k[e]);
+          softmax_row(qt, d, T(1), fq.data());
         }
-        accumulate(fk.data(), v, F, dv, S, z);
         const T ysum = std::accumulate(fq.begin(), fq.end(), T(0));
-        const T den = read(fq.data(), S, z, F, dv, out) + static_cast<T>(1e-6) * ysum;
-        for (int64_t e = 0; e < dv; ++e) out[e] /= den;
+        den = read_sums(fq.data(), S, z, F, dv, out) + static_cast<T>(1e-6) * ysum;
       } else {  // favor softmax kernel, prefix stabiliser
         const T eps = static_cast<T>(1e-4);
-        T qq = 0, kk = 0;
-        for (int64_t e = 0; e < d; ++e) {
-          qq += q[e] * q[e];
-          kk += k[e] * k[e];
-        }
-        project_row(q, W, F, d, c, fq.data());
+        T qq = 0;
+        for (int64_t e = 0; e < d; ++e) qq += qt[e] * qt[e];
+        project_row(qt, W, F, d, c, fq.data());
         const T qshift = qq * c * c / 2 + *std::max_element(fq.begin(), fq.end());
         for (int64_t f = 0; f < F; ++f) fq[f] = r * (std::exp(fq[f] - qshift) + eps);
-        project_row(k, W, F, d, c, fk.data());
-        T& M = st.k_max.data<T>()[bh];
-        const T M_new = std::max(M, *std::max_element(fk.begin(), fk.end()));
-        const T scale = std::exp(M - M_new);  // 0 before the first key (M = -inf)
-        for (int64_t t = 0; t < F * dv; ++t) S[t] *= scale;
-        for (int64_t f = 0; f < F; ++f) z[f] *= scale;
-        M = M_new;
-        for (int64_t f = 0; f < F; ++f) fk[f] = std::exp(fk[f] - kk * c * c / 2 - M);
-        accumulate(fk.data(), v, F, dv, S, z);
-        T* vs = st.v_sum.data<T>() + bh * dv;
-        T& n = st.count.data<T>()[bh];
-        for (int64_t e = 0; e < dv; ++e) vs[e] += v[e];
-        n += 1;
         // S_total = r S + r eps 1 v_sum^T, z_total = r z + r eps n (+ 1e-6 causal).
+        const T* vs = st.v_sum.data<T>() + bh * dv;
+        const T n = st.count.data<T>()[bh];
         const T ysum = std::accumulate(fq.begin(), fq.end(), T(0));
-        const T yz = read(fq.data(), S, z, F, dv, out);
-        const T den = r * yz + (r * eps * n + static_cast<T>(1e-6)) * ysum;
-        for (int64_t e = 0; e < dv; ++e) out[e] = (r * out[e] + r * eps * ysum * vs[e]) / den;
+        const T yz = read_sums(fq.data(), S, z, F, dv, out);
+        for (int64_t e = 0; e < dv; ++e) out[e] = r * out[e] + r * eps * ysum * vs[e];
+        den = r * yz + (r * eps * n + static_cast<T>(1e-6)) * ysum;
       }
+      for (int64_t e = 0; e < dv; ++e) out[e] /= den;
     }
   });
-  st.pos += 1;
-  return merge(o);
+  return o;
 }
 
 }  // namespace forge::nn

@@ -90,6 +90,20 @@ Tensor RotaryEmbedding::rotate(const Tensor& x, int64_t offset) {
   return x * cos + rotate_every_two(x) * sin;
 }
 
+Tensor rotate_half_split(const Tensor& x, int64_t offset) {
+  FORGE_CHECK(x.dim() >= 2 && x.size(-1) % 2 == 0 && offset >= 0,
+              "rotate_half_split: expected x (..., n, d) with an even d and offset >= 0, got {} "
+              "and offset {}",
+              shape_str(x.shape()), offset);
+  const int64_t n = x.size(-2), d = x.size(-1), half = d / 2;
+  const Tensor table =  // (n, d) = (sin | cos) of the angles t f_i
+      ops::narrow(sinusoid_table("rotate_half_split", offset + n, d, x.dtype()), 0, offset, n)
+          .to(x.device());
+  const Tensor sin = ops::narrow(table, 1, 0, half), cos = ops::narrow(table, 1, half, half);
+  const Tensor x1 = ops::narrow(x, -1, 0, half), x2 = ops::narrow(x, -1, half, half);
+  return ops::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+}
+
 AxialPositionalEmbedding::Weights::Weights(std::vector<Tensor> params) : values(std::move(params)) {
   for (size_t i = 0; i < values.size(); ++i) register_parameter(std::to_string(i), values[i]);
 }

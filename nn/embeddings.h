@@ -53,6 +53,13 @@ class RotaryEmbedding : public Module {
   Tensor emb;
 };
 
+// Rotary positions with split halves (lucidrains' local-attention:
+// SinusoidalEmbeddings and apply_rotary_pos_emb with rotate_half): the pair
+// (x_i, x_{i + d/2}) at position t turns by the angle t f_i, f_i =
+// 10000^(-2i/d). x (..., n, d) at positions offset..offset+n-1 -> (..., n, d);
+// d even; differentiable in x.
+Tensor rotate_half_split(const Tensor& x, int64_t offset = 0);
+
 // Summed axial positions (axial_positional_embedding): one N(0, 1) parameter
 // per axis, "weights.i" of shape (1, 1.., axial_shape[i], 1.., dim) with the
 // axis at position 1 + i; position p is the sum of the rows of p's row-major

@@ -27,6 +27,10 @@ void check_positive(int64_t value, const std::string& field) {
   FORGE_CHECK(value > 0, "{} must be > 0, got {}", field, value);
 }
 
+void check_norm_eps(double eps, const std::string& field) {
+  FORGE_CHECK(eps > 0, "{} must be > 0, got {}", field, eps);
+}
+
 // The mechanisms with a causal form (ATTENTION.md's table).
 bool has_causal_form(Mechanism m) {
   return m == Mechanism::softmax || m == Mechanism::local || m == Mechanism::efficient ||
@@ -54,8 +58,9 @@ void fill_attention(AttentionConfig& a, int64_t dim, bool causal, DType dtype, i
   if (a.kind == Mechanism::linformer && a.seq_len == 0) a.seq_len = seq_len;
 }
 
-StackConfig fill_stack(StackConfig s, int64_t dim, bool causal, DType dtype, int64_t seq_len,
-                       const std::string& where) {
+StackConfig fill_stack(StackConfig s, int64_t dim, bool causal, double norm_eps, DType dtype,
+                       int64_t seq_len, const std::string& where) {
+  s.block.norm_eps = norm_eps;
   fill_attention(s.block.attention, dim, causal, dtype, seq_len);
   for (auto& a : s.layer_attention) fill_attention(a, dim, causal, dtype, seq_len);
   s.block.ff.dim = dim;
@@ -99,15 +104,22 @@ Positions make_positions(PositionalKind kind, int64_t n, int64_t dim, const Stac
       FORGE_CHECK(dim % 2 == 0, "{}.positional = sinusoidal needs an even dim, got {}", where, dim);
       p.sinusoidal = std::make_shared<FixedPositionalEmbedding>(n, dim, dtype);
       break;
-    case PositionalKind::rotary: {
+    case PositionalKind::rotary:
+    case PositionalKind::rotary_only: {
       const int64_t d = stack.block.attention.resolved_head_dim();
       for (size_t i = 0; i < stack.layer_attention.size(); ++i)
         FORGE_CHECK(stack.layer_attention[i].resolved_head_dim() == d,
-                    "{}.positional = rotary needs one head dim in every layer: "
+                    "{}.positional = {} needs one head dim in every layer: "
                     "stack.block.attention has {}, stack.layer_attention[{}] has {}",
-                    where, d, i, stack.layer_attention[i].resolved_head_dim());
-      FORGE_CHECK(d % 2 == 0, "{}.positional = rotary needs an even head dim, got {}", where, d);
+                    where, positional_name(kind), d, i,
+                    stack.layer_attention[i].resolved_head_dim());
+      FORGE_CHECK(d % 2 == 0, "{}.positional = {} needs an even head dim, got {}", where,
+                  positional_name(kind), d);
       p.rotary = std::make_shared<RotaryEmbedding>(n, d, dtype);
+      if (kind == PositionalKind::rotary_only) break;
+      FORGE_CHECK(dim % 2 == 0,
+                  "{}.positional = rotary adds sinusoids, so dim must be even, got {}", where, dim);
+      p.sinusoidal = std::make_shared<FixedPositionalEmbedding>(n, dim, dtype);
       break;
     }
     case PositionalKind::axial: {
@@ -238,6 +250,8 @@ const char* positional_name(PositionalKind k) {
       return "sinusoidal";
     case PositionalKind::rotary:
       return "rotary";
+    case PositionalKind::rotary_only:
+      return "rotary_only";
     case PositionalKind::axial:
       return "axial";
   }
@@ -247,10 +261,11 @@ const char* positional_name(PositionalKind k) {
 PositionalKind positional_from_name(const std::string& name) {
   for (PositionalKind k :
        {PositionalKind::none, PositionalKind::learned, PositionalKind::sinusoidal,
-        PositionalKind::rotary, PositionalKind::axial})
+        PositionalKind::rotary, PositionalKind::rotary_only, PositionalKind::axial})
     if (name == positional_name(k)) return k;
   FORGE_FAIL(
-      "unknown positional embedding '{}'; expected none, learned, sinusoidal, rotary or axial",
+      "unknown positional embedding '{}'; expected none, learned, sinusoidal, rotary, rotary_only "
+      "or axial",
       name);
 }
 
@@ -304,6 +319,7 @@ void ViTConfig::validate() const {
               "stack.block.attention.head_dim",
               dim, heads);
   check_dropout(emb_dropout, "ViTConfig.emb_dropout");
+  check_norm_eps(norm_eps, "ViTConfig.norm_eps");
 }
 
 ViT::ViT(const ViTConfig& c, Generator* gen) : config(c) {
@@ -320,7 +336,7 @@ ViT::ViT(const ViTConfig& c, Generator* gen) : config(c) {
     a.heads = config.heads;
     a.qkv_bias = config.qkv_bias;
   }
-  config.stack = fill_stack(s, D, false, config.dtype, tokens, "ViTConfig");
+  config.stack = fill_stack(s, D, false, config.norm_eps, config.dtype, tokens, "ViTConfig");
 
   patch_embed = register_module(
       "patch_embed", std::make_shared<PatchEmbed>(config.image_size, config.patch_size,
@@ -371,6 +387,7 @@ void SequenceClassifierConfig::validate() const {
   check_positive(classes, "SequenceClassifierConfig.classes");
   FORGE_CHECK(mlp_dim >= 0, "SequenceClassifierConfig.mlp_dim must be >= 0, got {}", mlp_dim);
   check_dropout(emb_dropout, "SequenceClassifierConfig.emb_dropout");
+  check_norm_eps(norm_eps, "SequenceClassifierConfig.norm_eps");
 }
 
 SequenceClassifier::SequenceClassifier(const SequenceClassifierConfig& c, Generator* gen)
@@ -379,7 +396,8 @@ SequenceClassifier::SequenceClassifier(const SequenceClassifierConfig& c, Genera
   const int64_t D = config.dim;
   const bool cls = config.pool == Pool::cls;
   const int64_t n = config.max_len + (cls ? 1 : 0);
-  config.stack = fill_stack(config.stack, D, false, config.dtype, n, "SequenceClassifierConfig");
+  config.stack = fill_stack(config.stack, D, false, config.norm_eps, config.dtype, n,
+                            "SequenceClassifierConfig");
   const auto reg = [this](const std::string& name, auto m) { register_module(name, m); };
 
   if (config.vocab_size > 0)
@@ -468,6 +486,7 @@ void LanguageModelConfig::validate(const std::string& where) const {
   check_positive(dim, where + ".dim");
   FORGE_CHECK(emb_dim >= 0, "{}.emb_dim must be >= 0 (0: dim), got {}", where, emb_dim);
   check_dropout(emb_dropout, where + ".emb_dropout");
+  check_norm_eps(norm_eps, where + ".norm_eps");
   FORGE_CHECK(!(tie_embedding && return_embeddings),
               "{}: tie_embedding needs the output head, which return_embeddings removes; unset "
               "one of them",
@@ -479,7 +498,8 @@ LanguageModel::LanguageModel(const LanguageModelConfig& c, Generator* gen, const
   config.validate(where);
   const int64_t D = config.dim, E = config.emb_dim > 0 ? config.emb_dim : D;
   if (config.causal) check_causal(config.stack, where);
-  config.stack = fill_stack(config.stack, D, config.causal, config.dtype, config.max_len, where);
+  config.stack = fill_stack(config.stack, D, config.causal, config.norm_eps, config.dtype,
+                            config.max_len, where);
   const auto reg = [this](const std::string& name, auto m) { register_module(name, m); };
 
   token_emb = register_module(
@@ -547,7 +567,9 @@ Tensor LanguageModel::generate(const Tensor& prime, int64_t length, const Genera
               "GenerateOptions.eos must be -1 (none) or a token id below {}, got {}",
               config.vocab_size, o.eos);
   const int64_t B = prime.size(0), P = prime.size(1), V = config.vocab_size;
-  const bool recurrent = o.use_recurrent_state && transformer->supports_recurrent();
+  // The decoding state is computed on the CPU; a model on a GPU recomputes.
+  const bool recurrent = o.use_recurrent_state && transformer->supports_recurrent() &&
+                         token_emb->weight.device().is_cpu();
   FORGE_CHECK(
       !recurrent || positions.kind == PositionalKind::none || P + length - 1 <= config.max_len,
       "LanguageModel::generate: {} prime + {} new tokens need {} positions with the "
@@ -572,35 +594,36 @@ Tensor LanguageModel::generate(const Tensor& prime, int64_t length, const Genera
     return Tensor::from_vector<int64_t>(v, {B, n});
   };
   std::vector<BlockState> states;
-  // The hidden state (B, 1, D) of position t, consuming it into the recurrent state.
-  const auto step_at = [&](int64_t t) {
-    return transformer->step(embed(ids_of(t, 1), t), states, context, context_mask);
-  };
   if (recurrent) states = transformer->initial_state();
 
   std::vector<bool> done(static_cast<size_t>(B), false);
   int64_t cur = P;  // current length
   for (int64_t i = 0; i < length; ++i) {
-    Tensor h;  // (B, 1, D) of the newest position
-    if (recurrent) {
-      for (int64_t t = i == 0 ? 0 : cur - 1; t < cur; ++t) h = step_at(t);
-    } else {
-      const int64_t start = std::max<int64_t>(0, cur - config.max_len), n = cur - start;
-      h = ops::narrow(
-          transformer->forward(embed(ids_of(start, n), 0), Tensor(), context, context_mask), 1,
-          n - 1, 1);
-    }
-    const auto logits = head(h).to_vector<double>();  // (B, V)
+    // The hidden states (B, n, D) of positions [start, cur): with the state,
+    // the whole prime, then only the newest token; without, the last max_len
+    // tokens afresh.
+    const int64_t start =
+        recurrent ? (i == 0 ? 0 : cur - 1) : std::max<int64_t>(0, cur - config.max_len);
+    const int64_t n = cur - start;
+    const Tensor x = embed(ids_of(start, n), recurrent ? start : 0);
+    const Tensor h = recurrent ? transformer->step(x, states, context, context_mask)
+                               : transformer->forward(x, Tensor(), context, context_mask);
+    const Tensor last = head(ops::narrow(h, 1, n - 1, 1));  // (B, 1, V)
+    if (o.on_logits) o.on_logits(last.view({B, V}));
+    const auto logits = last.to_vector<double>();
     std::vector<double> u(static_cast<size_t>(B), 0.0);
     if (!o.greedy) u = Tensor::rand({B}, DType::f64, &g).to_vector<double>();
     bool all_done = o.eos >= 0;
+    std::vector<int64_t> drawn(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b) {
       int64_t next = sample_token(logits.data() + b * V, V, o, u[b]);
       if (done[b]) next = o.eos;
       if (o.eos >= 0 && next == o.eos) done[b] = true;
       all_done = all_done && done[b];
       tokens[b].push_back(next);
+      drawn[static_cast<size_t>(b)] = next;
     }
+    if (o.on_token) o.on_token(drawn);
     ++cur;
     if (all_done) break;
   }

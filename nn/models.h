@@ -9,8 +9,8 @@
 //
 // Each config carries a StackConfig: the user picks the mechanism and its
 // options there (stack.block.attention.kind, .n_local_heads, stack.sharing,
-// ...); the model writes the widths, causality and dtype into it from its own
-// fields, so they are never set twice. Every training forward calls
+// ...); the model writes the widths, causality, norm_eps and dtype into it from
+// its own fields, so they are never set twice. Every training forward calls
 // Stack::tick_redraw() once (the favor feature-redraw schedule).
 //
 // Letters: B batch, N sequence length, D model dim, V vocabulary, C channels,
@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,22 +45,26 @@ enum class Pool { cls, mean };
 const char* pool_name(Pool p);
 Pool pool_from_name(const std::string& name);
 
-// Positions added to the embedded input (learned, sinusoidal, axial) or
-// applied to q and k inside every attention layer (rotary).
-enum class PositionalKind { none, learned, sinusoidal, rotary, axial };
+// Positions added to the embedded input (learned, sinusoidal, axial), applied
+// to q and k inside every attention layer (rotary_only), or both: rotary is
+// performer-pytorch's rotary_position_emb and linear-attention-transformer's
+// use_rotary_emb, which add the fixed sinusoids to the input and turn q and k
+// in every layer.
+enum class PositionalKind { none, learned, sinusoidal, rotary, rotary_only, axial };
 const char* positional_name(PositionalKind k);
 PositionalKind positional_from_name(const std::string& name);
 
-// The positional module of a sequence model, one of which is set (none of
-// them for PositionalKind::none). Registered by the model as "pos_emb"
-// (learned, sinusoidal, axial) or "layer_pos_emb" (rotary, as performer-pytorch).
+// The positional modules of a sequence model: one of learned, sinusoidal and
+// axial (registered as "pos_emb") for those kinds, sinusoidal and rotary
+// ("pos_emb", "layer_pos_emb", as performer-pytorch) for rotary, rotary alone
+// for rotary_only, none for none.
 struct Positions {
   PositionalKind kind = PositionalKind::none;
   std::shared_ptr<AbsolutePositionalEmbedding> learned;
   std::shared_ptr<FixedPositionalEmbedding> sinusoidal;
   std::shared_ptr<AxialPositionalEmbedding> axial;
   std::shared_ptr<RotaryEmbedding> rotary;
-  // x (B, n, D) at positions offset.. -> x plus the position rows (rotary, none: x).
+  // x (B, n, D) at positions offset.. -> x plus the position rows (rotary_only, none: x).
   Tensor add(const Tensor& x, int64_t offset = 0) const;
 };
 
@@ -80,7 +85,9 @@ struct ViTConfig {
   Pool pool = Pool::cls;
   double emb_dropout = 0;  // after adding the positions (timm's pos_drop)
   bool qkv_bias = true;
-  StackConfig stack;  // mechanism and options; depth, heads, widths and qkv_bias come from above
+  double norm_eps = 1e-6;  // every LayerNorm of the stack (timm's LayerNorm(eps=1e-6))
+  // Mechanism and options; depth, heads, widths, qkv_bias and norm_eps come from above.
+  StackConfig stack;
   DType dtype = DType::f32;
 
   // The standard sizes "Ti", "S", "B": D 192 / 384 / 768, depth 12, heads 3 / 6 / 12.
@@ -124,7 +131,9 @@ struct SequenceClassifierConfig {
   double emb_dropout = 0;
   bool dual_encoder = false;
   int64_t mlp_dim = 0;  // dual encoder: hidden width of the MLP head; 0: D
-  StackConfig stack;    // mechanism and options; dims and dtype come from above
+  // Every norm of the stack: TaylorShift's Transformer is a timm ViT (eps 1e-6).
+  double norm_eps = 1e-6;
+  StackConfig stack;  // mechanism and options; dims, norm_eps and dtype come from above
   DType dtype = DType::f32;
 
   void validate() const;
@@ -162,6 +171,8 @@ class SequenceClassifier : public Module {
 // project_in (emb_dim -> D), project_out (D -> emb_dim), to_logits (emb_dim -> V).
 // Tied: to_logits.weight is token_emb.weight (no output bias), one parameter.
 // token_emb ~ N(0, .02) as performer-pytorch; the rest as torch.nn defaults.
+// The stack ends in its final norm, a LayerNorm even after ScaleNorm or ReZero
+// blocks (stack.final_norm_kind = layer, as PerformerLM's self.norm).
 struct LanguageModelConfig {
   int64_t vocab_size = 256;  // V
   int64_t max_len = 1024;    // positions available
@@ -176,7 +187,9 @@ struct LanguageModelConfig {
   // No output head: forward returns the final hidden states (B, N, D) (the
   // encoder of an EncoderDecoder; linear-attention-transformer's return_embeddings).
   bool return_embeddings = false;
-  StackConfig stack;  // mechanism and options; dims, causality and dtype come from above
+  // Every norm of the stack: torch.nn.LayerNorm's default, as both references.
+  double norm_eps = 1e-5;
+  StackConfig stack;  // mechanism and options; dims, causality, norm_eps and dtype come from above
   DType dtype = DType::f32;
 
   // `where` names the config in errors ("EncoderDecoderConfig.decoder.max_len ...").
@@ -191,6 +204,12 @@ struct GenerateOptions {
   bool greedy = false;              // argmax instead of sampling
   bool use_recurrent_state = true;  // O(1) per token when the stack supports it
   Generator* gen = nullptr;         // sampling draws (the default generator when null)
+  // Called after each step with the token drawn for each sequence (B), e.g.
+  // to stream text as it is produced.
+  std::function<void(const std::vector<int64_t>& next)> on_token{};
+  // Called before each draw with the logits (B, V) it draws from (before
+  // temperature and filtering), e.g. to compare them with a forward.
+  std::function<void(const Tensor& logits)> on_logits{};
 };
 
 class LanguageModel : public Module {
@@ -203,9 +222,11 @@ class LanguageModel : public Module {
   Tensor forward(const Tensor& ids, const Tensor& mask = Tensor(), const Tensor& context = Tensor(),
                  const Tensor& context_mask = Tensor());
   // prime (B, P) -> (B, P + generated) i64, generated <= length. Eval mode and
-  // no grad inside (the previous mode is restored). Recurrent (O(1) per token)
-  // when o.use_recurrent_state and the stack supports_recurrent(); otherwise the
-  // full forward over the last max_len tokens for every new token.
+  // no grad inside (the previous mode is restored). Incremental when
+  // o.use_recurrent_state and the stack supports_recurrent(): the prime in one
+  // Stack::step, then each token into the state (O(1) per token for the linear
+  // mechanisms, a KV cache for softmax and local heads; CPU models only);
+  // otherwise the full forward over the last max_len tokens for every new token.
   Tensor generate(const Tensor& prime, int64_t length, const GenerateOptions& o = {},
                   const Tensor& context = Tensor(), const Tensor& context_mask = Tensor());
 

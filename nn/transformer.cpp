@@ -13,15 +13,29 @@ namespace forge::nn {
 namespace {
 
 constexpr const char* kNormNames[] = {"layer", "scale", "rezero"};
+constexpr const char* kReversibleOutputNames[] = {"sum", "mean"};
+constexpr const char* kFinalNormKindNames[] = {"layer", "block"};
 
-// The last position of shift(cat(prev, x)): token shift of one new token x
-// (B, 1, D) given the previous branch input (zeros before the first token).
-// Causal shifts are 0 or 1, so one previous token is all the shift can reach.
-Tensor shift_one(TokenShift& shift, const Tensor& x, Tensor& prev) {
-  if (!prev.defined()) prev = Tensor::zeros(x.shape(), x.dtype(), x.device());
+template <typename E, size_t K>
+E enum_from_name(const char* const (&names)[K], const std::string& name, const char* what) {
+  std::string valid;
+  for (size_t i = 0; i < K; ++i) {
+    if (name == names[i]) return static_cast<E>(i);
+    valid += (i ? ", " : "") + std::string(names[i]);
+  }
+  FORGE_FAIL("unknown {} '{}'; expected one of: {}", what, name, valid);
+}
+
+// Token shift of new tokens x (B, n, D) that continue a sequence whose last
+// branch input was prev (B, 1, D) (zeros before the first token): the last n
+// rows of shift(cat(prev, x)); prev becomes x's last row. Causal shifts are 0
+// or 1, so one previous token is all the shift can reach.
+Tensor shift_on(TokenShift& shift, const Tensor& x, Tensor& prev) {
+  const int64_t n = x.size(1);
+  if (!prev.defined()) prev = Tensor::zeros({x.size(0), 1, x.size(2)}, x.dtype(), x.device());
   Tensor both = shift.forward(ops::cat({prev, x}, 1));
-  prev = x;
-  return ops::narrow(both, 1, 1, 1);
+  prev = ops::narrow(x, 1, n - 1, 1);
+  return ops::narrow(both, 1, 1, n);
 }
 
 }  // namespace
@@ -30,21 +44,31 @@ const char* norm_name(NormKind k) {
   return kNormNames[static_cast<int>(k)];
 }
 NormKind norm_from_name(const std::string& name) {
-  for (int i = 0; i < 3; ++i)
-    if (name == kNormNames[i]) return static_cast<NormKind>(i);
-  FORGE_FAIL("unknown norm '{}'; expected one of: layer, scale, rezero", name);
+  return enum_from_name<NormKind>(kNormNames, name, "norm");
+}
+const char* reversible_output_name(ReversibleOutput o) {
+  return kReversibleOutputNames[static_cast<int>(o)];
+}
+ReversibleOutput reversible_output_from_name(const std::string& name) {
+  return enum_from_name<ReversibleOutput>(kReversibleOutputNames, name, "reversible output");
+}
+const char* final_norm_kind_name(FinalNormKind k) {
+  return kFinalNormKindNames[static_cast<int>(k)];
+}
+FinalNormKind final_norm_kind_from_name(const std::string& name) {
+  return enum_from_name<FinalNormKind>(kFinalNormKindNames, name, "final norm kind");
 }
 
 // ---- SublayerNorm ----
 
-SublayerNorm::SublayerNorm(NormKind k, int64_t dim, DType dtype) : kind(k) {
+SublayerNorm::SublayerNorm(NormKind k, int64_t dim, DType dtype, double eps) : kind(k) {
   switch (k) {
     case NormKind::layer:
       layer_norm =
-          register_module("norm", std::make_shared<LayerNorm>(Shape{dim}, 1e-5, true, dtype));
+          register_module("norm", std::make_shared<LayerNorm>(Shape{dim}, eps, true, dtype));
       break;
     case NormKind::scale:
-      scale_norm = register_module("norm", std::make_shared<ScaleNorm>(1e-5, dtype));
+      scale_norm = register_module("norm", std::make_shared<ScaleNorm>(eps, dtype));
       break;
     case NormKind::rezero:
       rezero = register_module("rezero", std::make_shared<ReZero>(dtype));
@@ -69,18 +93,19 @@ Block::Block(const BlockConfig& c, int64_t layer, std::shared_ptr<ProjectionBank
     : config(c) {
   const int64_t D = c.attention.dim;
   const DType dt = c.attention.dtype;
+  const auto make_norm = [&] { return std::make_shared<SublayerNorm>(c.norm, D, dt, c.norm_eps); };
   FORGE_CHECK(!c.post_norm || !c.attend_axially,
               "Block: attend_axially is a pre-norm option (as in linear-attention-transformer)");
   FORGE_CHECK(!c.post_norm || c.norm != NormKind::rezero,
               "Block: post-norm with ReZero is not a transformer block; use pre-norm with ReZero");
-  attn_norm = register_module("attn_norm", std::make_shared<SublayerNorm>(c.norm, D, dt));
+  attn_norm = register_module("attn_norm", make_norm());
   attn = register_module("attn", std::make_shared<MultiHeadAttention>(c.attention, false, 0,
                                                                       std::move(bank), layer, gen));
   if (c.cross_attention) {
     AttentionConfig cross = c.cross;
     cross.dim = D;
     cross.dtype = dt;
-    cross_norm = register_module("cross_norm", std::make_shared<SublayerNorm>(c.norm, D, dt));
+    cross_norm = register_module("cross_norm", make_norm());
     cross_attn = register_module(
         "cross_attn", std::make_shared<MultiHeadAttention>(cross, true, c.context_dim,
                                                            std::move(context_bank), layer, gen));
@@ -88,15 +113,15 @@ Block::Block(const BlockConfig& c, int64_t layer, std::shared_ptr<ProjectionBank
   FeedForwardOptions f = c.ff;
   f.dim = D;
   f.dtype = dt;
-  ff_norm = register_module("ff_norm", std::make_shared<SublayerNorm>(c.norm, D, dt));
+  ff_norm = register_module("ff_norm", make_norm());
   ff = register_module("ff", std::make_shared<FeedForward>(f, gen));
   if (c.attend_axially) {
     AttentionConfig folded = c.attention;
     folded.n_local_heads = 0;  // the reference's folded SelfAttention is all global
-    axial_norm = register_module("axial_norm", std::make_shared<SublayerNorm>(c.norm, D, dt));
+    axial_norm = register_module("axial_norm", make_norm());
     axial_attn = register_module(
         "axial_attn", std::make_shared<MultiHeadAttention>(folded, false, 0, nullptr, layer, gen));
-    axial_ff_norm = register_module("axial_ff_norm", std::make_shared<SublayerNorm>(c.norm, D, dt));
+    axial_ff_norm = register_module("axial_ff_norm", make_norm());
     axial_ff = register_module("axial_ff", std::make_shared<FeedForward>(f, gen));
   }
   if (c.shift_tokens)
@@ -191,16 +216,26 @@ Tensor Block::forward(const Tensor& x, const Tensor& mask, const Tensor& context
   return h;
 }
 
+// attention_branch and ff_branch of new tokens, continuing from `state`.
+Tensor Block::attention_step(const Tensor& x, BlockState& state, const Tensor& context,
+                             const Tensor& context_mask) {
+  Tensor h = attn_norm->forward(x);
+  if (shift) h = shift_on(*shift, h, state.prev_attn_in);
+  Tensor s = attn_norm->scale(attn->step(h, state.attn));
+  return cross_attn ? s + cross_part(x + s, context, context_mask) : s;
+}
+
+Tensor Block::ff_step(const Tensor& x, BlockState& state) {
+  Tensor h = ff_norm->forward(x);
+  if (shift) h = shift_on(*shift, h, state.prev_ff_in);
+  return ff_norm->scale(ff->forward(h));
+}
+
 Tensor Block::step(const Tensor& x, BlockState& state, const Tensor& context,
                    const Tensor& context_mask) {
   FORGE_CHECK(!config.post_norm, "Block::step: recurrent decoding is for pre-norm blocks");
-  Tensor h = attn_norm->forward(x);
-  if (shift) h = shift_one(*shift, h, state.prev_attn_in);
-  Tensor y = x + attn_norm->scale(attn->step(h, state.attn));
-  if (cross_attn) y = y + cross_part(y, context, context_mask);
-  Tensor f = ff_norm->forward(y);
-  if (shift) f = shift_one(*shift, f, state.prev_ff_in);
-  return y + ff_norm->scale(ff->forward(f));
+  Tensor y = x + attention_step(x, state, context, context_mask);
+  return y + ff_step(y, state);
 }
 
 // ---- Stack ----
@@ -216,6 +251,7 @@ void StackConfig::validate(const std::string& where) const {
               "{}: reversible layers store no activations already; checkpoint must be C0", where);
   FORGE_CHECK(k_reduce_by_layer >= 0, "{}.k_reduce_by_layer must be >= 0, got {}", where,
               k_reduce_by_layer);
+  FORGE_CHECK(block.norm_eps > 0, "{}.block.norm_eps must be > 0, got {}", where, block.norm_eps);
 }
 
 namespace {
@@ -269,9 +305,11 @@ Stack::Stack(const StackConfig& c, Generator* gen) : config(c) {
     blocks.push_back(block);
   }
   if (c.final_norm && !c.block.post_norm) {
-    const NormKind k = c.block.norm == NormKind::scale ? NormKind::scale : NormKind::layer;
+    const bool scale = c.final_norm_kind == FinalNormKind::block && c.block.norm == NormKind::scale;
     norm = register_module(
-        "norm", std::make_shared<SublayerNorm>(k, c.block.attention.dim, c.block.attention.dtype));
+        "norm", std::make_shared<SublayerNorm>(scale ? NormKind::scale : NormKind::layer,
+                                               c.block.attention.dim, c.block.attention.dtype,
+                                               c.block.norm_eps));
   }
 }
 
@@ -302,6 +340,7 @@ Tensor Stack::forward(const Tensor& x, const Tensor& mask, const Tensor& context
         context.defined() ? std::vector{context} : std::vector<Tensor>{};
     std::vector<Tensor> y = autograd::reversible_sequence(couplings, h, h, ctx, generator());
     h = y[0] + y[1];
+    if (config.reversible_output == ReversibleOutput::mean) h = h * 0.5;
   } else {
     for (const auto& b : blocks) h = b->forward(h, mask, context, context_mask, config.checkpoint);
   }
@@ -316,12 +355,26 @@ bool Stack::supports_recurrent() const {
 
 Tensor Stack::step(const Tensor& x, std::vector<BlockState>& states, const Tensor& context,
                    const Tensor& context_mask) {
+  FORGE_CHECK(supports_recurrent(),
+              "Stack::step: decoding needs pre-norm blocks without attend_axially whose "
+              "self-attention supports_recurrent() (causal softmax, local, linear, efficient or "
+              "favor)");
   FORGE_CHECK(states.size() == blocks.size(), "Stack::step: {} states for {} blocks", states.size(),
               blocks.size());
   NoGradGuard no_grad;
   Tensor h = x;
-  for (size_t l = 0; l < blocks.size(); ++l)
-    h = blocks[l]->step(h, states[l], context, context_mask);
+  if (config.reversible) {  // forward's couplings: y1 = x1 + f(x2), y2 = x2 + g(y1)
+    Tensor x1 = h, x2 = h;
+    for (size_t l = 0; l < blocks.size(); ++l) {
+      x1 = x1 + blocks[l]->attention_step(x2, states[l], context, context_mask);
+      x2 = x2 + blocks[l]->ff_step(x1, states[l]);
+    }
+    h = x1 + x2;
+    if (config.reversible_output == ReversibleOutput::mean) h = h * 0.5;
+  } else {
+    for (size_t l = 0; l < blocks.size(); ++l)
+      h = blocks[l]->step(h, states[l], context, context_mask);
+  }
   return norm ? norm->forward(h) : h;
 }
 

@@ -6,7 +6,8 @@
 //   post-norm: x = norm(x + attn(x));  ...                              (linformer-pytorch)
 // with ReZero replacing norm(.) by the identity and scaling each branch by a
 // learned g (init 0). Token shifting (linear-attention-transformer) shifts
-// feature segments of each branch's input along the sequence.
+// feature segments of each branch's input along the sequence. Every norm of a
+// stack, the final one included, uses BlockConfig::norm_eps.
 #pragma once
 
 #include <memory>
@@ -24,6 +25,20 @@ NormKind norm_from_name(const std::string& name);
 
 enum class CheckpointLevel { C0, C1, C2 };
 
+// What a reversible stack returns from its two halves (y1, y2): their sum
+// (performer-pytorch) or their mean (linear-attention-transformer).
+enum class ReversibleOutput { sum, mean };
+const char* reversible_output_name(ReversibleOutput o);
+ReversibleOutput reversible_output_from_name(const std::string& name);
+
+// The norm after the last block: a LayerNorm whatever the blocks use
+// (performer-pytorch and linear-attention-transformer, whose models end in
+// nn.LayerNorm with ScaleNorm or ReZero blocks too), or the blocks' own kind
+// (ScaleNorm after ScaleNorm blocks; LayerNorm after LayerNorm or ReZero blocks).
+enum class FinalNormKind { layer, block };
+const char* final_norm_kind_name(FinalNormKind k);
+FinalNormKind final_norm_kind_from_name(const std::string& name);
+
 struct BlockConfig {
   AttentionConfig attention;  // self-attention; attention.dim is D
   FeedForwardOptions ff;      // ff.dim is set to D
@@ -31,6 +46,10 @@ struct BlockConfig {
   AttentionConfig cross;    // cross-attention (non-causal; kind, heads, linformer seq_len / k, ...)
   int64_t context_dim = 0;  // 0: D
   NormKind norm = NormKind::layer;
+  // eps of every LayerNorm (added to the variance) and ScaleNorm (the floor of
+  // the norm) of the stack, the final norm included. The models write their
+  // own norm_eps here (timm's ViT 1e-6, PyTorch's default 1e-5).
+  double norm_eps = 1e-5;
   bool post_norm = false;
   bool shift_tokens = false;
   // linear-attention-transformer's attend_axially: after the block, a second
@@ -43,7 +62,7 @@ struct BlockConfig {
 // The normalisation in front of (pre-norm) or after (post-norm) a branch.
 class SublayerNorm : public Module {
  public:
-  SublayerNorm(NormKind kind, int64_t dim, DType dtype);
+  SublayerNorm(NormKind kind, int64_t dim, DType dtype, double eps);
   Tensor forward(const Tensor& x);     // ReZero: identity
   Tensor scale(const Tensor& branch);  // ReZero: branch * g; otherwise branch
 
@@ -75,8 +94,13 @@ class Block : public Module {
   Tensor forward(const Tensor& x, const Tensor& mask = Tensor(), const Tensor& context = Tensor(),
                  const Tensor& context_mask = Tensor(),
                  CheckpointLevel level = CheckpointLevel::C0);
+  // Decoding (see Stack::step): the block, or each branch, on new tokens x
+  // (B, n, D), continuing from `state`.
   Tensor step(const Tensor& x, BlockState& state, const Tensor& context = Tensor(),
               const Tensor& context_mask = Tensor());
+  Tensor attention_step(const Tensor& x, BlockState& state, const Tensor& context,
+                        const Tensor& context_mask);
+  Tensor ff_step(const Tensor& x, BlockState& state);
 
   BlockConfig config;
   std::shared_ptr<MultiHeadAttention> attn, cross_attn;
@@ -104,9 +128,11 @@ struct StackConfig {
   std::vector<AttentionConfig> layer_attention;
   CheckpointLevel checkpoint = CheckpointLevel::C0;
   bool reversible = false;  // pre-norm only; checkpoint levels do not apply
+  ReversibleOutput reversible_output = ReversibleOutput::sum;
   LinformerSharing sharing = LinformerSharing::none;
   int64_t k_reduce_by_layer = 0;
   bool final_norm = true;  // a norm after the last block (pre-norm stacks)
+  FinalNormKind final_norm_kind = FinalNormKind::layer;
   // Throws a forge::Error naming the first bad field (the Stack fills derived
   // fields such as ff.dim and the per-layer widths itself).
   void validate(const std::string& where = "StackConfig") const;
@@ -115,15 +141,17 @@ struct StackConfig {
 // depth blocks over x (B, N, D) -> (B, N, D). Reversible: the input is
 // duplicated into (x1, x2), blocks couple y1 = x1 + f(x2), y2 = x2 + g(y1)
 // as one autograd node that stores no block activation, and the output is
-// y1 + y2 (then the final norm).
+// y1 + y2, or (y1 + y2) / 2 with ReversibleOutput::mean (then the final norm).
 class Stack : public Module {
  public:
   explicit Stack(const StackConfig& config, Generator* gen = nullptr);
   Tensor forward(const Tensor& x, const Tensor& mask = Tensor(), const Tensor& context = Tensor(),
                  const Tensor& context_mask = Tensor());
 
-  // Recurrent decoding (causal stacks whose every layer supports_recurrent()):
-  // x (B, 1, D) of position states[0].attn.pos -> (B, 1, D).
+  // Incremental decoding (causal pre-norm stacks, reversible or not, whose
+  // every layer supports_recurrent()): x (B, n, D) at positions
+  // states[0].attn.pos.. -> (B, n, D), those rows of forward over the whole
+  // prefix. n > 1 (a prompt) only from the initial state; then one token at a time.
   bool supports_recurrent() const;
   std::vector<BlockState> initial_state() const { return std::vector<BlockState>(blocks.size()); }
   Tensor step(const Tensor& x, std::vector<BlockState>& states, const Tensor& context = Tensor(),

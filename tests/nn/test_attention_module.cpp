@@ -1,5 +1,6 @@
 // MultiHeadAttention and ProjectionBank: every mechanism through the module
-// against the op it wraps, local/global head mixing, per-head checkpointing,
+// against the op it wraps, local/global head mixing (local heads first or last,
+// with local-attention's rotary), per-head checkpointing,
 // Linformer sharing counts, Performer redraws, TaylorShift's switch point,
 // attention maps, and recurrent decoding against the full causal op.
 #include <gtest/gtest.h>
@@ -67,6 +68,52 @@ TEST(AttentionModule, LocalHeadsThenGlobalHeadsEqualTheOpsOnTheirSlices) {
   Tensor global =
       att::favor(part(q, 1, 2), part(k, 1, 2), part(v, 1, 2), m.projection_matrix, mask);
   expect_close(m.forward(x, mask), merge(m, ops::cat({local, global}, 1)), 1e-12);
+}
+
+TEST(AttentionModule, LocalHeadsLastWithLocalRotaryEqualTheOpsOnTheirSlices) {
+  // performer-pytorch's order: global heads [0, 2), then the local head 2, which
+  // turns q (at i + look_forward w) and k (at j) by local-attention's rotary;
+  // the layer rotary turns the global heads only, and tau is theirs, in order.
+  for (Mechanism mech : {Mechanism::favor, Mechanism::taylorshift}) {
+    for (bool causal : {false, true}) {
+      if (causal && mech == Mechanism::taylorshift) continue;
+      SCOPED_TRACE(std::string(mechanism_name(mech)) + (causal ? " causal" : ""));
+      Generator g(20);
+      AttentionConfig c = config(mech, 12, 3, causal);
+      c.n_local_heads = 1;
+      c.local_heads_at = LocalHeadsAt::last;
+      c.local_rotary = true;
+      MultiHeadAttention m(c, false, 0, nullptr, 0, &g);
+      auto rotary = std::make_shared<RotaryEmbedding>(16, 4, DType::f64);
+      m.set_rotary(rotary);
+      if (m.tau.defined()) m.tau.copy_from(Tensor::from_vector<double>({0.5, 2.0}));
+      Tensor x = leaf64({2, 9, 12}, 21);
+      Tensor mask = ones_mask(2, 9, 3);
+      Tensor q = heads_of(*m.to_q, x, 3, 4), k = heads_of(*m.to_k, x, 3, 4),
+             v = heads_of(*m.to_v, x, 3, 4);
+      auto part = [](const Tensor& t, int64_t h0, int64_t n) { return ops::narrow(t, 1, h0, n); };
+      const Tensor gq = rotary->rotate(part(q, 0, 2)), gk = rotary->rotate(part(k, 0, 2));
+      Tensor global =
+          mech == Mechanism::favor
+              ? att::favor(gq, gk, part(v, 0, 2), m.projection_matrix, mask, {.causal = causal})
+              : att::taylorshift(gq, gk, part(v, 0, 2), m.tau, mask);
+      Tensor local = att::local(rotate_half_split(part(q, 2, 1), causal ? 0 : 4),
+                                rotate_half_split(part(k, 2, 1)), part(v, 2, 1), mask,
+                                {.window = 4, .causal = causal});
+      expect_close(m.forward(x, mask), merge(m, ops::cat({global, local}, 1)), 1e-12);
+      std::vector<Tensor> inputs{leaf64({1, 6, 12}, 22), m.to_q->weight, m.to_k->weight};
+      if (m.tau.defined()) inputs.push_back(m.tau);
+      EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return m.forward(in[0]); }, inputs);
+    }
+  }
+  EXPECT_EQ(local_heads_at_from_name("last"), LocalHeadsAt::last);
+  EXPECT_STREQ(local_heads_at_name(LocalHeadsAt::first), "first");
+  EXPECT_THROW(local_heads_at_from_name("middle"), Error);
+  AttentionConfig odd = config(Mechanism::favor, 12, 4);
+  odd.head_dim = 3;
+  odd.n_local_heads = 1;
+  odd.local_rotary = true;
+  EXPECT_THROW(MultiHeadAttention{odd}, Error);
 }
 
 TEST(AttentionModule, EveryMechanismRunsSelfAndCrossWithGradients) {
@@ -268,6 +315,19 @@ TEST(AttentionModule, AttentionMapsReproduceTheOutput) {
       expect_close(merge(m, ops::matmul(maps, v)), m.forward(x, mask), 1e-10);
     }
   }
+  // The local heads last with their rotary, beside taylorshift heads (tau in order).
+  Generator g(23);
+  AttentionConfig c = config(Mechanism::taylorshift, 12, 3);
+  c.n_local_heads = 1;
+  c.local_heads_at = LocalHeadsAt::last;
+  c.local_rotary = true;
+  MultiHeadAttention mixed(c, false, 0, nullptr, 0, &g);
+  mixed.tau.copy_from(Tensor::from_vector<double>({0.5, 2.0}));
+  Tensor x = leaf64({2, 10, 12}, 24);
+  Tensor mask = ones_mask(2, 10, 3);
+  expect_close(
+      merge(mixed, ops::matmul(mixed.attention_maps(x, mask), heads_of(*mixed.to_v, x, 3, 4))),
+      mixed.forward(x, mask), 1e-10);
   MultiHeadAttention favor(config(Mechanism::favor), false, 0, nullptr, 0, nullptr);
   EXPECT_FALSE(favor.has_attention_maps());
   EXPECT_THROW(favor.attention_maps(Tensor::zeros({1, 4, 12}, DType::f64)), Error);
@@ -311,7 +371,7 @@ TEST(AttentionModule, RecurrentStepEqualsTheCausalForward) {
   AttentionConfig global = config(Mechanism::favor, 12, 3, true);
   global.favor_stabilizer = att::FavorStabilizer::global;
   EXPECT_FALSE(MultiHeadAttention(global).supports_recurrent());
-  EXPECT_FALSE(MultiHeadAttention(config(Mechanism::softmax, 12, 3, true)).supports_recurrent());
+  EXPECT_FALSE(MultiHeadAttention(config(Mechanism::softmax), true).supports_recurrent());  // cross
   EXPECT_FALSE(MultiHeadAttention(config(Mechanism::linear)).supports_recurrent());  // not causal
 }
 
@@ -328,8 +388,9 @@ TEST(AttentionModule, ClearErrors) {
               MultiHeadAttention(config(Mechanism::linformer, 12, 3, true));
             }).find("linformer has no causal form"),
             std::string::npos);
-  EXPECT_NE(message([] { MultiHeadAttention(config(Mechanism::taylorshift, 12, 3, true)); })
-                .find("taylorshift has no causal form"),
+  EXPECT_NE(message([] {
+              MultiHeadAttention(config(Mechanism::taylorshift, 12, 3, true));
+            }).find("taylorshift has no causal form"),
             std::string::npos);
   EXPECT_NE(message([] { mechanism_from_name("flash"); }).find("softmax, local"),
             std::string::npos);

@@ -1,5 +1,6 @@
 // Position and patch embeddings: state-dict names, values against plain loops
-// over the definitions, rotary's offset and relative-position properties,
+// over the definitions, rotary's offset and relative-position properties (the
+// interleaved pairs and local-attention's split halves),
 // gradients (f64 gradcheck) and shape errors.
 #include <gtest/gtest.h>
 
@@ -137,6 +138,40 @@ TEST(EmbeddingsRotary, DotProductDependsOnRelativePosition) {
     for (int64_t j = 0; j < L; ++j)
       EXPECT_NEAR(at(i, j), at(i - std::min(i, j), j - std::min(i, j)), 1e-12) << i << ", " << j;
   EXPECT_GT(std::abs(at(0, 0) - at(1, 0)), 1e-3);  // and it does depend on i - j
+}
+
+// local-attention's rotary from its definition: pair (x_j, x_j+d/2) at position
+// t turns by t f_j.
+std::vector<double> naive_half_split(const Tensor& x, int64_t offset) {
+  const int64_t d = x.size(-1), n = x.size(-2);
+  const auto v = x.to_vector<double>();
+  std::vector<double> out(v.size());
+  for (size_t row = 0; row < v.size() / static_cast<size_t>(d); ++row) {
+    const auto t = static_cast<double>(offset + static_cast<int64_t>(row) % n);
+    for (int64_t j = 0; j < d / 2; ++j) {
+      const double angle = t / std::pow(10000.0, 2.0 * j / d);
+      const size_t a = row * static_cast<size_t>(d) + static_cast<size_t>(j);
+      const size_t b = a + static_cast<size_t>(d / 2);
+      out[a] = v[a] * std::cos(angle) - v[b] * std::sin(angle);
+      out[b] = v[b] * std::cos(angle) + v[a] * std::sin(angle);
+    }
+  }
+  return out;
+}
+
+TEST(EmbeddingsRotary, HalfSplitValuesRelativePositionsAndGrad) {
+  const Tensor x = leaf64({2, 3, 5, 6}, 6);
+  expect_values(rotate_half_split(x, 7), naive_half_split(x, 7), 1e-12);
+  // q at i + s and k at j + s give the same scores for every shift s.
+  const Tensor q = leaf64({1, 9, 8}, 7).detach(), k = leaf64({1, 9, 8}, 8).detach();
+  const auto scores = [&](int64_t s) {
+    return ops::matmul(rotate_half_split(q, s), rotate_half_split(k, s), false, true);
+  };
+  expect_close(scores(5), scores(0), 1e-12);
+  expect_close(scores(12), scores(0), 1e-12);
+  EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return rotate_half_split(in[0], 3); },
+                   {leaf64({2, 4, 6}, 9)});
+  expect_error([] { rotate_half_split(Tensor::zeros({5, 3}, DType::f64)); }, {"even d", "[5, 3]"});
 }
 
 TEST(EmbeddingsAxial, SumsAgainstDefinitionAndGrad) {

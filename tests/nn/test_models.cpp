@@ -271,7 +271,8 @@ TEST(ModelsLanguageModel, CausalModelLeaksNothingFromLaterTokens) {
 
 TEST(ModelsLanguageModel, RecurrentGenerateEqualsRecomputation) {
   // The recurrent mechanisms, plus linear with rotary positions, token shift
-  // and a factorized embedding (the per-token offsets and states of each).
+  // and a factorized embedding, and favor with rotary_only (the per-token
+  // offsets and states of each).
   std::vector<std::pair<std::string, LanguageModelConfig>> variants;
   for (const auto& [name, attention] : causal_variants()) {
     if (attention.kind == Mechanism::softmax || attention.kind == Mechanism::local ||
@@ -286,6 +287,9 @@ TEST(ModelsLanguageModel, RecurrentGenerateEqualsRecomputation) {
   rotary.stack.block.shift_tokens = true;
   rotary.emb_dim = 4;
   variants.emplace_back("linear/rotary+shift_tokens+emb_dim", rotary);
+  LanguageModelConfig rotary_only = tiny_lm(Mechanism::favor, DType::f64);
+  rotary_only.positional = PositionalKind::rotary_only;
+  variants.emplace_back("favor/rotary_only", rotary_only);
   LanguageModelConfig per_layer = tiny_lm(Mechanism::linear, DType::f64);
   per_layer.stack.layer_attention = {tiny_attention(Mechanism::favor),
                                      tiny_attention(Mechanism::efficient)};
@@ -495,8 +499,9 @@ TEST(ModelsLanguageModel, FactorizedEmbeddingShapes) {
   EXPECT_TRUE(tied.to_logits->weight.same(tied.token_emb->weight));
   // Non-causal (MLM-style) and the other positional kinds build and run.
   for (PositionalKind p : {PositionalKind::none, PositionalKind::sinusoidal, PositionalKind::rotary,
-                           PositionalKind::axial}) {
+                           PositionalKind::rotary_only, PositionalKind::axial}) {
     SCOPED_TRACE(positional_name(p));
+    EXPECT_EQ(positional_from_name(positional_name(p)), p);
     LanguageModelConfig m = tiny_lm(Mechanism::taylor_linear);
     m.causal = false;
     m.positional = p;
@@ -638,6 +643,16 @@ TEST(ModelsConfig, BadConfigsGiveClearErrors) {
   lm.positional = PositionalKind::axial;
   lm.axial_shape = {2, 3};
   expect_error([&] { LanguageModel m(lm); }, "covers 6 positions");
+  lm = tiny_lm(Mechanism::softmax);
+  lm.norm_eps = 0;
+  expect_error([&] { LanguageModel m(lm); }, "LanguageModelConfig.norm_eps must be > 0");
+  lm = tiny_lm(Mechanism::softmax);
+  lm.dim = 9;
+  lm.stack.block.attention.head_dim = 4;
+  lm.positional = PositionalKind::rotary;
+  expect_error([&] { LanguageModel m(lm); }, "rotary adds sinusoids, so dim must be even");
+  lm.positional = PositionalKind::rotary_only;
+  EXPECT_NO_THROW(LanguageModel{lm});
   lm = tiny_lm(Mechanism::softmax);
   lm.tie_embedding = true;
   lm.return_embeddings = true;

@@ -1,11 +1,13 @@
 // Blocks and stacks: C1/C2 give C0's values, gradients and dropout masks with a
 // lower peak; reversible layers give the gradients of the same couplings run
 // plainly and keep their peak flat in depth; recurrent decoding through a
-// whole stack; post-norm, ReZero, ScaleNorm, token shift, cross-attention.
+// whole stack; post-norm, ReZero, ScaleNorm, token shift, cross-attention; the
+// reversible output (sum or mean), norm_eps in every norm, the final norm's kind.
 #include <gtest/gtest.h>
 
 #include "autograd/engine.h"
 #include "core/allocator.h"
+#include "nn/models.h"
 #include "nn/transformer.h"
 #include "ops/ops.h"
 #include "tests/test_util.h"
@@ -305,6 +307,53 @@ TEST(Transformer, AxialFoldingAttendsWithinEachResidueClass) {
   EXPECT_THROW(stack.forward(leaf64({1, 10, 12}, 25)), Error);  // 10 is not a multiple of 4
 }
 
+TEST(Transformer, ReversibleMeanIsHalfTheSum) {
+  StackConfig sc = stack_config(Mechanism::softmax, 2);
+  sc.reversible = true;
+  sc.final_norm = false;
+  Generator g1(30), g2(30);
+  Stack sum(sc, &g1);
+  sc.reversible_output = ReversibleOutput::mean;
+  Stack mean(sc, &g2);
+  Tensor x = leaf64({2, 5, 12}, 31);
+  expect_close(mean.forward(x), sum.forward(x) * 0.5, 1e-14);
+  EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return mean.forward(in[0]); },
+                   {leaf64({1, 4, 12}, 32), mean.blocks[1]->ff->w2->bias});
+  EXPECT_STREQ(reversible_output_name(ReversibleOutput::mean), "mean");
+}
+
+TEST(Transformer, EveryNormTakesNormEpsAndTheFinalNormItsKind) {
+  for (NormKind norm : {NormKind::layer, NormKind::scale}) {
+    for (FinalNormKind final_kind : {FinalNormKind::layer, FinalNormKind::block}) {
+      SCOPED_TRACE(std::string(norm_name(norm)) + " blocks, final " +
+                   final_norm_kind_name(final_kind));
+      StackConfig sc = stack_config(Mechanism::efficient, 2);
+      sc.block.norm = norm;
+      sc.block.norm_eps = 1e-3;
+      sc.final_norm_kind = final_kind;
+      sc.block.attend_axially = true;
+      sc.block.cross_attention = true;
+      sc.block.cross = sc.block.attention;
+      Generator g(33);
+      Stack stack(sc, &g);
+      int64_t layer_norms = 0, scale_norms = 0;
+      for_each_module<LayerNorm>(stack, [&](const std::string& name, LayerNorm& n) {
+        EXPECT_EQ(n.eps, 1e-3) << name;
+        ++layer_norms;
+      });
+      for_each_module<ScaleNorm>(stack, [&](const std::string& name, ScaleNorm& n) {
+        EXPECT_EQ(n.eps, 1e-3) << name;
+        ++scale_norms;
+      });
+      // Five per block (self, cross, feed-forward, axial pair), then the final one.
+      const bool scale_final = norm == NormKind::scale && final_kind == FinalNormKind::block;
+      EXPECT_EQ(layer_norms, (norm == NormKind::layer ? 10 : 0) + (scale_final ? 0 : 1));
+      EXPECT_EQ(scale_norms, (norm == NormKind::scale ? 10 : 0) + (scale_final ? 1 : 0));
+      EXPECT_EQ(stack.norm->scale_norm != nullptr, scale_final);
+    }
+  }
+}
+
 TEST(Transformer, ConfigErrorsNameTheField) {
   auto message = [](const StackConfig& sc) {
     try {
@@ -323,7 +372,12 @@ TEST(Transformer, ConfigErrorsNameTheField) {
   EXPECT_NE(message(sc).find("layer_attention"), std::string::npos);
   sc = stack_config(Mechanism::softmax, 0);
   EXPECT_NE(message(sc).find("depth must be > 0"), std::string::npos);
+  sc = stack_config(Mechanism::softmax, 2);
+  sc.block.norm_eps = 0;
+  EXPECT_NE(message(sc).find("block.norm_eps must be > 0"), std::string::npos);
   EXPECT_THROW(norm_from_name("batch"), Error);
+  EXPECT_THROW(reversible_output_from_name("max"), Error);
+  EXPECT_THROW(final_norm_kind_from_name("scale"), Error);
 }
 
 }  // namespace
