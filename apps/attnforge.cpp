@@ -3,6 +3,7 @@
 //   attnforge train RECIPE.yaml [--set key=value]... [--out DIR] [--dump-config] [--check-nan]
 //   attnforge train --resume RUN_DIR [--set key=value]... [--check-nan]
 //   attnforge eval CHECKPOINT_DIR [--split NAME] [--out FILE] [--set key=value]...
+//   attnforge generate CKPT [--prompt TEXT | --prompt-file F] [--source TEXT] [--length N] ...
 //   attnforge gradcheck [OP...] [--list]
 //   attnforge bench attention [options of bench_attention]
 //   attnforge info
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "autograd/gradcheck.h"
@@ -31,6 +33,7 @@
 #include "ops/attention/attention.h"
 #include "ops/attention/registry.h"
 #include "train/checkpoint.h"
+#include "train/generate.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -53,13 +56,15 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-constexpr const char* kMainHelp = R"(attnforge: train efficient-attention transformers from YAML recipes.
+constexpr const char* kMainHelp =
+    R"(attnforge: train efficient-attention transformers from YAML recipes.
 
 usage: attnforge COMMAND [options]      (attnforge COMMAND --help for each)
 
 commands:
   train      train a recipe, or continue a run (--resume RUN_DIR)
   eval       evaluate a checkpoint on a split
+  generate   continue a text with a language model, or decode a source with an encoder-decoder
   gradcheck  check every attention op's backward against finite differences (f64)
   bench      time the attention mechanisms (bench attention ...)
   info       the build, BLAS, threads and CUDA devices
@@ -97,6 +102,30 @@ options:
   --out FILE       where to write the JSON (default: <run dir>/eval-<checkpoint>-<split>.json)
   --set KEY=VALUE  override a recipe key (e.g. data.root, loop.eval_batch_size)
   --help           this text
+)";
+
+constexpr const char* kGenerateHelp = R"(usage: attnforge generate CHECKPOINT [options]
+
+Generates from a language model or an encoder-decoder: CHECKPOINT is a
+checkpoint directory or a run directory (its latest checkpoint). The tokens are
+written to stdout as they are drawn; a summary goes to stderr. Text is bytes
+for lm_text and seq2seq_tsv recipes, token ids separated by spaces for copy.
+
+options:
+  --prompt TEXT        the text to continue (a language model needs one; for an
+                       encoder-decoder, the decoder's first tokens after its start token)
+  --prompt-file FILE   the prompt read from a file
+  --source TEXT        encoder-decoder: the encoder's input
+  --length N           new tokens at most (default 256)
+  --temperature T      divide the logits by T before sampling (default 1)
+  --top-k K            sample among the K most likely tokens
+  --filter-thres F     sample among the top (1 - F) fraction of the vocabulary
+                       (performer-pytorch's top_k filter, e.g. 0.9)
+  --greedy             the most likely token each time, no sampling
+  --seed S             seed of the sampling (default 0): a seed gives one output
+  --eos ID             stop at this token (default: the data's end token, if any)
+  --set KEY=VALUE      override a recipe key (e.g. device=cpu, threads=2)
+  --help               this text
 )";
 
 constexpr const char* kGradcheckHelp = R"(usage: attnforge gradcheck [OP...] [options]
@@ -220,6 +249,81 @@ int cmd_eval(const std::vector<std::string>& args) {
   return 0;
 }
 
+// A number option's value, or a usage error naming the option.
+template <typename T>
+T number_of(const std::vector<std::string>& args, size_t& i) {
+  const std::string& name = args[i];
+  const std::string v = value_of(args, i);
+  try {
+    size_t used = 0;
+    T x{};
+    if constexpr (std::is_floating_point_v<T>)
+      x = static_cast<T>(std::stod(v, &used));
+    else
+      x = static_cast<T>(std::stoll(v, &used));
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(fmt::format("{}: expected a number, got '{}'", name, v));
+}
+
+int cmd_generate(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kGenerateHelp, stdout);
+    return 0;
+  }
+  forge::train::GenerateRequest q;
+  bool have_prompt = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--prompt" || a == "--prompt-file") {
+      if (have_prompt) throw UsageError("generate: give one of --prompt and --prompt-file");
+      have_prompt = true;
+      q.prompt =
+          a == "--prompt" ? value_of(args, i) : forge::io::read_file(value_of(args, i), 1 << 24);
+    } else if (a == "--source")
+      q.source = value_of(args, i);
+    else if (a == "--length")
+      q.length = number_of<int64_t>(args, i);
+    else if (a == "--temperature")
+      q.temperature = number_of<double>(args, i);
+    else if (a == "--top-k")
+      q.top_k = number_of<int64_t>(args, i);
+    else if (a == "--filter-thres")
+      q.filter_thres = number_of<double>(args, i);
+    else if (a == "--greedy")
+      q.greedy = true;
+    else if (a == "--seed")
+      q.seed = number_of<uint64_t>(args, i);
+    else if (a == "--eos")
+      q.eos = number_of<int64_t>(args, i);
+    else if (a == "--set")
+      q.overrides.push_back(value_of(args, i));
+    else if (!a.empty() && a[0] == '-')
+      throw UsageError(fmt::format("generate: unknown option {}", a));
+    else if (q.checkpoint.empty())
+      q.checkpoint = a;
+    else
+      throw UsageError(fmt::format("generate: one checkpoint expected, got a second: {}", a));
+  }
+  if (q.checkpoint.empty()) throw UsageError("generate: give a checkpoint or run directory");
+  if (q.top_k > 0 && q.filter_thres > 0)
+    throw UsageError("generate: give one of --top-k and --filter-thres");
+  if (q.eos < -1 && q.eos != -2)
+    throw UsageError("generate: --eos must be a token id (or -1: none)");
+  const auto r = forge::train::generate(q, [](std::string_view piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::fprintf(stderr, "\n%s: %lld prompt tokens, %lld generated in %.2f s (%.1f tokens/s; %s)\n",
+               r.checkpoint.c_str(), static_cast<long long>(r.prompt_tokens),
+               static_cast<long long>(r.generated), r.seconds,
+               r.seconds > 0 ? static_cast<double>(r.generated) / r.seconds : 0.0,
+               r.recurrent ? "recurrent state"
+                           : fmt::format("a sliding window of {} tokens", r.positions).c_str());
+  return 0;
+}
+
 int cmd_gradcheck(const std::vector<std::string>& args) {
   if (wants_help(args)) {
     std::fputs(kGradcheckHelp, stdout);
@@ -333,6 +437,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "train") return cmd_train(args);
     if (cmd == "eval") return cmd_eval(args);
+    if (cmd == "generate") return cmd_generate(args);
     if (cmd == "gradcheck") return cmd_gradcheck(args);
     if (cmd == "bench") return cmd_bench(args);
     if (cmd == "info") return cmd_info(args);
@@ -342,7 +447,8 @@ int main(int argc, char** argv) {
     }
     throw UsageError(fmt::format("unknown command '{}'", cmd));
   } catch (const UsageError& e) {
-    const bool known = cmd == "train" || cmd == "eval" || cmd == "gradcheck" || cmd == "bench" || cmd == "info";
+    const bool known = cmd == "train" || cmd == "eval" || cmd == "generate" || cmd == "gradcheck" ||
+                       cmd == "bench" || cmd == "info";
     std::fprintf(stderr, "attnforge: %s\n(attnforge %s--help for the options)\n", e.what(),
                  known ? (cmd + " ").c_str() : "");
     return 2;

@@ -12,6 +12,7 @@ packages=(
   zlib1g-dev libpng-dev libjpeg62-turbo-dev
   libxxhash-dev            # XXH3-64 checksums of checkpoint tensors and files
   dataset-fashion-mnist
+  fortunes                 # the demo corpus of recipes/lm/fortunes_tiny.yaml (/usr/share/games/fortunes)
 )
 
 # `install-deps.sh fuzz`: also what scripts/fuzz.sh needs (make fuzz).

@@ -7,9 +7,11 @@
 #include "data/fashion_mnist.h"
 #include "data/image_folder.h"
 #include "data/listops.h"
+#include "data/lm_text.h"
 #include "data/mixup.h"
 #include "data/pathfinder.h"
 #include "data/pixel_sequence.h"
+#include "data/seq2seq.h"
 #include "data/subset.h"
 #include "data/text.h"
 
@@ -117,6 +119,55 @@ std::string pathfinder_dir(const Recipe& r, const std::string& data_dir, const s
   return (fs::path(root) / split).string();
 }
 
+data::LmSplit lm_split(const std::string& split) {
+  for (data::LmSplit s : {data::LmSplit::train, data::LmSplit::valid, data::LmSplit::test})
+    if (split == data::lm_split_name(s)) return s;
+  FORGE_FAIL(
+      "recipe: lm_text has the splits 'train', 'valid' and 'test', not '{}' "
+      "(data.train_split / data.eval_split)",
+      split);
+}
+
+data::LmSplitPoints lm_split_points(const Recipe& r) {
+  data::LmSplitPoints p;
+  const auto bytes = r.int_list("data.split_bytes");
+  const auto fractions = r.number_list("data.split_fractions");
+  FORGE_CHECK(bytes.empty() || fractions.empty(),
+              "recipe: data.split_bytes and data.split_fractions both set; give the split ends one "
+              "way");
+  FORGE_CHECK(bytes.empty() || bytes.size() == 3,
+              "recipe: data.split_bytes has {} values; give the ends of train, valid and test, "
+              "e.g. [90000000, 95000000, 100000000]",
+              bytes.size());
+  FORGE_CHECK(fractions.empty() || fractions.size() == 3,
+              "recipe: data.split_fractions has {} values; give the ends of train, valid and test "
+              "as fractions of the corpus, e.g. [0.9, 0.95, 1.0]",
+              fractions.size());
+  if (bytes.size() == 3) {
+    p.train_end = bytes[0];
+    p.valid_end = bytes[1];
+    p.test_end = bytes[2];
+  }
+  if (fractions.size() == 3) {
+    for (double f : fractions)
+      FORGE_CHECK(f > 0 && f <= 1, "recipe: data.split_fractions: {} is not in (0, 1]", f);
+    p.train_end_fraction = fractions[0];
+    p.valid_end_fraction = fractions[1];
+    p.test_end_fraction = fractions[2];
+  }
+  return p;
+}
+
+// Seq2seq TSV: root/<split>.tsv or root/<split>.tsv.gz.
+std::string tsv_file(const Recipe& r, const std::string& split) {
+  FORGE_CHECK(!r.string("data.root").empty(),
+              "recipe: data.dataset seq2seq_tsv needs data.root (a folder with <split>.tsv files "
+              "of source<TAB>target lines)");
+  const fs::path plain = fs::path(r.string("data.root")) / (split + ".tsv");
+  const fs::path gz = fs::path(plain.string() + ".gz");
+  return (!fs::exists(plain) && fs::exists(gz) ? gz : plain).string();
+}
+
 // Example 0 of `d`, for the data's shape; `role` names the split in errors.
 data::Example first_example(const data::Dataset& d, const char* role) {
   FORGE_CHECK(d.size() > 0, "data: the {} split ({}) has no examples; check the data source", role,
@@ -126,6 +177,38 @@ data::Example first_example(const data::Dataset& d, const char* role) {
 
 }  // namespace
 
+DataShape next_token_shape(const Recipe& r) {
+  DataShape shape;
+  shape.images = false;
+  const std::string& kind = r.string("data.dataset");
+  if (kind == "lm_text") {
+    shape.task = Task::language_model;
+    shape.vocab_size = data::kLmVocabSize;
+    shape.max_length = r.integer("data.seq_len");
+    shape.byte_tokens = true;
+  } else if (kind == "copy") {
+    shape.task = Task::seq2seq;
+    shape.vocab_size = shape.target_vocab_size = r.integer("data.copy_vocab");
+    shape.max_length = r.integer("data.copy_length");
+    shape.target_length = 2 * shape.max_length;
+  } else if (kind == "seq2seq_tsv") {
+    const data::Seq2SeqTsvOptions d;
+    shape.task = Task::seq2seq;
+    shape.vocab_size = shape.target_vocab_size = data::kSeq2SeqByteVocabSize;
+    shape.max_length =
+        r.integer("data.max_length") > 0 ? r.integer("data.max_length") : d.max_source_length;
+    shape.target_length = r.integer("data.max_target_length") > 0
+                              ? r.integer("data.max_target_length")
+                              : d.max_target_length;
+  } else {
+    FORGE_FAIL(
+        "recipe: data.dataset {} gives classification data, not next-token sequences "
+        "(lm_text, copy, seq2seq_tsv)",
+        kind);
+  }
+  return shape;
+}
+
 TaskData build_data(const Recipe& r, const std::string& data_dir, const std::string& split_arg,
                     bool open_train, const std::function<void(const std::string&)>& log) {
   TaskData t;
@@ -133,8 +216,44 @@ TaskData build_data(const Recipe& r, const std::string& data_dir, const std::str
   const std::string train_split = r.string("data.train_split");
   const std::string eval_split = split_arg.empty() ? r.string("data.eval_split") : split_arg;
   int64_t max_length = r.integer("data.max_length");
+  std::shared_ptr<const data::LmCorpus> corpus;  // lm_text: read once for both splits
 
   auto open = [&](const std::string& split, bool train) -> data::DatasetPtr {
+    if (kind == "lm_text") {
+      FORGE_CHECK(!r.string("data.root").empty(),
+                  "recipe: data.dataset lm_text needs data.root (a text file, or a folder of "
+                  "them; .gz files are read too)");
+      const data::LmSplit s = lm_split(split);
+      if (!corpus) {
+        data::LmFilesOptions f;
+        const auto include = r.string_list("data.include");
+        if (!include.empty()) f.include = include;
+        f.exclude = r.string_list("data.exclude");
+        corpus = data::read_lm_corpus(r.string("data.root"), f);
+      }
+      data::LmTextOptions o;
+      o.seq_len = r.integer("data.seq_len");
+      o.splits = lm_split_points(r);
+      o.random_windows = train;
+      return std::make_shared<data::LmText>(corpus, s, o);
+    }
+    if (kind == "copy") {
+      data::CopyTaskOptions o;
+      o.length = r.integer("data.copy_length");
+      o.vocab_size = r.integer("data.copy_vocab");
+      o.size = r.integer(train ? "data.generate_train" : "data.generate_eval");
+      // Each split's evaluation view is its own fixed set.
+      const uint64_t which = split == "train" ? 0 : split == "test" ? 2 : 1;
+      o.eval_seed = data::Rng::mix({static_cast<uint64_t>(r.integer("seed")), 78, which});
+      return std::make_shared<data::CopyTask>(o);
+    }
+    if (kind == "seq2seq_tsv") {
+      data::Seq2SeqTsvOptions o;
+      if (max_length > 0) o.max_source_length = max_length;
+      if (r.integer("data.max_target_length") > 0)
+        o.max_target_length = r.integer("data.max_target_length");
+      return std::make_shared<data::Seq2SeqTsv>(tsv_file(r, split), o);
+    }
     if (kind == "fashion_mnist") return fashion_mnist(r, split, train, false);
     if (kind == "image_folder") return image_folder(r, split, false);
     if (kind == "pixels") {
@@ -188,7 +307,9 @@ TaskData build_data(const Recipe& r, const std::string& data_dir, const std::str
   }
   t.shape.classes = (t.train ? t.train : t.eval)->num_classes();
   t.shape.images = e.input.dtype() == DType::f32 && e.input.dim() == 3;
-  if (t.shape.images) {
+  if (e.target.defined()) {
+    t.shape = next_token_shape(r);
+  } else if (t.shape.images) {
     t.shape.channels = e.input.size(0);
     t.shape.image_size = e.input.size(1);
     FORGE_CHECK(e.input.size(1) == e.input.size(2),

@@ -26,6 +26,11 @@ struct TaskData {
 TaskData build_data(const Recipe& recipe, const std::string& data_dir, const std::string& split,
                     bool open_train, const std::function<void(const std::string&)>& log);
 
+// The shape of a next-token source (lm_text, copy, seq2seq_tsv) from the
+// recipe alone, without reading data (what generation needs); throws for the
+// classification sources.
+DataShape next_token_shape(const Recipe& recipe);
+
 // Loader options of the recipe for training (shuffled, augmented, mixed) or evaluation.
 data::LoaderOptions loader_options(const Recipe& recipe, const TaskData& data, bool train);
 

@@ -1,6 +1,9 @@
 // Recipe -> model (see model.h).
 #include "train/model.h"
 
+#include <algorithm>
+
+#include "core/device.h"
 #include "core/error.h"
 #include "nn/models.h"
 #include "ops/ops.h"
@@ -20,6 +23,8 @@ nn::AttentionConfig attention_config(const Recipe& r, const std::string& kind, i
   a.output_dropout = r.number("model.dropout");
   a.scale = r.number("model.attention.scale");
   a.n_local_heads = local_heads;
+  a.local_heads_at = nn::local_heads_at_from_name(r.string("model.attention.local_heads_at"));
+  a.local_rotary = r.boolean("model.attention.local_rotary");
   a.local_window = r.integer("model.attention.local_window");
   a.local_look_backward = r.integer("model.attention.local_look_backward");
   a.local_look_forward = r.integer("model.attention.local_look_forward");
@@ -89,9 +94,11 @@ nn::StackConfig stack_config(const Recipe& r) {
                  : level == "C1" ? nn::CheckpointLevel::C1
                                  : nn::CheckpointLevel::C2;
   s.reversible = r.boolean("model.reversible");
+  s.reversible_output = nn::reversible_output_from_name(r.string("model.reversible_output"));
   s.sharing = nn::sharing_from_name(r.string("model.attention.sharing"));
   s.k_reduce_by_layer = r.integer("model.attention.k_reduce_by_layer");
   s.final_norm = r.boolean("model.final_norm");
+  s.final_norm_kind = nn::final_norm_kind_from_name(r.string("model.final_norm_kind"));
   return s;
 }
 
@@ -163,17 +170,177 @@ class SequenceTask : public TaskModel {
   std::shared_ptr<nn::SequenceClassifier> model_;
 };
 
+// The mask when some position is padding, else undefined: causal models never
+// need it (padding only ends rows), and a full mask only costs time.
+Tensor mask_if_padded(const Tensor& mask) {
+  if (!mask.defined()) return mask;
+  const Tensor m = mask.to(Device::cpu());
+  const bool* p = m.data<bool>();
+  return std::all_of(p, p + m.numel(), [](bool b) { return b; }) ? Tensor() : mask;
+}
+
+class LanguageModelTask : public TaskModel {
+ public:
+  LanguageModelTask(const nn::LanguageModelConfig& c, Generator* gen)
+      : model_(std::make_shared<nn::LanguageModel>(c, gen)) {}
+  nn::Module& module() override { return *model_; }
+  Tensor forward(const data::Batch& b) override {
+    return model_->forward(b.input, model_->config.causal ? Tensor() : mask_if_padded(b.mask));
+  }
+  std::vector<Tensor> attention_maps(const data::Batch& b) override {
+    const Tensor x = ops::narrow(b.input, 0, 0, 1);
+    return collect_maps(model_->stack(), [&] { model_->forward(x); });
+  }
+  nn::LanguageModel* language_model() override { return model_.get(); }
+
+ private:
+  std::shared_ptr<nn::LanguageModel> model_;
+};
+
+class EncoderDecoderTask : public TaskModel {
+ public:
+  EncoderDecoderTask(const nn::EncoderDecoderConfig& c, Generator* gen)
+      : model_(std::make_shared<nn::EncoderDecoder>(c, gen)) {}
+  nn::Module& module() override { return *model_; }
+  Tensor forward(const data::Batch& b) override {
+    FORGE_CHECK(b.input2.defined() && b.target.defined(),
+                "model.type encoder_decoder needs source / target pairs (data.dataset copy or "
+                "seq2seq_tsv)");
+    return model_->forward(b.input, b.input2, mask_if_padded(b.mask));
+  }
+  // The decoder's self-attention maps (the encoder's and the cross-attention's
+  // are not drawn).
+  std::vector<Tensor> attention_maps(const data::Batch& b) override {
+    const Tensor src = ops::narrow(b.input, 0, 0, 1), tgt = ops::narrow(b.input2, 0, 0, 1);
+    const Tensor m = b.mask.defined() ? mask_if_padded(ops::narrow(b.mask, 0, 0, 1)) : Tensor();
+    return collect_maps(model_->decoder_stack(), [&] { model_->forward(src, tgt, m); });
+  }
+  nn::EncoderDecoder* encoder_decoder() override { return model_.get(); }
+
+ private:
+  std::shared_ptr<nn::EncoderDecoder> model_;
+};
+
+// model.* -> one LanguageModel config (the encoder or decoder of an
+// encoder-decoder share every key but their depth, vocabulary and length).
+nn::LanguageModelConfig language_model_config(const Recipe& r, int64_t vocab_size, int64_t max_len,
+                                              int64_t depth, DType dtype) {
+  nn::LanguageModelConfig c;
+  c.vocab_size = vocab_size;
+  c.max_len = max_len;
+  c.dim = r.integer("model.dim");
+  c.emb_dim = r.integer("model.emb_dim");
+  FORGE_CHECK(c.emb_dim <= c.dim,
+              "recipe: model.emb_dim = {} is wider than model.dim = {}; a factorised embedding is "
+              "narrower (or 0: dim)",
+              c.emb_dim, c.dim);
+  c.tie_embedding = r.boolean("model.tie_embedding");
+  c.causal = r.boolean("model.causal");
+  c.positional = nn::positional_from_name(r.string("model.positional"));
+  c.axial_shape = r.int_list("model.axial_shape");
+  c.emb_dropout = r.number("model.emb_dropout");
+  c.stack = stack_config(r);
+  c.stack.depth = depth;
+  if (r.number("model.norm_eps") > 0) c.norm_eps = r.number("model.norm_eps");
+  c.dtype = dtype;
+  return c;
+}
+
+// The model's size key, or the data's when the key is 0; a key below what the
+// data needs is an error naming both.
+int64_t size_from(const Recipe& r, const char* key, int64_t data, const char* what) {
+  const int64_t v = r.integer(key) > 0 ? r.integer(key) : data;
+  FORGE_CHECK(
+      v >= data,
+      "recipe: {} = {} is smaller than the data's {} ({}); raise it or set it to 0 (from the data)",
+      key, v, what, data);
+  return v;
+}
+
 }  // namespace
+
+Placement placement(const Recipe& r) {
+  Placement p;
+  const std::string& device = r.string("device");
+  const int gpus = cuda_device_count();
+  if (device == "cuda") {
+    FORGE_CHECK(gpus > 0,
+                "recipe: device: cuda, but {}; use device: auto (the GPU when there is one) or cpu",
+                cuda_built() ? "no CUDA device is visible on this machine"
+                             : "this build has no CUDA backend (nvcc was not found when it was "
+                               "configured)");
+    p.device = Device::cuda(0);
+  } else if (device == "auto" && gpus > 0) {
+    p.device = Device::cuda(0);
+  }
+  const std::string& precision = r.string("precision");
+  if (precision == "fp64") p.dtype = DType::f64;
+  if (precision == "bf16" || precision == "fp16") {
+    if (p.device.is_cuda()) {
+      p.autocast = precision == "bf16" ? DType::bf16 : DType::f16;
+      p.loss_scaling = precision == "fp16";
+    } else {
+      p.note = fmt::format("precision {} is mixed precision on a GPU; on the CPU this run is fp32",
+                           precision);
+    }
+  }
+  return p;
+}
+
+const char* task_name(Task t) {
+  switch (t) {
+    case Task::classification:
+      return "classification";
+    case Task::language_model:
+      return "language modelling";
+    case Task::seq2seq:
+      return "sequence-to-sequence";
+  }
+  return "?";
+}
 
 std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, DType dtype,
                                        Generator* gen) {
   check_width(r);
+  const std::string& type = r.string("model.type");
+  const Task wants = type == "language_model"    ? Task::language_model
+                     : type == "encoder_decoder" ? Task::seq2seq
+                                                 : Task::classification;
+  FORGE_CHECK(shape.task == wants,
+              "recipe: model.type {} is for {}, but data.dataset {} gives {} data; use {}", type,
+              task_name(wants), r.string("data.dataset"), task_name(shape.task),
+              shape.task == Task::language_model ? "model.type: language_model"
+              : shape.task == Task::seq2seq      ? "model.type: encoder_decoder"
+                                                 : "model.type: vit or sequence_classifier");
+  if (wants == Task::language_model) {
+    const int64_t vocab = size_from(r, "model.vocab_size", shape.vocab_size, "vocabulary");
+    const int64_t max_len = size_from(r, "model.max_len", shape.max_length, "sequence length");
+    return std::make_unique<LanguageModelTask>(
+        language_model_config(r, vocab, max_len, r.integer("model.depth"), dtype), gen);
+  }
+  if (wants == Task::seq2seq) {
+    nn::EncoderDecoderConfig c;
+    const int64_t enc_depth = r.integer("model.encoder_depth") > 0
+                                  ? r.integer("model.encoder_depth")
+                                  : r.integer("model.depth");
+    const int64_t dec_depth = r.integer("model.decoder_depth") > 0
+                                  ? r.integer("model.decoder_depth")
+                                  : r.integer("model.depth");
+    c.encoder = language_model_config(
+        r, size_from(r, "model.vocab_size", shape.vocab_size, "source vocabulary"),
+        size_from(r, "model.max_len", shape.max_length, "source length"), enc_depth, dtype);
+    c.decoder = language_model_config(
+        r, size_from(r, "model.target_vocab_size", shape.target_vocab_size, "target vocabulary"),
+        size_from(r, "model.target_max_len", shape.target_length, "target length"), dec_depth,
+        dtype);
+    c.dtype = dtype;
+    return std::make_unique<EncoderDecoderTask>(c, gen);
+  }
   const int64_t classes = r.integer("model.classes") > 0 ? r.integer("model.classes") : shape.classes;
   FORGE_CHECK(classes >= shape.classes,
               "recipe: model.classes = {} but the data has {} classes; set it to 0 (from the data) "
               "or at least {}",
               classes, shape.classes, shape.classes);
-  const std::string& type = r.string("model.type");
   if (type == "vit") {
     FORGE_CHECK(shape.images,
                 "recipe: model.type vit needs images, but data.dataset gives token sequences; use "
@@ -204,6 +371,7 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
     c.pool = nn::pool_from_name(r.string("model.pool"));
     c.emb_dropout = r.number("model.emb_dropout");
     c.qkv_bias = r.boolean("model.qkv_bias");
+    if (r.number("model.norm_eps") > 0) c.norm_eps = r.number("model.norm_eps");
     c.stack = stack_config(r);
     c.dtype = dtype;
     return std::make_unique<VitTask>(c, gen);
@@ -230,6 +398,7 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
   c.emb_dropout = r.number("model.emb_dropout");
   c.dual_encoder = r.boolean("model.dual_encoder");
   c.mlp_dim = r.integer("model.mlp_head_dim");
+  if (r.number("model.norm_eps") > 0) c.norm_eps = r.number("model.norm_eps");
   c.stack = stack_config(r);
   c.dtype = dtype;
   return std::make_unique<SequenceTask>(c, gen);

@@ -63,7 +63,12 @@ std::vector<KeySpec> build_schema() {
   s.integer("threads", 0, 0, 4096, "CPU threads for BLAS and our kernels; 0: every core.");
 
   s.section = "model.";
-  s.choice("type", "vit", {"vit", "sequence_classifier"}, "vit: image classification; sequence_classifier: token sequences (LRA tasks; a dual encoder for retrieval).");
+  s.choice(
+      "type", "vit", {"vit", "sequence_classifier", "language_model", "encoder_decoder"},
+      "vit: image classification; sequence_classifier: token sequences (LRA tasks; a dual encoder "
+      "for retrieval); language_model: next-token prediction (performer-pytorch's PerformerLM, "
+      "linear-attention-transformer's LinearAttentionTransformerLM; data.dataset lm_text); "
+      "encoder_decoder: sequence-to-sequence (PerformerEncDec; data.dataset copy or seq2seq_tsv).");
   s.integer("dim", 192, 1, kInf, "Model width D.");
   s.integer("depth", 12, 1, 1024, "Number of transformer blocks.");
   s.integer("heads", 3, 1, 1024, "Attention heads H.");
@@ -79,26 +84,69 @@ std::vector<KeySpec> build_schema() {
   s.choice("norm", "layer", {"layer", "scale", "rezero"}, "Normalisation of each branch.");
   s.boolean("post_norm", false, "Post-norm blocks (the original Transformer) instead of pre-norm.");
   s.boolean("final_norm", true, "A norm after the last block (pre-norm stacks).");
+  s.choice(
+      "final_norm_kind", "layer", {"layer", "block"},
+      "The final norm: a LayerNorm whatever the blocks use (performer-pytorch, "
+      "linear-attention-transformer), or the blocks' own kind (ScaleNorm after ScaleNorm blocks).");
+  s.number(
+      "norm_eps", 0.0, 0, 1,
+      "Epsilon of every norm of the stack; 0: the model's default (vit and sequence_classifier "
+      "1e-6 as timm, language_model and encoder_decoder 1e-5 as PyTorch).");
   s.boolean("shift_tokens", false, "Token shift in front of each branch (linear-attention-transformer).");
   s.boolean("attend_axially", false, "After each block, attention over the sequence folded by attention.local_window (linear-attention-transformer).");
   s.boolean("qkv_bias", true, "Biases on the query, key and value projections.");
   s.choice("checkpoint", "C0", {"C0", "C1", "C2"}, "Gradient checkpointing: C0 none, C1 each branch, C2 each branch and each head.");
   s.boolean("reversible", false, "Reversible blocks (RevNet couplings; activation memory flat in depth).");
+  s.choice("reversible_output", "sum", {"sum", "mean"},
+           "Reversible stacks: the output is the sum of the two halves (performer-pytorch) or "
+           "their mean (linear-attention-transformer).");
   s.integer("image_size", 28, 1, kInf, "vit: input image side (images are square).");
   s.integer("patch_size", 4, 1, kInf, "vit: patch side; image_size must be a multiple.");
   s.integer("channels", 0, 0, 4, "vit: image channels; 0: from the data.");
   s.integer("classes", 0, 0, kInf, "Output classes; 0: from the data.");
-  s.integer("vocab_size", 0, 0, kInf, "sequence_classifier: token vocabulary; 0: from the data.");
-  s.integer("max_len", 0, 0, kInf, "sequence_classifier: longest sequence; 0: data.max_length.");
-  s.choice("positional", "learned", {"none", "learned", "sinusoidal", "rotary", "axial"}, "sequence_classifier: position encoding.");
-  s.int_list("axial_shape", 1, kInf, "sequence_classifier, axial positions: the factor shape (product >= positions); empty: (ceil(n / 64), 64).");
+  s.integer("vocab_size", 0, 0, kInf,
+            "Sequence models: token vocabulary (encoder_decoder: the source's); 0: from the data.");
+  s.integer("max_len", 0, 0, kInf,
+            "Sequence models: longest sequence, the positions available (encoder_decoder: the "
+            "source's); 0: from the data (data.max_length, data.seq_len).");
+  s.choice("positional", "learned",
+           {"none", "learned", "sinusoidal", "rotary", "rotary_only", "axial"},
+           "Sequence models: position encoding. rotary: fixed sinusoids added to the input and "
+           "rotary q, k in every layer (performer-pytorch's rotary_position_emb, "
+           "linear-attention-transformer's use_rotary_emb); rotary_only: the rotation alone.");
+  s.int_list(
+      "axial_shape", 1, kInf,
+      "Sequence models, axial positions: the factor shape (product >= positions); empty: (ceil(n / "
+      "w), w) with w = 64 (classifier) or attention.local_window (language model).");
+  s.boolean("causal", true,
+            "language_model: causal (each token sees those before it); false: bidirectional.");
+  s.integer("emb_dim", 0, 0, kInf,
+            "language_model / encoder_decoder: token embedding width, factorised through a "
+            "projection to dim when smaller (ALBERT style); 0: dim.");
+  s.boolean("tie_embedding", false,
+            "language_model / encoder_decoder: the output projection reuses the token embedding "
+            "matrix (tied weights, no output bias).");
+  s.integer("encoder_depth", 0, 0, 1024, "encoder_decoder: encoder blocks; 0: depth.");
+  s.integer("decoder_depth", 0, 0, 1024, "encoder_decoder: decoder blocks; 0: depth.");
+  s.integer("target_vocab_size", 0, 0, kInf,
+            "encoder_decoder: the decoder's vocabulary; 0: from the data.");
+  s.integer("target_max_len", 0, 0, kInf,
+            "encoder_decoder: the decoder's longest sequence; 0: from the data.");
   s.boolean("dual_encoder", false, "sequence_classifier: two documents through one encoder, classified from [u, v, u*v, u-v] (LRA retrieval).");
   s.integer("mlp_head_dim", 0, 0, kInf, "dual encoder: hidden width of the classifier MLP; 0: dim.");
 
   s.section = "model.attention.";
   s.choice("kind", "softmax", kMechanisms, "Attention mechanism of every layer (see docs/ATTENTION.md).");
   s.string_list("per_layer", kMechanisms, "Optional mechanism per layer (length depth); overrides kind layer by layer.");
-  s.integer("local_heads", 0, 0, 1024, "The first local_heads heads of each layer use local attention, the others kind.");
+  s.integer("local_heads", 0, 0, 1024,
+            "local_heads heads of each layer use local attention, the others kind.");
+  s.choice("local_heads_at", "first", {"first", "last"},
+           "Where the local heads sit among the heads: first (linear-attention-transformer) or "
+           "last (performer-pytorch).");
+  s.boolean("local_rotary", false,
+            "Local heads apply the local-attention package's rotary relative positions inside "
+            "their windows, and a rotary model's layer rotation turns the other heads only "
+            "(performer-pytorch's local heads).");
   s.int_list("per_layer_local_heads", 0, 1024, "Optional local_heads per layer (length depth).");
   s.number("dropout", 0.0, 0, 0.99, "Dropout on the attention probabilities (softmax, local, linformer).");
   s.number("scale", 0.0, 0, kInf, "Softmax score scale; 0: head_dim^-1/2.");
@@ -122,10 +170,19 @@ std::vector<KeySpec> build_schema() {
   s.boolean("output_normalized", false, "taylorshift: normalise the output as the paper's section 3.3.");
 
   s.section = "data.";
-  s.choice("dataset", "fashion_mnist", {"fashion_mnist", "image_folder", "listops", "text", "retrieval", "pixels", "pathfinder"}, "The data source (see docs/USER_GUIDE.md, Data).");
-  s.string("root", "", "Where the data lives; empty: the source's default (Fashion-MNIST: /usr/share/datasets/fashion-mnist; listops / pathfinder: generated into <output>/data).");
+  s.choice("dataset", "fashion_mnist",
+           {"fashion_mnist", "image_folder", "listops", "text", "retrieval", "pixels", "pathfinder",
+            "lm_text", "copy", "seq2seq_tsv"},
+           "The data source (see docs/USER_GUIDE.md, Data).");
+  s.string(
+      "root", "",
+      "Where the data lives; empty: the source's default (Fashion-MNIST: "
+      "/usr/share/datasets/fashion-mnist; listops / pathfinder: generated into <output>/data). "
+      "lm_text: a file or a folder of files; seq2seq_tsv: a folder of <split>.tsv[.gz].");
   s.choice("pixel_source", "fashion_mnist", {"fashion_mnist", "image_folder"}, "pixels (LRA Image): the image source read as grayscale pixel sequences.");
-  s.string("train_split", "train", "Split used for training (file or folder name, see the source).");
+  s.string("train_split", "train",
+           "Split used for training (file or folder name, see the source; lm_text: train, valid or "
+           "test).");
   s.string("eval_split", "test", "Split used for periodic evaluation and the best checkpoint.");
   s.integer("max_length", 0, 0, kInf, "Sequences: truncate to this many tokens; 0: the source's default (ListOps 2000, text 4000).");
   s.boolean("pad_to_max", false, "Sequences: pad every batch to max_length (fixed shapes) instead of the batch's longest.");
@@ -146,8 +203,32 @@ std::vector<KeySpec> build_schema() {
   s.number("cutmix_alpha", 0.0, 0, kInf, "CutMix Beta(alpha, alpha); 0: off.");
   s.number("mix_prob", 1.0, 0, 1, "Probability that a batch is mixed.");
   s.number("mix_switch_prob", 0.5, 0, 1, "With both on: probability of CutMix instead of Mixup.");
-  s.integer("generate_train", 96000, 1, kInf, "listops / pathfinder without data: generated training examples.");
-  s.integer("generate_eval", 2000, 1, kInf, "listops / pathfinder without data: generated evaluation examples (each of val and test).");
+  s.integer("generate_train", 96000, 1, kInf,
+            "listops / pathfinder without data, copy: generated training examples (an epoch).");
+  s.integer("generate_eval", 2000, 1, kInf,
+            "listops / pathfinder without data, copy: generated evaluation examples (each of val "
+            "and test).");
+  s.integer("seq_len", 1024, 1, kInf,
+            "lm_text: tokens (bytes) per window; a window holds seq_len + 1 bytes, the inputs and "
+            "their next bytes.");
+  s.int_list("split_bytes", 0, kInf,
+             "lm_text: where train, valid and test end, in bytes of the corpus; empty: 90000000, "
+             "95000000, 100000000 (enwik8). An end past the corpus is cut to it.");
+  s.number_list("split_fractions", {},
+                "lm_text: where train, valid and test end, as fractions of the corpus (e.g. [0.9, "
+                "0.95, 1.0]); replaces split_bytes.");
+  s.string_list("include", {},
+                "lm_text, a folder: read the files whose name matches one of these patterns "
+                "(fnmatch, e.g. \"*.txt\"); empty: every file.");
+  s.string_list("exclude", {},
+                "lm_text, a folder: leave out the files whose name matches one of these patterns.");
+  s.integer("copy_length", 32, 1, kInf,
+            "copy: source length M (the target is the start token, then the source twice).");
+  s.integer("copy_vocab", 18, 3, kInf,
+            "copy: vocabulary V (0 pad, 1 start, source tokens in [2, V)).");
+  s.integer("max_target_length", 0, 0, kInf,
+            "seq2seq_tsv: target tokens kept (the end token included); 0: 1024. data.max_length "
+            "bounds the source (0: 1024).");
   s.integer("generate_min_length", 500, 1, kInf, "listops generator: lengths strictly above this.");
   s.integer("generate_max_length", 2000, 2, kInf, "listops generator: lengths strictly below this.");
 

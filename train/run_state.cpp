@@ -128,6 +128,7 @@ json::Value RunState::to_json() const {
   w["seconds"] = window.seconds;
   w["correct"] = window.correct;
   w["examples"] = window.examples;
+  w["predictions"] = window.predictions;
   w["tokens"] = window.tokens;
   w["steps"] = window.steps;
   s["schedule"]["kind"] = schedule_kind;
@@ -184,12 +185,16 @@ RunState parse_run_state(const json::Value& state, const std::string& file,
   s.default_generator = read_generator(r.object("default_generator"));
 
   const Reader w = r.object("window");
-  w.only({"loss_sum", "grad_norm_sum", "seconds", "correct", "examples", "tokens", "steps"});
+  w.only({"loss_sum", "grad_norm_sum", "seconds", "correct", "examples", "predictions", "tokens",
+          "steps"});
   s.window.loss_sum = w.number("loss_sum", -kInf, kInf);
   s.window.grad_norm_sum = w.number("grad_norm_sum", 0, kInf);
   s.window.seconds = w.number("seconds", 0, kInf);
   s.window.examples = w.integer("examples", 0, kMaxInt);
-  s.window.correct = w.integer("correct", 0, s.window.examples);
+  // Checkpoints written before next-token models counted one per example.
+  s.window.predictions =
+      w.has("predictions") ? w.integer("predictions", 0, kMaxInt) : s.window.examples;
+  s.window.correct = w.integer("correct", 0, s.window.predictions);
   s.window.tokens = w.integer("tokens", 0, kMaxInt);
   s.window.steps = w.integer("steps", 0, s.step);
 

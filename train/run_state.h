@@ -37,6 +37,9 @@ namespace forge::train {
 struct MetricWindow {
   double loss_sum = 0, grad_norm_sum = 0, seconds = 0;
   int64_t correct = 0, examples = 0, tokens = 0, steps = 0;
+  // Rows that loss_sum and correct count: examples (classifiers) or target
+  // tokens (next-token models).
+  int64_t predictions = 0;
 };
 
 struct RunState {

@@ -19,6 +19,7 @@
 #include "core/file_io.h"
 #include "core/threading.h"
 #include "data/image_io.h"
+#include "data/lm_text.h"
 #include "ops/autocast.h"
 #include "ops/linalg/matmul.h"
 #include "ops/ops.h"
@@ -233,56 +234,62 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
 // The batch in the run's dtype, on the run's device.
 data::Batch cast_batch(data::Batch b, DType dtype, Device device) {
   b.input = to_dtype(b.input, dtype);
-  for (Tensor* t : {&b.input, &b.mask, &b.input2, &b.mask2, &b.label, &b.label_mix})
+  for (Tensor* t : {&b.input, &b.mask, &b.input2, &b.mask2, &b.target, &b.label, &b.label_mix})
     if (t->defined()) *t = t->to(device);
   return b;
 }
 
-// Where and in what types a recipe runs.
-struct Placement {
-  Device device = Device::cpu();
-  DType dtype = DType::f32;     // parameters, activations, gradients, optimizer state
-  DType autocast = DType::f32;  // bf16 / f16: the GEMMs' type under autocast; f32: off
-  bool loss_scaling = false;    // fp16: dynamic loss scaling
-  std::string note;             // said in the log when a request was adapted
+// What a batch is scored on: rows of logits (R, C) and their labels (R). A
+// classifier predicts one row per example; a language model or a decoder one
+// per real target token (padded positions left out), so losses and accuracies
+// are per token.
+struct Predictions {
+  Tensor logits, labels;
+  Tensor labels_mix;  // mixup / cutmix partners (classification only)
+  double mix_lambda = 1.0;
+  int64_t rows() const { return labels.size(0); }
 };
 
-Placement placement(const Recipe& r) {
-  Placement p;
-  const std::string& device = r.string("device");
-  const int gpus = cuda_device_count();
-  if (device == "cuda") {
-    FORGE_CHECK(gpus > 0,
-                "recipe: device: cuda, but {}; use device: auto (the GPU when there is one) or cpu",
-                cuda_built() ? "no CUDA device is visible on this machine"
-                             : "this build has no CUDA backend (nvcc was not found when it was "
-                               "configured)");
-    p.device = Device::cuda(0);
-  } else if (device == "auto" && gpus > 0) {
-    p.device = Device::cuda(0);
-  }
-  const std::string& precision = r.string("precision");
-  if (precision == "fp64") p.dtype = DType::f64;
-  if (precision == "bf16" || precision == "fp16") {
-    if (p.device.is_cuda()) {
-      p.autocast = precision == "bf16" ? DType::bf16 : DType::f16;
-      p.loss_scaling = precision == "fp16";
-    } else {
-      p.note = fmt::format("precision {} is mixed precision on a GPU; on the CPU this run is fp32",
-                           precision);
-    }
-  }
-  return p;
+Predictions predictions(const Tensor& out, const data::Batch& b) {
+  if (!b.target.defined()) return {out, b.label, b.label_mix, b.mix_lambda};
+  Tensor logits = ops::reshape(out, {-1, out.size(-1)});  // (B N, V)
+  Tensor labels = ops::reshape(b.target, {-1});           // (B N)
+  const Tensor mask = (b.input2.defined() ? b.mask2 : b.mask).to(Device::cpu());
+  const bool* m = mask.data<bool>();
+  std::vector<int64_t> real;
+  for (int64_t i = 0; i < mask.numel(); ++i)
+    if (m[i]) real.push_back(i);
+  if (static_cast<int64_t>(real.size()) == mask.numel()) return {logits, labels, Tensor(), 1.0};
+  const Tensor index =
+      Tensor::from_vector(real, {static_cast<int64_t>(real.size())}).to(out.device());
+  return {ops::index_select(logits, 0, index), ops::index_select(labels, 0, index), Tensor(), 1.0};
 }
 
-Tensor batch_loss(const Tensor& logits, const data::Batch& b, double smoothing) {
+Tensor batch_loss(const Predictions& p, double smoothing) {
   ops::CrossEntropyOptions o;
   o.label_smoothing = smoothing;
-  Tensor loss = ops::cross_entropy(logits, b.label, o);
-  if (b.label_mix.defined())
-    loss = ops::add(ops::mul(loss, b.mix_lambda),
-                    ops::mul(ops::cross_entropy(logits, b.label_mix, o), 1.0 - b.mix_lambda));
+  Tensor loss = ops::cross_entropy(p.logits, p.labels, o);
+  if (p.labels_mix.defined())
+    loss = ops::add(ops::mul(loss, p.mix_lambda),
+                    ops::mul(ops::cross_entropy(p.logits, p.labels_mix, o), 1.0 - p.mix_lambda));
   return loss;
+}
+
+// Bits per byte and perplexity of a mean loss in nats per token, into a
+// metrics record: for next-token tasks (bits per byte when the tokens are bytes).
+void add_token_metrics(json::Value& rec, double loss, const DataShape& shape) {
+  if (shape.task == Task::classification) return;
+  if (shape.byte_tokens) rec["bits_per_byte"] = data::bits_per_byte(loss);
+  rec["perplexity"] = std::exp(loss);
+}
+
+// "  bpb 1.234" (bits per byte) or "  ppl 3.21" for a record with those fields.
+std::string token_metrics_text(const json::Value& rec) {
+  if (const json::Value* v = rec.find("bits_per_byte"))
+    return fmt::format("  bpb {:.4f}", v->as_double());
+  if (const json::Value* v = rec.find("perplexity"))
+    return fmt::format("  ppl {:.3f}", v->as_double());
+  return "";
 }
 
 // Evaluates on every batch of `loader`; nullopt when `stop` asks to stop first
@@ -297,7 +304,7 @@ std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
   ops::AutocastGuard autocast(place.autocast);
   EvalResult r;
   double loss_sum = 0;
-  int64_t correct = 0;
+  int64_t correct = 0, rows = 0;
   const int64_t epoch = 0;
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
     if (stop && stop()) {
@@ -305,14 +312,16 @@ std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
       return std::nullopt;
     }
     const data::Batch b = cast_batch(loader.build(epoch, i), place.dtype, place.device);
-    const Tensor logits = model.forward(b);
-    loss_sum += batch_loss(logits, b, smoothing).item() * static_cast<double>(b.size);
-    correct += count_correct(logits, b.label);
+    const Predictions p = predictions(model.forward(b), b);
+    loss_sum += batch_loss(p, smoothing).item() * static_cast<double>(p.rows());
+    correct += count_correct(p.logits, p.labels);
+    rows += p.rows();
     r.examples += b.size;
   }
   m.train(was_training);
-  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(r.examples, 1));
-  r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(r.examples, 1));
+  r.predictions = rows;
+  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(rows, 1));
+  r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(rows, 1));
   return r;
 }
 
@@ -372,6 +381,9 @@ json::Value EvalResult::to_json() const {
   v["examples"] = examples;
   v["loss"] = loss;
   v["accuracy"] = accuracy;
+  if (predictions != examples) v["tokens"] = predictions;
+  if (bits_per_byte) v["bits_per_byte"] = *bits_per_byte;
+  if (perplexity) v["perplexity"] = *perplexity;
   return v;
 }
 
@@ -393,8 +405,13 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   }
   CreatedDirGuard created(run_dir);
   RunLog log(opt.console);
+  // The best checkpoint: by accuracy for classifiers, by loss for next-token
+  // models (whose per-token accuracy says less).
+  const bool by_loss =
+      r.string("model.type") == "language_model" || r.string("model.type") == "encoder_decoder";
   CheckpointManager ckpts(run_dir, static_cast<int>(r.integer("checkpoint.keep_last")),
-                          r.boolean("checkpoint.keep_best") ? 1 : 0, "eval_accuracy", "max",
+                          r.boolean("checkpoint.keep_best") ? 1 : 0,
+                          by_loss ? "eval_loss" : "eval_accuracy", by_loss ? "min" : "max",
                           [&log](const std::string& w) { log->warn("{}", w); });
   // A resume refuses a damaged latest checkpoint rather than going back to an
   // older one (whose next save would delete the damaged one): the user decides.
@@ -542,10 +559,14 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     rec["loss"] = e->loss;
     rec["accuracy"] = e->accuracy;
     rec["examples"] = e->examples;
+    if (e->predictions != e->examples) rec["tokens"] = e->predictions;
+    add_token_metrics(rec, e->loss, data.shape);
     rec["seconds"] = seconds_since(t0);
     metrics.append(rec);
-    log->info("eval  step {:>6}  loss {:.4f}  accuracy {:.2f}%  ({} examples, {})", step, e->loss,
-              100 * e->accuracy, e->examples, format_duration(seconds_since(t0)));
+    log->info("eval  step {:>6}  loss {:.4f}{}  accuracy {:.2f}%  ({} examples{}, {})", step,
+              e->loss, token_metrics_text(rec), 100 * e->accuracy, e->examples,
+              e->predictions != e->examples ? fmt::format(", {} tokens", e->predictions) : "",
+              format_duration(seconds_since(t0)));
     return e;
   };
 
@@ -576,11 +597,12 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
         FORGE_CHECK(train_loader.next(b), "DataLoader: epoch {} has no batch",
                     train_loader.position().epoch);
       b = cast_batch(std::move(b), dtype, place.device);
-      Tensor logits, loss;
+      Predictions p;
+      Tensor loss;
       {
         ops::AutocastGuard autocast(place.autocast);
-        logits = task->forward(b);
-        loss = batch_loss(logits, b, smoothing);
+        p = predictions(task->forward(b), b);
+        loss = batch_loss(p, smoothing);
       }
       const double l = loss.item();
       if (!std::isfinite(l)) {
@@ -593,8 +615,9 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       }
       const Tensor scaled = accum == 1 ? loss : ops::mul(loss, 1.0 / static_cast<double>(accum));
       autograd::backward(place.loss_scaling ? scaler.scale(scaled) : scaled);
-      window.loss_sum += l * static_cast<double>(b.size);
-      window.correct += count_correct(logits, b.label);
+      window.loss_sum += l * static_cast<double>(p.rows());
+      window.correct += count_correct(p.logits, p.labels);
+      window.predictions += p.rows();
       window.examples += b.size;
       window.tokens += b.tokens;
     }
@@ -637,8 +660,10 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       rec["step"] = step;
       rec["split"] = "train";
       rec["epoch"] = epoch_f;
-      rec["loss"] = window.loss_sum / static_cast<double>(window.examples);
-      rec["accuracy"] = static_cast<double>(window.correct) / static_cast<double>(window.examples);
+      rec["loss"] = window.loss_sum / static_cast<double>(window.predictions);
+      rec["accuracy"] =
+          static_cast<double>(window.correct) / static_cast<double>(window.predictions);
+      add_token_metrics(rec, rec.at("loss").as_double(), data.shape);
       rec["lr"] = optimizer->lr();
       rec["grad_norm"] = window.grad_norm_sum / static_cast<double>(window.steps);
       rec["samples_per_s"] = static_cast<double>(window.examples) / window.seconds;
@@ -647,14 +672,15 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       rec["peak_memory_mb"] = static_cast<double>(mem.peak) / (1 << 20);
       metrics.append(rec);
       const double frac = static_cast<double>(step) / static_cast<double>(total_steps);
-      log->info("step {:>6}/{} {} {:3.0f}% ep {:.2f}  loss {:.4f}  acc {:5.2f}%  lr {:.2e}  |g| {:.3f}  "
-                "{}/s  {:.0f} ms/step  mem {:.0f} MB  ETA {}",
-                step, total_steps, progress_bar(frac, 20), 100 * frac, epoch_f,
-                rec.at("loss").as_double(), 100 * rec.at("accuracy").as_double(), optimizer->lr(),
-                rec.at("grad_norm").as_double(),
-                format_count(rec.at("samples_per_s").as_double()),
-                rec.at("step_time_ms").as_double(), rec.at("peak_memory_mb").as_double(),
-                format_duration(eta.eta(total_steps - step)));
+      log->info(
+          "step {:>6}/{} {} {:3.0f}% ep {:.2f}  loss {:.4f}{}  acc {:5.2f}%  lr {:.2e}  |g| {:.3f} "
+          " "
+          "{}/s  {:.0f} ms/step  mem {:.0f} MB  ETA {}",
+          step, total_steps, progress_bar(frac, 20), 100 * frac, epoch_f,
+          rec.at("loss").as_double(), token_metrics_text(rec), 100 * rec.at("accuracy").as_double(),
+          optimizer->lr(), rec.at("grad_norm").as_double(),
+          format_count(rec.at("samples_per_s").as_double()), rec.at("step_time_ms").as_double(),
+          rec.at("peak_memory_mb").as_double(), format_duration(eta.eta(total_steps - step)));
       window = MetricWindow{};
     }
     const bool epoch_ended = completed_epochs(train_loader) != epochs_before;
@@ -673,7 +699,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
         result.status = TrainResult::Status::interrupted;
         break;
       }
-      metric = e->accuracy;
+      metric = by_loss ? e->loss : e->accuracy;
     }
     const bool ckpt_now = last || (ckpt_every > 0 ? step % ckpt_every == 0 : eval_now);
     if (ckpt_now) {
@@ -722,6 +748,12 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::string& split,
   }
   EvalResult e = *run_eval(*task, loader, place, r.number("loop.label_smoothing"));
   e.split = split.empty() ? r.string("data.eval_split") : split;
+  if (data.shape.task != Task::classification) {
+    json::Value rec;
+    add_token_metrics(rec, e.loss, data.shape);
+    if (const json::Value* v = rec.find("bits_per_byte")) e.bits_per_byte = v->as_double();
+    e.perplexity = rec.at("perplexity").as_double();
+  }
   e.step = c.state.at("step").as_int();
   e.warnings = c.warnings;
   return e;

@@ -69,7 +69,11 @@ std::string default_run_dir(const Recipe& recipe);
 struct EvalResult {
   std::string split;
   int64_t examples = 0;
+  // What loss and accuracy average over: examples for classifiers, real target
+  // tokens for language models and decoders.
+  int64_t predictions = 0;
   double loss = 0, accuracy = 0;
+  std::optional<double> bits_per_byte, perplexity;  // next-token tasks (bits: byte tokens)
   int64_t step = 0;
   std::vector<std::string> warnings;  // about the checkpoint read (e.g. written without checksums)
   json::Value to_json() const;

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The attnforge command end to end: help texts, bad command lines and recipes
 # (clear message, non-zero status), --dump-config, a run stopped by SIGINT
-# that writes a checkpoint and resumes to completion, eval, gradcheck, info.
+# that writes a checkpoint and resumes to completion, eval, a language model
+# trained from the demo recipe and generate from it, gradcheck, info.
 #   tests/cli/test_cli.sh PATH/TO/attnforge
 set -uo pipefail
 bin="$1"
+src="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d "${TMPDIR:-/tmp}/attnforge_cli.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -92,6 +94,26 @@ ckpt="$run/checkpoints/$(cat "$run/checkpoints/latest")"
 expect 0 '"accuracy"' -- "$bin" eval "$ckpt" --split test
 ls "$run"/eval-step-00000400-test.json >/dev/null 2>&1 || fail "eval wrote no JSON file"
 expect 1 "nope: not found" -- "$bin" eval "$work/nope"
+
+# ---- a language model from the shipped demo recipe (shrunk), then generate ----
+lm="$work/lm"
+expect 0 "bpb" -- "$bin" train "$src/recipes/lm/fortunes_tiny.yaml" --set loop.steps=30 \
+  --set schedule.warmup_steps=5 --set loop.eval_every=30 --set data.limit_eval=4 \
+  --set model.dim=64 --set model.depth=1 --set threads=2 --out "$lm"
+expect 0 '"bits_per_byte"' -- "$bin" eval "$lm/checkpoints/$(cat "$lm/checkpoints/latest")"
+expect 0 "20 generated.*recurrent state" -- "$bin" generate "$lm" --prompt "The " --length 20 --seed 3
+a="$("$bin" generate "$lm" --prompt "The " --length 20 --seed 3 2>/dev/null)"
+b="$("$bin" generate "$lm" --prompt "The " --length 20 --seed 3 2>/dev/null)"
+[ -n "$a" ] && [ "$a" = "$b" ] || fail "generate: a seed must give one output ('$a' vs '$b')"
+printf 'Once upon' >"$work/prompt.txt"
+expect 0 "9 prompt tokens" -- "$bin" generate "$lm" --prompt-file "$work/prompt.txt" --length 5 --top-k 5
+expect 2 "one of --top-k and --filter-thres" -- "$bin" generate "$lm" --prompt x --top-k 3 --filter-thres 0.9
+expect 2 "--length: expected a number" -- "$bin" generate "$lm" --prompt x --length many
+expect 1 "give a prompt" -- "$bin" generate "$lm"
+expect 1 "holds a vit model" -- "$bin" generate "$run"
+expect 1 "LM corpus: '.*nothing' does not exist" -- "$bin" train "$src/recipes/lm/fortunes_tiny.yaml" \
+  --set data.root="$work/nothing" --out "$work/lm_missing"
+[ ! -e "$work/lm_missing" ] || fail "a missing corpus created its run directory"
 
 # ---- gradcheck, info ----
 expect 0 "cases: [0-9]+ passed, 0 failed" -- "$bin" gradcheck linear/plain linear/causal

@@ -28,7 +28,7 @@ RunState state_at_23() {
   s.loader = {2, 3};
   s.generator = {3, 4096};
   s.default_generator = {0, (uint64_t{1} << 63) + 5};  // exact beyond 2^53
-  s.window = {1.5, 0.75, 0.25, 7, 9, 0, 3};
+  s.window = {1.5, 0.75, 0.25, 7, 9, 0, 3, 9};
   s.schedule_kind = "cosine";
   s.lr = 1e-3;
   s.elapsed_s = 12.5;
@@ -53,6 +53,15 @@ json::Value with(const std::string& path, const json::Value& value, bool remove 
   return v;
 }
 
+// A state written before next-token models counted predictions apart from
+// examples: its window's predictions are its examples.
+TEST(RunState, AWindowWithoutPredictionsCountsItsExamples) {
+  const RunState back = parse_run_state(with("window.predictions", json::Value(), true),
+                                        "state.json", expect_at_23());
+  EXPECT_EQ(back.window.predictions, 9);
+  EXPECT_EQ(back.window.correct, 7);
+}
+
 TEST(RunState, RoundTripsExactly) {
   const RunState s = state_at_23();
   const RunState back = parse_run_state(s.to_json(), "state.json", expect_at_23());
@@ -62,6 +71,7 @@ TEST(RunState, RoundTripsExactly) {
   EXPECT_EQ(back.default_generator, s.default_generator);
   EXPECT_EQ(back.window.loss_sum, 1.5);
   EXPECT_EQ(back.window.correct, 7);
+  EXPECT_EQ(back.window.predictions, 9);
   EXPECT_EQ(back.window.steps, 3);
   EXPECT_EQ(back.elapsed_s, 12.5);
   EXPECT_EQ(back.last_eval_accuracy, 0.8);
