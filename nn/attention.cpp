@@ -190,7 +190,8 @@ MultiHeadAttention::MultiHeadAttention(const AttentionConfig& c, bool is_cross, 
                          std::make_shared<Linear>(Dc, H * d, config.qkv_bias, config.dtype, gen));
   to_v = register_module("to_v",
                          std::make_shared<Linear>(Dc, H * d, config.qkv_bias, config.dtype, gen));
-  to_out = register_module("to_out", std::make_shared<Linear>(H * d, D, true, config.dtype, gen));
+  to_out = register_module("to_out",
+                           std::make_shared<Linear>(H * d, D, config.out_bias, config.dtype, gen));
   out_dropout = register_module("dropout", std::make_shared<Dropout>(config.output_dropout));
   if (global == 0) return;
   if (config.kind == Mechanism::linformer) {

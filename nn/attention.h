@@ -51,6 +51,7 @@ struct AttentionConfig {
   int64_t head_dim = 0;  // d; 0: D / H
   bool causal = false;
   bool qkv_bias = false;      // biases on the q, k, v projections
+  bool out_bias = true;       // a bias on the output projection (performer-pytorch's attn_out_bias)
   double attn_dropout = 0;    // inside attention (softmax, local, linformer probabilities)
   double output_dropout = 0;  // after the output projection
   double scale = 0;           // softmax score scale; 0: d^-1/2

@@ -94,7 +94,7 @@ Tensor FeedForward::forward_rows(const Tensor& rows) {
   Tensor h = w1->forward(rows);  // (R, hidden) or (R, 2 * hidden) with GLU
   if (options.glu) {
     const int64_t hidden = options.hidden_width();
-    h = ops::narrow(h, -1, 0, hidden) * act(ops::narrow(h, -1, hidden, hidden));
+    h = act(ops::narrow(h, -1, 0, hidden)) * ops::narrow(h, -1, hidden, hidden);
   } else {
     h = act(h);
   }

@@ -69,8 +69,9 @@ struct FeedForwardOptions {
   int64_t hidden = 0;  // ... unless set here (linformer-pytorch's dim_ff)
   int64_t hidden_width() const { return hidden > 0 ? hidden : dim * mult; }
   Activation activation = Activation::gelu;
-  // GLU variant: w1 projects to 2 * hidden, split into (value, gate) along the
-  // last dim and combined as value * act(gate) (GEGLU / ReGLU).
+  // GLU variant: w1 projects to 2 * hidden, split into halves (x, v) along the
+  // last dim and combined as act(x) * v (GEGLU / ReGLU), as performer-pytorch
+  // and linear-attention-transformer do.
   bool glu = false;
   double dropout = 0.0;  // after the activation
   // > 1: run over the rows in this many pieces so that only one piece's hidden

@@ -19,6 +19,7 @@ nn::AttentionConfig attention_config(const Recipe& r, const std::string& kind, i
   a.heads = r.integer("model.heads");
   a.head_dim = r.integer("model.head_dim");
   a.qkv_bias = r.boolean("model.qkv_bias");
+  a.out_bias = r.boolean("model.out_bias");
   a.attn_dropout = r.number("model.attention.dropout");
   a.output_dropout = r.number("model.dropout");
   a.scale = r.number("model.attention.scale");
@@ -333,6 +334,9 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
         r, size_from(r, "model.target_vocab_size", shape.target_vocab_size, "target vocabulary"),
         size_from(r, "model.target_max_len", shape.target_length, "target length"), dec_depth,
         dtype);
+    // The decoder's attention to the encoder: the same mechanism and options,
+    // never causal, no local heads (performer-pytorch's cross-attending layers).
+    c.decoder.stack.block.cross = attention_config(r, r.string("model.attention.kind"), 0);
     c.dtype = dtype;
     return std::make_unique<EncoderDecoderTask>(c, gen);
   }

@@ -95,6 +95,9 @@ std::vector<KeySpec> build_schema() {
   s.boolean("shift_tokens", false, "Token shift in front of each branch (linear-attention-transformer).");
   s.boolean("attend_axially", false, "After each block, attention over the sequence folded by attention.local_window (linear-attention-transformer).");
   s.boolean("qkv_bias", true, "Biases on the query, key and value projections.");
+  s.boolean("out_bias", true,
+            "A bias on the attention output projection (performer-pytorch: attn_out_bias, false by "
+            "default).");
   s.choice("checkpoint", "C0", {"C0", "C1", "C2"}, "Gradient checkpointing: C0 none, C1 each branch, C2 each branch and each head.");
   s.boolean("reversible", false, "Reversible blocks (RevNet couplings; activation memory flat in depth).");
   s.choice("reversible_output", "sum", {"sum", "mean"},

@@ -409,5 +409,25 @@ TEST(AttentionModule, ClearErrors) {
       std::string::npos);
 }
 
+// out_bias = false (performer-pytorch's attn_out_bias default): no bias on
+// the output projection, and the output is the plain product.
+TEST(AttentionModule, OutputProjectionWithoutBias) {
+  AttentionConfig c;
+  c.dim = 8;
+  c.heads = 2;
+  c.dtype = DType::f64;
+  c.out_bias = false;
+  Generator g(3);
+  MultiHeadAttention m(c, false, 0, nullptr, 0, &g);
+  for (const auto& [name, t] : m.named_parameters()) EXPECT_NE(name, "to_out.bias");
+  EXPECT_FALSE(m.to_out->bias.defined());
+  const Tensor x = leaf64({2, 5, 8}, 4);
+  c.out_bias = true;
+  Generator g2(3);
+  MultiHeadAttention with_bias(c, false, 0, nullptr, 0, &g2);
+  with_bias.to_out->bias = Tensor::zeros({8}, DType::f64);
+  expect_close(m.forward(x), with_bias.forward(x), 1e-12);
+}
+
 }  // namespace
 }  // namespace forge::nn

@@ -207,7 +207,7 @@ TEST(NnLayers, FeedForwardValue) {
         return act == Activation::gelu ? ops::gelu(t) : ops::relu(t);
       };
       Tensor h = ops::linear(x, ff.w1->weight, ff.w1->bias);
-      h = glu ? ops::narrow(h, -1, 0, 8) * f(ops::narrow(h, -1, 8, 8)) : f(h);
+      h = glu ? f(ops::narrow(h, -1, 0, 8)) * ops::narrow(h, -1, 8, 8) : f(h);
       const Tensor ref = ops::linear(h, ff.w2->weight, ff.w2->bias);
       const Tensor y = ff.forward(x);
       EXPECT_EQ(y.shape(), (Shape{2, 5, 4}));

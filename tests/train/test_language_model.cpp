@@ -14,8 +14,10 @@
 
 #include "tests/test_util.h"
 #include "train/checkpoint.h"
+#include "train/data.h"
 #include "train/generate.h"
 #include "train/metrics.h"
+#include "train/model.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -287,6 +289,43 @@ loop:
   forge::testing::expect_error([&] { generate(q, [](std::string_view) {}); }, {"99", "[0, 8)"});
   q.source.clear();
   forge::testing::expect_error([&] { generate(q, [](std::string_view) {}); }, {"--source"});
+  fs::remove_all(dir);
+}
+
+// performer's copy recipe: the decoder's cross-attention uses the recipe's
+// mechanism (FAVOR+, not causal), and no attention output has a bias.
+TEST(EncoderDecoderRecipe, CrossAttentionFollowsTheRecipe) {
+  Recipe r = Recipe::from_file(
+      (fs::path(FORGE_SOURCE_DIR) / "recipes/seq2seq/copy_performer.yaml").string());
+  r.set("model.dim=64");
+  Generator gen(0);
+  const auto task = build_model(r, next_token_shape(r), DType::f32, &gen);
+  bool cross_favor = false, out_bias = false;
+  for (const auto& [name, t] : task->module().state_dict()) {
+    cross_favor = cross_favor || name.find("cross_attn.projection_matrix") != std::string::npos;
+    out_bias = out_bias || name.find("to_out.bias") != std::string::npos;
+  }
+  EXPECT_TRUE(cross_favor) << "the cross-attention is FAVOR+ as the self-attention";
+  EXPECT_FALSE(out_bias) << "model.out_bias: false";
+}
+
+// The shipped CPU demo, as shipped but for its length: on Debian's fortunes
+// (scripts/install-deps.sh installs the package) its loss falls within 40 of
+// its 1200 steps. One thread: ctest runs the test binaries side by side.
+TEST(ShippedDemo, FortunesTinyLossFalls) {
+  Recipe r =
+      Recipe::from_file((fs::path(FORGE_SOURCE_DIR) / "recipes/lm/fortunes_tiny.yaml").string());
+  for (const char* s : {"loop.steps=40", "loop.log_every=10", "loop.eval_every=40",
+                        "data.limit_eval=2", "schedule.warmup_steps=10", "threads=1"})
+    r.set(s);
+  const fs::path dir = fresh_dir("fortunes");
+  const TrainResult t = train(r, quiet(dir));
+  EXPECT_EQ(t.steps, 40);
+  std::vector<double> loss;
+  for (const auto& rec : read_metrics((dir / "metrics.jsonl").string()))
+    if (rec.at("split").as_string() == "train") loss.push_back(rec.at("loss").as_double());
+  ASSERT_EQ(loss.size(), 4u);
+  EXPECT_LT(loss.back(), 0.75 * loss.front()) << "from " << loss.front() << " to " << loss.back();
   fs::remove_all(dir);
 }
 
