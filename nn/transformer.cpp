@@ -124,9 +124,16 @@ Block::Block(const BlockConfig& c, int64_t layer, std::shared_ptr<ProjectionBank
     axial_ff_norm = register_module("axial_ff_norm", make_norm());
     axial_ff = register_module("axial_ff", std::make_shared<FeedForward>(f, gen));
   }
-  if (c.shift_tokens)
-    shift = register_module(
-        "shift", std::make_shared<TokenShift>(TokenShift::default_shifts(c.attention.causal)));
+  if (c.shift_tokens) {
+    const std::vector<int64_t> shifts =
+        c.token_shifts.empty() ? TokenShift::default_shifts(c.attention.causal) : c.token_shifts;
+    for (int64_t s : shifts)
+      FORGE_CHECK(!c.attention.causal || s == 0 || s == 1,
+                  "BlockConfig.token_shifts: a causal block shifts by 0 or 1 (no look-ahead), got "
+                  "{}",
+                  s);
+    shift = register_module("shift", std::make_shared<TokenShift>(shifts));
+  }
 }
 
 Tensor Block::self_part(const Tensor& x, const Tensor& mask) {

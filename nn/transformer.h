@@ -52,6 +52,10 @@ struct BlockConfig {
   double norm_eps = 1e-5;
   bool post_norm = false;
   bool shift_tokens = false;
+  // The shift of each feature segment (TokenShift); empty: linear-attention-
+  // transformer's (1, 0) when causal, (1, 0, -1) otherwise. performer-pytorch's
+  // are (0, 1) and (-1, 0, 1). Causal blocks take shifts of 0 and 1 only.
+  std::vector<int64_t> token_shifts;
   // linear-attention-transformer's attend_axially: after the block, a second
   // pair of branches whose attention runs on the sequence folded by
   // attention.local_window (positions i = r mod w form sequence r, so each

@@ -89,6 +89,7 @@ nn::StackConfig stack_config(const Recipe& r) {
   s.block.norm = nn::norm_from_name(r.string("model.norm"));
   s.block.post_norm = r.boolean("model.post_norm");
   s.block.shift_tokens = r.boolean("model.shift_tokens");
+  s.block.token_shifts = r.int_list("model.token_shifts");
   s.block.attend_axially = r.boolean("model.attend_axially");
   const std::string& level = r.string("model.checkpoint");
   s.checkpoint = level == "C0" ? nn::CheckpointLevel::C0

@@ -93,6 +93,10 @@ std::vector<KeySpec> build_schema() {
       "Epsilon of every norm of the stack; 0: the model's default (vit and sequence_classifier "
       "1e-6 as timm, language_model and encoder_decoder 1e-5 as PyTorch).");
   s.boolean("shift_tokens", false, "Token shift in front of each branch (linear-attention-transformer).");
+  s.int_list("token_shifts", -kInf, kInf,
+             "Token shift: how far each feature segment moves along the sequence; empty: (1, 0) "
+             "when causal, (1, 0, -1) otherwise (linear-attention-transformer); performer-pytorch: "
+             "[0, 1] and [-1, 0, 1]. Causal models: 0 or 1.");
   s.boolean("attend_axially", false, "After each block, attention over the sequence folded by attention.local_window (linear-attention-transformer).");
   s.boolean("qkv_bias", true, "Biases on the query, key and value projections.");
   s.boolean("out_bias", true,

@@ -496,5 +496,47 @@ TEST(ReferenceFidelity, ScaleNormAndReZeroModelsEndInALayerNorm) {
   }
 }
 
+// performer-pytorch's PreShiftTokens with shifts (0, 1) (causal) and
+// (-1, 0, 1): the last dim is cut into len(shifts) segments of D / len(shifts)
+// features, segment s moves by shifts[s] along N with zeros shifted in
+// (F.pad(t, (0, 0, amount, -amount))), the rest stays. A block built with
+// token_shifts takes exactly these shifts.
+TEST(ReferenceFidelity, PerformerTokenShiftOrder) {
+  const auto moved = [](const Tensor& t, int64_t amount) {  // t (B, N, f) -> shifted by amount
+    const int64_t N = t.size(1);
+    if (amount == 0) return t;
+    const Tensor zeros = Tensor::zeros({t.size(0), std::abs(amount), t.size(2)}, t.dtype());
+    return amount > 0 ? ops::cat({zeros, ops::narrow(t, 1, 0, N - amount)}, 1)
+                      : ops::cat({ops::narrow(t, 1, -amount, N + amount), zeros}, 1);
+  };
+  for (const std::vector<int64_t>& shifts : {std::vector<int64_t>{0, 1}, {-1, 0, 1}}) {
+    SCOPED_TRACE(shifts.size());
+    Tensor x = leaf64({2, 6, 7}, 3);  // 7 features: segments of 7 / len(shifts), the rest kept
+    TokenShift ours(shifts);
+    const int64_t f = 7 / static_cast<int64_t>(shifts.size());
+    expect_same_function(
+        [&] { return ours.forward(x); },
+        [&] {
+          std::vector<Tensor> parts;
+          for (size_t s = 0; s < shifts.size(); ++s)
+            parts.push_back(moved(ops::narrow(x, 2, static_cast<int64_t>(s) * f, f), shifts[s]));
+          const int64_t used = f * static_cast<int64_t>(shifts.size());
+          if (used < 7) parts.push_back(ops::narrow(x, 2, used, 7 - used));
+          return ops::cat(parts, 2);
+        },
+        {x});
+  }
+  BlockConfig c;
+  c.attention.dim = 8;
+  c.attention.heads = 2;
+  c.attention.causal = true;
+  c.ff.dim = 8;
+  c.shift_tokens = true;
+  c.token_shifts = {0, 1};
+  EXPECT_EQ(Block(c, 0).shift->shifts, (std::vector<int64_t>{0, 1}));
+  c.token_shifts = {-1, 0, 1};
+  forge::testing::expect_error([&] { Block(c, 0); }, {"token_shifts", "0 or 1", "-1"});
+}
+
 }  // namespace
 }  // namespace forge::nn
