@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <sstream>
@@ -136,10 +137,10 @@ GenerateResult generate(const GenerateRequest& q,
     const Codec source_codec{codec.kind, shape.vocab_size};
     const std::vector<int64_t> src = source_codec.encode(q.source, "--source");
     FORGE_CHECK(!src.empty(), "generate: an encoder-decoder needs --source (the encoder's input)");
-    FORGE_CHECK(static_cast<int64_t>(src.size()) <= shape.max_length ||
-                    r.integer("model.max_len") >= static_cast<int64_t>(src.size()),
+    const int64_t encoder_positions = std::max(shape.max_length, r.integer("model.max_len"));
+    FORGE_CHECK(static_cast<int64_t>(src.size()) <= encoder_positions,
                 "generate: --source has {} tokens, more than the encoder's {} positions",
-                src.size(), std::max(shape.max_length, r.integer("model.max_len")));
+                src.size(), encoder_positions);
     const Tensor s = Tensor::from_vector<int64_t>(src, {1, static_cast<int64_t>(src.size())});
     task->encoder_decoder()->generate(s.to(place.device), ids.to(place.device), q.length, o);
   }

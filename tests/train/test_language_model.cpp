@@ -287,6 +287,9 @@ loop:
   EXPECT_EQ(std::count(out.begin(), out.end(), ' '), 11) << out;
   q.source = "2 3 99";
   forge::testing::expect_error([&] { generate(q, [](std::string_view) {}); }, {"99", "[0, 8)"});
+  q.source = "2 3 4 5 6 7 2";  // 7 tokens for an encoder of 6 positions
+  forge::testing::expect_error([&] { generate(q, [](std::string_view) {}); },
+                               {"7 tokens", "6 positions"});
   q.source.clear();
   forge::testing::expect_error([&] { generate(q, [](std::string_view) {}); }, {"--source"});
   fs::remove_all(dir);
