@@ -15,11 +15,6 @@ namespace {
 
 constexpr size_t kPieceBytes = size_t{1} << 20;
 
-struct GzCloser {
-  void operator()(gzFile f) const { gzclose(f); }
-};
-using GzPtr = std::unique_ptr<gzFile_s, GzCloser>;
-
 [[noreturn]] void too_large(const std::string& path, int64_t max_total) {
   FORGE_FAIL(
       "'{}' brings the data past the limit of {} bytes (max_bytes); raise max_bytes or select "
@@ -28,6 +23,29 @@ using GzPtr = std::unique_ptr<gzFile_s, GzCloser>;
 }
 
 }  // namespace
+
+GzFile open_gz(const std::string& path) {
+  GzFile file(gzopen(path.c_str(), "rb"));
+  FORGE_CHECK(file != nullptr, "cannot open '{}'", path);
+  gzbuffer(file.get(), 1 << 17);
+  return file;
+}
+
+size_t gz_read(gzFile f, void* dst, size_t n, const std::string& path) {
+  size_t done = 0;
+  while (done < n) {
+    const auto chunk = static_cast<unsigned>(std::min<size_t>(n - done, size_t{1} << 30));
+    const int got = gzread(f, static_cast<char*>(dst) + done, chunk);
+    if (got < 0) {
+      int code = 0;
+      const char* msg = gzerror(f, &code);
+      FORGE_FAIL("'{}' is not a valid gzip stream: zlib: {} (after {} bytes)", path, msg, done);
+    }
+    if (got == 0) break;
+    done += static_cast<size_t>(got);
+  }
+  return done;
+}
 
 int64_t append_file_bytes(const std::string& path, int64_t max_total, std::string& out) {
   namespace fs = std::filesystem;
@@ -53,9 +71,7 @@ int64_t append_file_bytes(const std::string& path, int64_t max_total, std::strin
     return static_cast<int64_t>(got);
   }
 
-  GzPtr file(gzopen(path.c_str(), "rb"));
-  FORGE_CHECK(file != nullptr, "cannot open '{}'", path);
-  gzbuffer(file.get(), 1 << 17);
+  GzFile file = open_gz(path);
   FORGE_CHECK(!gzdirect(file.get()),
               "'{}' ends in .gz but is not a gzip stream (its first bytes are not 1f 8b); "
               "decompress it or rename it",
@@ -65,16 +81,10 @@ int64_t append_file_bytes(const std::string& path, int64_t max_total, std::strin
     const size_t old = out.size();
     const size_t piece = std::min(kPieceBytes, limit - old + 1);
     out.resize(old + piece);
-    const int got = gzread(file.get(), out.data() + old, static_cast<unsigned>(piece));
-    out.resize(old + static_cast<size_t>(std::max(got, 0)));
-    if (got < 0) {
-      int code = 0;
-      const char* msg = gzerror(file.get(), &code);
-      FORGE_FAIL("'{}' is not a valid gzip stream: zlib: {} (after {} decompressed bytes)", path,
-                 msg, out.size() - start);
-    }
+    const size_t got = gz_read(file.get(), out.data() + old, piece, path);
+    out.resize(old + got);
     if (out.size() > limit) too_large(path, max_total);
-    if (got == 0) break;
+    if (got < piece) break;
   }
   // A stream cut short ends like a complete one, with zlib's note "unexpected end of file".
   int code = 0;

@@ -1,12 +1,31 @@
-// Whole files as bytes, for the text sources (language-model corpora, seq2seq
-// pairs): plain files read as they are, names ending in ".gz" decompressed
-// with zlib; both bounded in size before memory is spent on them.
+// Files as bytes through zlib, bounded before memory is spent on them: whole
+// files for the text sources (language-model corpora, seq2seq pairs; names
+// ending in ".gz" decompressed), and the open-and-read pieces that the IDX
+// reader streams its header and data through.
 #pragma once
 
+#include <zlib.h>
+
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace forge::data {
+
+struct GzCloser {
+  void operator()(gzFile f) const { gzclose(f); }
+};
+// A file opened by zlib (gzip streams decompressed, other files as they are).
+using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
+
+// Opens `path` for reading with a 128 KiB buffer; throws naming it when it cannot.
+GzFile open_gz(const std::string& path);
+
+// Reads up to `n` bytes into `dst`; returns how many were read (fewer only at
+// the end of the stream). A damaged compressed stream throws, naming `path`
+// and zlib's message.
+size_t gz_read(gzFile f, void* dst, size_t n, const std::string& path);
 
 // Appends the bytes of the regular file `path` to `out`; returns how many.
 // A name ending in ".gz" is read as a gzip stream (concatenated members

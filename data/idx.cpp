@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "data/file_bytes.h"
 
 namespace forge::data {
 
@@ -17,29 +18,6 @@ namespace {
 // costs at most what it holds plus one piece.
 constexpr size_t kPieceBytes = size_t{1} << 20;
 
-struct GzCloser {
-  void operator()(gzFile f) const { gzclose(f); }
-};
-using GzPtr = std::unique_ptr<gzFile_s, GzCloser>;
-
-// Reads up to `n` bytes; returns how many were read. A damaged compressed
-// stream throws; a stream that ends early returns less (the caller reports it).
-size_t read_some(gzFile f, uint8_t* dst, size_t n, const std::string& path) {
-  size_t done = 0;
-  while (done < n) {
-    const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - done, size_t{1} << 30));
-    const int got = gzread(f, dst + done, chunk);
-    if (got < 0) {
-      int code = 0;
-      const char* msg = gzerror(f, &code);
-      FORGE_FAIL("read_idx: '{}' could not be read after {} bytes: {}", path, done, msg);
-    }
-    if (got == 0) break;
-    done += static_cast<size_t>(got);
-  }
-  return done;
-}
-
 // Reads the `count` data bytes of a gzip stream into `out`; returns how many
 // there were (out is filled only when all `count` arrived).
 uint64_t read_gzip_data(gzFile f, uint64_t count, const std::string& path,
@@ -48,7 +26,7 @@ uint64_t read_gzip_data(gzFile f, uint64_t count, const std::string& path,
   uint64_t got = 0;
   while (got < count) {
     std::vector<uint8_t>& piece = pieces.emplace_back(std::min<uint64_t>(kPieceBytes, count - got));
-    const size_t n = read_some(f, piece.data(), piece.size(), path);
+    const size_t n = gz_read(f, piece.data(), piece.size(), path);
     got += n;
     if (n < piece.size()) return got;
   }
@@ -64,13 +42,11 @@ uint64_t read_gzip_data(gzFile f, uint64_t count, const std::string& path,
 
 IdxArray read_idx(const std::string& path) {
   FORGE_CHECK(std::filesystem::is_regular_file(path), "read_idx: file '{}' does not exist", path);
-  GzPtr file(gzopen(path.c_str(), "rb"));
-  FORGE_CHECK(file != nullptr, "read_idx: cannot open '{}'", path);
-  gzbuffer(file.get(), 1 << 17);
+  GzFile file = open_gz(path);
   const bool gzip = !gzdirect(file.get());  // zlib looks for the gzip magic 1f 8b
 
   uint8_t magic[4];
-  const size_t got_magic = read_some(file.get(), magic, 4, path);
+  const size_t got_magic = gz_read(file.get(), magic, 4, path);
   FORGE_CHECK(got_magic == 4,
               "read_idx: '{}' is truncated: expected a 4-byte magic, found {} bytes", path,
               got_magic);
@@ -85,7 +61,7 @@ IdxArray read_idx(const std::string& path) {
 
   const int ndims = magic[3];
   std::vector<uint8_t> header(4 * static_cast<size_t>(ndims));
-  const size_t got_header = read_some(file.get(), header.data(), header.size(), path);
+  const size_t got_header = gz_read(file.get(), header.data(), header.size(), path);
   FORGE_CHECK(got_header == header.size(),
               "read_idx: '{}' is truncated: expected {} header bytes for {} dimensions, found {}",
               path, header.size(), ndims, got_header);
@@ -124,14 +100,14 @@ IdxArray read_idx(const std::string& path) {
                 "after the {}-byte header, found more: {}",
                 path, out.dims, count, header_bytes, found);
     out.data.resize(static_cast<size_t>(count));
-    const size_t got = read_some(file.get(), out.data.data(), out.data.size(), path);
+    const size_t got = gz_read(file.get(), out.data.data(), out.data.size(), path);
     if (got < count) truncated(got);  // the file shrank meanwhile
     return out;
   }
   const uint64_t found = read_gzip_data(file.get(), count, path, &out.data);
   if (found < count) truncated(found);
   uint8_t extra;
-  const size_t trailing = read_some(file.get(), &extra, 1, path);
+  const size_t trailing = gz_read(file.get(), &extra, 1, path);
   FORGE_CHECK(trailing == 0,
               "read_idx: '{}' is longer than its header says: dims {} call for {} data bytes after "
               "the {}-byte header, found more",

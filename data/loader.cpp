@@ -112,10 +112,14 @@ Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& 
   } else {
     batch.tokens = pad_sequences(examples, indices, &Example::input, "input", options, batch.input,
                                  &batch.mask);
+    batch.padded = batch.tokens < batch.mask.numel();
     const bool pairs = all_or_none(examples, indices, &Example::input2, "a second document");
-    if (pairs)
-      batch.tokens += pad_sequences(examples, indices, &Example::input2, "input2", options,
-                                    batch.input2, &batch.mask2);
+    if (pairs) {
+      const int64_t real = pad_sequences(examples, indices, &Example::input2, "input2", options,
+                                         batch.input2, &batch.mask2);
+      batch.tokens += real;
+      batch.padded2 = real < batch.mask2.numel();
+    }
     if (all_or_none(examples, indices, &Example::target, "a target")) {
       // Same lengths as the partner sequence, so the same padded shape and mask.
       Tensor Example::*partner = pairs ? &Example::input2 : &Example::input;

@@ -28,6 +28,9 @@ struct Batch {
   Tensor mask;    // sequences: bool [B, N], true = real token; undefined for images
   Tensor input2;  // retrieval: i64 [B, N2] second documents; seq2seq: decoder inputs
   Tensor mask2;   // bool [B, N2]
+  // Sequences: whether mask (mask2) has a false entry, i.e. some row is padded;
+  // a model can leave out a mask that hides nothing.
+  bool padded = false, padded2 = false;
   // Next-token targets padded like the sequence they pair with: i64 [B, N] with
   // `mask` when the examples have no input2 (language models), i64 [B, N2] with
   // `mask2` when they do (encoder-decoders); pad_id where that mask is false (so

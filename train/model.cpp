@@ -1,8 +1,6 @@
 // Recipe -> model (see model.h).
 #include "train/model.h"
 
-#include <algorithm>
-
 #include "core/device.h"
 #include "core/error.h"
 #include "nn/models.h"
@@ -172,13 +170,10 @@ class SequenceTask : public TaskModel {
   std::shared_ptr<nn::SequenceClassifier> model_;
 };
 
-// The mask when some position is padding, else undefined: causal models never
-// need it (padding only ends rows), and a full mask only costs time.
-Tensor mask_if_padded(const Tensor& mask) {
-  if (!mask.defined()) return mask;
-  const Tensor m = mask.to(Device::cpu());
-  const bool* p = m.data<bool>();
-  return std::all_of(p, p + m.numel(), [](bool b) { return b; }) ? Tensor() : mask;
+// The input's mask when some position is padding, else undefined (a full mask
+// only costs time; causal models never need it: padding only ends rows).
+Tensor mask_if_padded(const data::Batch& b) {
+  return b.padded ? b.mask : Tensor();
 }
 
 class LanguageModelTask : public TaskModel {
@@ -187,7 +182,7 @@ class LanguageModelTask : public TaskModel {
       : model_(std::make_shared<nn::LanguageModel>(c, gen)) {}
   nn::Module& module() override { return *model_; }
   Tensor forward(const data::Batch& b) override {
-    return model_->forward(b.input, model_->config.causal ? Tensor() : mask_if_padded(b.mask));
+    return model_->forward(b.input, model_->config.causal ? Tensor() : mask_if_padded(b));
   }
   std::vector<Tensor> attention_maps(const data::Batch& b) override {
     const Tensor x = ops::narrow(b.input, 0, 0, 1);
@@ -208,13 +203,13 @@ class EncoderDecoderTask : public TaskModel {
     FORGE_CHECK(b.input2.defined() && b.target.defined(),
                 "model.type encoder_decoder needs source / target pairs (data.dataset copy or "
                 "seq2seq_tsv)");
-    return model_->forward(b.input, b.input2, mask_if_padded(b.mask));
+    return model_->forward(b.input, b.input2, mask_if_padded(b));
   }
   // The decoder's self-attention maps (the encoder's and the cross-attention's
   // are not drawn).
   std::vector<Tensor> attention_maps(const data::Batch& b) override {
     const Tensor src = ops::narrow(b.input, 0, 0, 1), tgt = ops::narrow(b.input2, 0, 0, 1);
-    const Tensor m = b.mask.defined() ? mask_if_padded(ops::narrow(b.mask, 0, 0, 1)) : Tensor();
+    const Tensor m = b.padded ? ops::narrow(b.mask, 0, 0, 1) : Tensor();
     return collect_maps(model_->decoder_stack(), [&] { model_->forward(src, tgt, m); });
   }
   nn::EncoderDecoder* encoder_decoder() override { return model_.get(); }

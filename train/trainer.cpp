@@ -254,12 +254,12 @@ Predictions predictions(const Tensor& out, const data::Batch& b) {
   if (!b.target.defined()) return {out, b.label, b.label_mix, b.mix_lambda};
   Tensor logits = ops::reshape(out, {-1, out.size(-1)});  // (B N, V)
   Tensor labels = ops::reshape(b.target, {-1});           // (B N)
+  if (!(b.input2.defined() ? b.padded2 : b.padded)) return {logits, labels, Tensor(), 1.0};
   const Tensor mask = (b.input2.defined() ? b.mask2 : b.mask).to(Device::cpu());
   const bool* m = mask.data<bool>();
   std::vector<int64_t> real;
   for (int64_t i = 0; i < mask.numel(); ++i)
     if (m[i]) real.push_back(i);
-  if (static_cast<int64_t>(real.size()) == mask.numel()) return {logits, labels, Tensor(), 1.0};
   const Tensor index =
       Tensor::from_vector(real, {static_cast<int64_t>(real.size())}).to(out.device());
   return {ops::index_select(logits, 0, index), ops::index_select(labels, 0, index), Tensor(), 1.0};

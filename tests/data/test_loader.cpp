@@ -475,6 +475,23 @@ TEST(Collate, TargetsArePaddedLikeTheSequenceTheyPairWith) {
   EXPECT_FALSE(DataLoader(std::make_shared<SequenceSet>(10), o).build(0, 0).target.defined());
 }
 
+// padded / padded2 say whether a mask hides anything (models leave a full mask out).
+TEST(Collate, PaddedSaysWhetherAMaskHidesAnything) {
+  LoaderOptions o;
+  const SequenceSet set(10, true, true);
+  std::vector<Example> same = {set.get(2, nullptr), set.get(2, nullptr)};
+  Batch b = collate(same, {2, 2}, o);
+  EXPECT_FALSE(b.padded);
+  EXPECT_FALSE(b.padded2);
+  std::vector<Example> mixed = {set.get(1, nullptr), set.get(2, nullptr)};
+  b = collate(mixed, {1, 2}, o);
+  EXPECT_TRUE(b.padded);
+  EXPECT_TRUE(b.padded2);
+  o.pad_to = 8;  // every row padded past its length
+  b = collate(same, {2, 2}, o);
+  EXPECT_TRUE(b.padded);
+}
+
 TEST(Collate, TargetsMustBeOnEveryExampleAndMatchTheirSequence) {
   const LoaderOptions o;
   std::vector<Example> ex = {SequenceSet(3, false, true).get(2, nullptr),
