@@ -1,5 +1,6 @@
 #include "core/rng.h"
 
+#include "core/error.h"
 #include "core/philox.h"
 
 namespace forge {
@@ -14,6 +15,18 @@ uint64_t Generator::reserve(uint64_t n) {
   const uint64_t start = state_.offset;
   state_.offset += (n + 3) / 4;
   return start;
+}
+
+void Generator::set_batch_shard(BatchShard shard) {
+  FORGE_CHECK(shard.count >= 1 && shard.index < shard.count,
+              "Generator::set_batch_shard: need index < count and count >= 1 (process index of "
+              "count data-parallel processes), got index {}, count {}",
+              shard.index, shard.count);
+  shard_ = shard;
+}
+
+RowDraws Generator::reserve_rows(uint64_t n) {
+  return {state_.seed, reserve(n * shard_.count), n * shard_.index};
 }
 
 Philox4x32 Generator::block(uint64_t seed, uint64_t offset, uint64_t b) {

@@ -22,6 +22,22 @@ struct GeneratorState {
   bool operator==(const GeneratorState&) const = default;
 };
 
+// Which rows of the global batch this process holds under data parallelism:
+// `count` processes each hold rows [index b, (index + 1) b) of a global batch of
+// count b rows. A property of the process, set once, not of the stream: it is
+// no part of GeneratorState and never saved in a checkpoint.
+struct BatchShard {
+  uint64_t index = 0, count = 1;
+  bool operator==(const BatchShard&) const = default;
+};
+
+// The draws of one batch-shaped request (reserve_rows): element i of the local
+// tensor uses uniform(seed, offset, first + i).
+struct RowDraws {
+  uint64_t seed = 0, offset = 0, first = 0;
+  bool operator==(const RowDraws&) const = default;
+};
+
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : state_{seed, 0} {}
@@ -34,6 +50,21 @@ class Generator {
 
   GeneratorState state() const { return state_; }
   void set_state(GeneratorState s) { state_ = s; }
+
+  // index < count; the default {0, 1} is a single process.
+  void set_batch_shard(BatchShard shard);
+  BatchShard batch_shard() const { return shard_; }
+
+  // Reserves the draws of a request of `n` values over a tensor whose leading
+  // dimension is the local batch (x [b, ...], n = b * rest), as the single
+  // process that holds the whole global batch [count b, ...] would: n * count
+  // draws, of which this shard's rows are draws [n index, n (index + 1)). So the
+  // masks of all shards together are the global one, bit for bit, and every
+  // shard's generator advances as the global one's does (later requests, e.g.
+  // a Performer redraw, stay identical on every rank). With the default shard
+  // it is reserve(n) with first = 0. Requests that are not batch-shaped (random
+  // weights, projection matrices) use reserve(): every rank draws all of them.
+  RowDraws reserve_rows(uint64_t n);
 
   // The i-th 32-bit word of the stream that starts at block `offset`.
   static uint32_t word(uint64_t seed, uint64_t offset, uint64_t i);
@@ -59,6 +90,7 @@ class Generator {
 
  private:
   GeneratorState state_;
+  BatchShard shard_;
 };
 
 template <typename F>

@@ -64,7 +64,7 @@ struct Params {
   double dropout = 0;  // p; 0: none
   double keep = 1;     // 1 / (1 - p), the factor of a kept entry
   int64_t drop_row = 0;
-  uint64_t seed = 0, offset = 0;
+  uint64_t seed = 0, offset = 0, first = 0;
   bool vec_d = false, vec_dv = false;  // tiles of width d / dv load as 16-byte vectors
 };
 
@@ -365,7 +365,7 @@ __device__ __forceinline__ void queries_of_keys(const Params& p, int64_t j0, int
 
 // Calls f(c, z) for every column c in [c_lo, c_hi) of the key tile at j0 in the
 // row of query i of batch-head bh, z = the dropout factor of that entry (1 / (1 - p)
-// or 0). Entry (bh, i, j) uses draw (bh N + i) drop_row + j - col0(i) of the
+// or 0). Entry (bh, i, j) uses draw first + (bh N + i) drop_row + j - col0(i) of the
 // Philox stream (flash_cuda.h); the lanes of the calling warp share the work by
 // Philox block (4 consecutive draws), so each block is computed once.
 template <typename Acc, typename F>
@@ -375,11 +375,11 @@ __device__ __forceinline__ void for_each_dropout(const Params& p, int64_t bh, in
   const int lane = threadIdx.x % kWarp;
   const int64_t col0 = p.window > 0 ? (i / p.window - p.look_backward) * p.window : 0;
   // Draw number of column c is e0 + c; columns >= c_lo lie inside the band, so
-  // their draws are >= 0 even where e0 is not.
-  const int64_t e0 = (bh * p.N + i) * p.drop_row + (j0 - col0);
-  const int64_t first = (e0 + c_lo) / 4, last = (e0 + c_hi - 1) / 4;
+  // their draws are >= first >= 0 even where e0 is not.
+  const int64_t e0 = static_cast<int64_t>(p.first) + (bh * p.N + i) * p.drop_row + (j0 - col0);
+  const int64_t blk0 = (e0 + c_lo) / 4, blk1 = (e0 + c_hi - 1) / 4;
   const Acc keep = static_cast<Acc>(p.keep);
-  for (int64_t blk = first + lane; blk <= last; blk += kWarp) {
+  for (int64_t blk = blk0 + lane; blk <= blk1; blk += kWarp) {
     const PhiloxWords w = philox_block(p.seed, p.offset, static_cast<uint64_t>(blk));
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
@@ -691,6 +691,7 @@ Params make_params(const FlashArgs& a, bool vec_d, bool vec_dv) {
   p.drop_row = a.window > 0 ? a.window * (a.look_backward + 1 + a.look_forward) : a.M;
   p.seed = a.seed;
   p.offset = a.offset;
+  p.first = a.first;
   const bool half = a.dtype == DType::bf16 || a.dtype == DType::f16;
   p.vec_d = half && vec_d && a.d % 8 == 0;
   p.vec_dv = half && vec_dv && a.dv % 8 == 0;

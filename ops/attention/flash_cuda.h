@@ -37,13 +37,15 @@ struct FlashArgs {
   int64_t window = 0, look_backward = 0, look_forward = 0;
   // Dropout on P with probability p (0: none), from the reserved Philox stream
   // (seed, offset): element (bh, i, j) keeps iff
-  //   philox uniform_f32 draw number (bh * N + i) * drop_row + (j - drop_col0(i))  >=  p
+  //   philox uniform_f32 draw number first + (bh * N + i) * drop_row + (j - drop_col0(i))  >=  p
   // where drop_row = M and drop_col0 = 0 without a band, and drop_row =
   // window * (look_backward + 1 + look_forward), drop_col0(i) =
   // (i / window - look_backward) * window with one: the same draws as the CPU
   // ops (Generator::uniform_f32(seed, offset, n)). Kept entries are scaled by 1 / (1 - p).
+  // `first` is this batch shard's first draw (Generator::reserve_rows; 0 in a
+  // single process): bh counts the local batch-heads.
   double dropout = 0;
-  uint64_t seed = 0, offset = 0;
+  uint64_t seed = 0, offset = 0, first = 0;
 };
 
 // o and lse from q, k, v.

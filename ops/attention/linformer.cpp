@@ -9,7 +9,7 @@
 // per batch-head; the scores are computed in blocks of query rows, so the op
 // holds at most a rows x kdim tile per thread (never N x M). The backward saves
 // the inputs, the row log-sum-exp [B, H, N] and the dropout's Philox (seed,
-// offset), and recomputes K, V and P.
+// offset, first), and recomputes K, V and P.
 //
 // On a GPU the projections and their gradients are cuBLAS GEMMs and the
 // attention over the kdim projected keys is the flash kernels (flash_cuda.h)
@@ -46,8 +46,8 @@ constexpr int64_t kColBlock = 256;  // columns of dE / dF per task
 struct LinformerDims {
   Dims4 s;
   int64_t kdim = 0, Mmax = 0;
-  double p = 0;  // dropout
-  uint64_t seed = 0, offset = 0;
+  double p = 0;                              // dropout
+  uint64_t seed = 0, offset = 0, first = 0;  // Generator::reserve_rows
 };
 
 template <typename T>
@@ -116,7 +116,7 @@ void project(const Params<T>& a, const LinformerDims& L, T* K_all, T* V_all) {
 // with p in double, as every other dropout here (and the GPU kernels) does.
 template <typename T>
 T keep_factor(const LinformerDims& L, int64_t bh, int64_t i, int64_t j) {
-  const uint64_t idx = static_cast<uint64_t>((bh * L.s.N + i) * L.kdim + j);
+  const uint64_t idx = L.first + static_cast<uint64_t>((bh * L.s.N + i) * L.kdim + j);
   return static_cast<double>(Generator::uniform_f32(L.seed, L.offset, idx)) >= L.p
              ? T(1.0 / (1.0 - L.p))
              : T(0);
@@ -323,7 +323,7 @@ Tensor first_columns(const Tensor& W, int64_t M) {
 }
 
 // Attention of q over the kdim projected keys: no mask, no band, not causal;
-// dropout element (bh, i, j) is draw (bh * N + i) * kdim + j, the CPU's keep_factor.
+// dropout element (bh, i, j) is draw first + (bh * N + i) * kdim + j, the CPU's keep_factor.
 cuda::FlashArgs flash_args(const LinformerDims& L, DType dtype) {
   cuda::FlashArgs f;
   f.B = L.s.B;
@@ -337,6 +337,7 @@ cuda::FlashArgs flash_args(const LinformerDims& L, DType dtype) {
   f.dropout = L.p;
   f.seed = L.seed;
   f.offset = L.offset;
+  f.first = L.first;
   return f;
 }
 
@@ -506,8 +507,10 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   L.p = options.dropout;
   if (L.p > 0) {
     Generator& gen = options.gen ? *options.gen : default_generator();
-    L.seed = gen.seed();
-    L.offset = gen.reserve(static_cast<uint64_t>(L.s.B * L.s.H * L.s.N * L.kdim));
+    // One draw per (b, h, i, projected key); b is the local batch (a shard of
+    // the global one under data parallelism).
+    const RowDraws r = gen.reserve_rows(static_cast<uint64_t>(L.s.B * L.s.H * L.s.N * L.kdim));
+    L.seed = r.seed, L.offset = r.offset, L.first = r.first;
   }
   const Dims4& s = L.s;
   const Tensor mask = key_padding_mask.defined() ? key_padding_mask.detach() : Tensor();

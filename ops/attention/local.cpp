@@ -34,9 +34,9 @@ struct LocalPlan {
   int64_t B = 0, H = 0, N = 0, d = 0, dv = 0;
   int64_t w = 0, lb = 0, lf = 0, bw = 0, windows = 0;
   bool causal = false;
-  double p = 0;  // dropout
-  uint64_t seed = 0, offset = 0;
-  double scale = 0;  // d^-1/2
+  double p = 0;                              // dropout
+  uint64_t seed = 0, offset = 0, first = 0;  // Generator::reserve_rows
+  double scale = 0;                          // d^-1/2
 };
 
 // One window's tile: queries [i0, i0 + nq), keys [j0, j1), and where key j0 sits
@@ -66,13 +66,13 @@ inline bool allowed(const LocalPlan& s, const uint8_t* kpm_b, int64_t i, int64_t
 
 // dst[c] = src[c] * scale * keep / (1 - p) for the nk band positions pos0 ..
 // of row (bh, i): element (bh, i, pos) keeps iff uniform_f32 draw
-// (bh N + i) bw + pos of the reserved stream is >= p.
+// first + (bh N + i) bw + pos of the reserved stream is >= p.
 template <typename T>
 void apply_dropout(const LocalPlan& s, int64_t bh, int64_t i, int64_t pos0, int64_t nk,
                    const T* src, T scale, T* dst) {
   const T kept = static_cast<T>(scale / (1.0 - s.p));
   Generator::for_each_uniform_f32(
-      s.seed, s.offset, static_cast<uint64_t>((bh * s.N + i) * s.bw + pos0),
+      s.seed, s.offset, s.first + static_cast<uint64_t>((bh * s.N + i) * s.bw + pos0),
       static_cast<uint64_t>(nk),
       [&](uint64_t c, float u) { dst[c] = u >= s.p ? src[c] * kept : T(0); });
 }
@@ -262,6 +262,7 @@ Tensor local_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   a.dropout = s.p;
   a.seed = s.seed;
   a.offset = s.offset;
+  a.first = s.first;
   return flash_attention_cuda("attention::local", q, k, v, key_padding_mask, a, true);
 }
 
@@ -296,10 +297,11 @@ Tensor local(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ke
   s.p = options.dropout;
   s.scale = 1.0 / std::sqrt(static_cast<double>(s.d));
   if (s.p > 0) {
-    // One draw per (b, h, i, band position), reserved once per call.
+    // One draw per (b, h, i, band position), reserved once per call; b is
+    // the local batch (a shard of the global one under data parallelism).
     Generator& g = options.gen ? *options.gen : default_generator();
-    s.seed = g.seed();
-    s.offset = g.reserve(static_cast<uint64_t>(s.B * s.H * s.N * s.bw));
+    const RowDraws r = g.reserve_rows(static_cast<uint64_t>(s.B * s.H * s.N * s.bw));
+    s.seed = r.seed, s.offset = r.offset, s.first = r.first;
   }
   FORGE_IF_CUDA(q) return local_cuda(q, k, v, key_padding_mask, s);
   Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());

@@ -3,7 +3,7 @@
 // online softmax (FlashAttention-style) so that no N x M buffer ever exists.
 // The forward saves the output and the per-row logsumexp L [B, H, N]; the
 // backward recomputes every score tile from q, k and L. Dropout is keyed by
-// (seed, offset) and recomputed, never stored.
+// (seed, offset, first) and recomputed, never stored.
 
 #include <algorithm>
 #include <array>
@@ -57,9 +57,9 @@ struct Plan {
   int64_t B = 0, H = 0, N = 0, M = 0, d = 0, dv = 0;
   double scale = 0;
   bool causal = false;
-  const uint8_t* kpm = nullptr;  // [B, M], 1 = real token; null: no mask
-  double p = 0;                  // dropout probability
-  uint64_t seed = 0, offset = 0;
+  const uint8_t* kpm = nullptr;              // [B, M], 1 = real token; null: no mask
+  double p = 0;                              // dropout probability
+  uint64_t seed = 0, offset = 0, first = 0;  // Generator::reserve_rows
 
   // Keys [0, key_end) can be seen by some query of rows [i0, i1).
   int64_t key_end(int64_t i1) const { return causal ? std::min(M, i1) : M; }
@@ -72,7 +72,7 @@ struct Plan {
 
 // The dropout factor of one score tile: z[r, c] = 1/(1-p) where element
 // (b, h, i0 + r, j0 + c) keeps, else 0; z is [ni, nj]. Element e keeps when
-// Generator::uniform_f32(seed, offset, e) >= p.
+// Generator::uniform_f32(seed, offset, first + e) >= p.
 template <typename scalar_t>
 void dropout_tile(const Plan& s, int64_t bh, int64_t i0, int64_t ni, int64_t j0, int64_t nj,
                   scalar_t* z) {
@@ -80,7 +80,7 @@ void dropout_tile(const Plan& s, int64_t bh, int64_t i0, int64_t ni, int64_t j0,
   for (int64_t r = 0; r < ni; ++r) {
     scalar_t* zr = z + r * nj;
     Generator::for_each_uniform_f32(
-        s.seed, s.offset, static_cast<uint64_t>((bh * s.N + i0 + r) * s.M + j0),
+        s.seed, s.offset, s.first + static_cast<uint64_t>((bh * s.N + i0 + r) * s.M + j0),
         static_cast<uint64_t>(nj),
         [&](uint64_t c, float u) { zr[c] = u >= s.p ? keep : scalar_t(0); });
   }
@@ -330,6 +330,7 @@ Tensor softmax_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
   a.dropout = s.p;
   a.seed = s.seed;
   a.offset = s.offset;
+  a.first = s.first;
   return flash_attention_cuda("attention::softmax", q, k, v, key_padding_mask, a);
 }
 
@@ -345,10 +346,11 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   s.causal = options.causal;
   s.p = options.dropout;
   if (s.p > 0) {
-    // One draw per score element (b, h, i, j), reserved once per call.
+    // One draw per score element (b, h, i, j), reserved once per call; b is
+    // the local batch (a shard of the global one under data parallelism).
     Generator& g = options.gen ? *options.gen : default_generator();
-    s.seed = g.seed();
-    s.offset = g.reserve(static_cast<uint64_t>(s.B * s.H * s.N * s.M));
+    const RowDraws r = g.reserve_rows(static_cast<uint64_t>(s.B * s.H * s.N * s.M));
+    s.seed = r.seed, s.offset = r.offset, s.first = r.first;
   }
   FORGE_IF_CUDA(q) return softmax_cuda(q, k, v, key_padding_mask, s);
   s.kpm = mask_bytes(key_padding_mask);

@@ -448,7 +448,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   if (!training || p == 0) return x;
   Generator& g = gen ? *gen : default_generator();
   const int64_t n = x.numel();
-  const uint64_t seed = g.seed(), off = g.reserve(static_cast<uint64_t>(n));
+  // x's leading dimension is the batch: under data parallelism this shard's
+  // elements are draws [first, first + n) of the global batch's request.
+  const RowDraws r = g.reserve_rows(static_cast<uint64_t>(n));
   Tensor mask = Tensor::empty(x.shape(), DType::u8, x.device());
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   const double scale = 1.0 / (1.0 - p);
@@ -456,7 +458,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   // state after the call and the mask are the same on both.
   FORGE_IF_CUDA(x) {
     cuda::dropout_forward(x.dtype(), x.device().index, x.raw_device_data(), y.raw_device_data(),
-                          static_cast<uint8_t*>(mask.raw_device_data()), n, seed, off, p, scale);
+                          static_cast<uint8_t*>(mask.raw_device_data()), n, r.seed, r.offset,
+                          r.first, p, scale);
   }
   if (x.device().is_cpu()) {
     FORGE_DISPATCH_FLOAT(x.dtype(), "dropout", [&] {
@@ -464,10 +467,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
       scalar_t* yp = y.data<scalar_t>();
       uint8_t* mp = mask.data<uint8_t>();
       const auto s = static_cast<scalar_t>(scale);
-      // Element i keeps iff draw i of the reserved stream is >= p: the same mask
-      // on any device and for either dtype.
+      // Element i keeps iff draw first + i of the reserved stream is >= p: the
+      // same mask on any device and for either dtype.
       parallel_for(n, 20, [&](int64_t b, int64_t e) {
-        Generator::for_each_uniform_f32(seed, off, static_cast<uint64_t>(b),
+        Generator::for_each_uniform_f32(r.seed, r.offset, r.first + static_cast<uint64_t>(b),
                                         static_cast<uint64_t>(e - b), [&](uint64_t c, float u) {
                                           const int64_t i = b + static_cast<int64_t>(c);
                                           mp[i] = u >= p ? 1 : 0;

@@ -319,15 +319,22 @@ __global__ void layer_norm_param_finish_kernel(const acc_t<T>* pw, const acc_t<T
 
 // ---- dropout ----
 
-// A thread per Philox block b: elements 4b .. 4b + 3 use its four words.
+// Element i uses draw first + i. A thread per Philox block that draws
+// [first, first + n) touch: thread t computes block first / 4 + t, whose four
+// draws in range are elements draw - first.
 template <typename T>
 __global__ void dropout_kernel(const T* x, T* y, uint8_t* mask, int64_t n, uint64_t seed,
-                               uint64_t offset, double p, acc_t<T> scale) {
+                               uint64_t offset, uint64_t first, double p, acc_t<T> scale) {
   using A = acc_t<T>;
-  FORGE_GRID_STRIDE(b, (n + 3) / 4) {
-    const PhiloxWords w = philox_block(seed, offset, static_cast<uint64_t>(b));
-    for (int lane = 0; lane < 4 && 4 * b + lane < n; ++lane) {
-      const int64_t i = 4 * b + lane;
+  const uint64_t b0 = first / 4;
+  const int64_t blocks = static_cast<int64_t>((first + static_cast<uint64_t>(n) + 3) / 4 - b0);
+  FORGE_GRID_STRIDE(t, blocks) {
+    const uint64_t b = b0 + static_cast<uint64_t>(t);
+    const PhiloxWords w = philox_block(seed, offset, b);
+    for (int lane = 0; lane < 4; ++lane) {
+      const uint64_t draw = 4 * b + static_cast<uint64_t>(lane);
+      if (draw < first || draw - first >= static_cast<uint64_t>(n)) continue;
+      const auto i = static_cast<int64_t>(draw - first);
       // u >= p compared in double, as the CPU compares its f32 draw with p.
       const bool keep = static_cast<double>(philox_unit_f32(w.w[lane])) >= p;
       mask[i] = keep ? 1 : 0;
@@ -574,12 +581,15 @@ void layer_norm_backward(DType dtype, int device, const void* x, const void* w, 
 }
 
 void dropout_forward(DType dtype, int device, const void* x, void* y, uint8_t* mask, int64_t n,
-                     uint64_t seed, uint64_t offset, double p, double scale) {
+                     uint64_t seed, uint64_t offset, uint64_t first, double p, double scale) {
   if (n == 0) return;
   DeviceGuard guard(device);
+  // The Philox blocks that draws [first, first + n) touch: ceil(n / 4), or one
+  // more when first is not a multiple of 4.
+  const auto blocks = static_cast<int64_t>((first + static_cast<uint64_t>(n) + 3) / 4 - first / 4);
   FORGE_CUDA_DISPATCH_FLOAT(dtype, "dropout", [&] {
-    dropout_kernel<scalar_t><<<grid_for((n + 3) / 4, device), kThreads, 0, stream(device)>>>(
-        static_cast<const scalar_t*>(x), static_cast<scalar_t*>(y), mask, n, seed, offset, p,
+    dropout_kernel<scalar_t><<<grid_for(blocks, device), kThreads, 0, stream(device)>>>(
+        static_cast<const scalar_t*>(x), static_cast<scalar_t*>(y), mask, n, seed, offset, first, p,
         static_cast<acc_type>(scale));
     FORGE_CUDA_CHECK_LAUNCH("dropout");
   });

@@ -33,11 +33,12 @@ void layer_norm_backward(DType dtype, int device, const void* x, const void* w, 
                          const void* rstd, const void* g, void* gx, void* gw, void* gb,
                          int64_t rows, int64_t N);
 
-// Element i of n keeps iff philox_unit_f32(word i of the Philox stream at
-// (seed, offset)) >= p, the CPU's rule: mask[i] = keep, y[i] = keep ? x[i] *
-// scale : 0, with scale rounded to the accumulation type.
+// Element i of n keeps iff philox_unit_f32(word first + i of the Philox stream
+// at (seed, offset)) >= p, the CPU's rule: mask[i] = keep, y[i] = keep ? x[i] *
+// scale : 0, with scale rounded to the accumulation type. `first` is the
+// shard's first draw (Generator::reserve_rows).
 void dropout_forward(DType dtype, int device, const void* x, void* y, uint8_t* mask, int64_t n,
-                     uint64_t seed, uint64_t offset, double p, double scale);
+                     uint64_t seed, uint64_t offset, uint64_t first, double p, double scale);
 // gx = g * mask * scale.
 void dropout_backward(DType dtype, int device, const void* g, const uint8_t* mask, void* gx,
                       int64_t n, double scale);
