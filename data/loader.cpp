@@ -90,6 +90,52 @@ bool all_or_none(const std::vector<Example>& examples, const std::vector<int64_t
   return present;
 }
 
+// Rows [from, from + n) of a collated tensor [B, ...] (undefined stays undefined).
+Tensor take_rows(const Tensor& t, int64_t from, int64_t n) {
+  if (!t.defined()) return t;
+  Shape shape = t.shape();
+  const size_t row = shape[0] ? t.nbytes() / static_cast<size_t>(shape[0]) : 0;
+  shape[0] = n;
+  Tensor out = Tensor::empty(shape, t.dtype());
+  if (n && row)
+    std::memcpy(out.raw_data(), static_cast<const char*>(t.raw_data()) + from * row,
+                static_cast<size_t>(n) * row);
+  return out;
+}
+
+int64_t count_true(const Tensor& mask) {
+  const bool* m = mask.data<bool>();
+  return std::count(m, m + mask.numel(), true);
+}
+
+// Rows [from, from + n) of the collated (and transformed) batch `all`: what a
+// process keeps of the rows it built. tokens and padded describe those rows.
+Batch keep_rows(const Batch& all, int64_t from, int64_t n) {
+  Batch out;
+  out.input = take_rows(all.input, from, n);
+  out.mask = take_rows(all.mask, from, n);
+  out.input2 = take_rows(all.input2, from, n);
+  out.mask2 = take_rows(all.mask2, from, n);
+  out.target = take_rows(all.target, from, n);
+  out.label = take_rows(all.label, from, n);
+  out.label_mix = take_rows(all.label_mix, from, n);
+  out.mix_lambda = all.mix_lambda;
+  out.size = n;
+  out.indices.assign(all.indices.begin() + from, all.indices.begin() + from + n);
+  if (out.mask.defined()) {
+    out.tokens = count_true(out.mask);
+    out.padded = out.tokens < out.mask.numel();
+  } else {
+    out.tokens = all.tokens / all.size * n;  // pixels, the same per image
+  }
+  if (out.mask2.defined()) {
+    const int64_t real = count_true(out.mask2);
+    out.tokens += real;
+    out.padded2 = real < out.mask2.numel();
+  }
+  return out;
+}
+
 }  // namespace
 
 Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
@@ -100,6 +146,8 @@ Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& 
   const int64_t B = static_cast<int64_t>(examples.size());
   Batch batch;
   batch.size = B;
+  batch.global_size = B;
+  batch.global_scored = B;
   batch.indices = indices;
   const Tensor& first = examples[0].input;
   FORGE_CHECK(first.defined() && (first.dtype() == DType::f32 || first.dtype() == DType::i64),
@@ -113,12 +161,14 @@ Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& 
     batch.tokens = pad_sequences(examples, indices, &Example::input, "input", options, batch.input,
                                  &batch.mask);
     batch.padded = batch.tokens < batch.mask.numel();
+    int64_t partner_real = batch.tokens;  // real tokens of the sequence a target pairs with
     const bool pairs = all_or_none(examples, indices, &Example::input2, "a second document");
     if (pairs) {
       const int64_t real = pad_sequences(examples, indices, &Example::input2, "input2", options,
                                          batch.input2, &batch.mask2);
       batch.tokens += real;
       batch.padded2 = real < batch.mask2.numel();
+      partner_real = real;
     }
     if (all_or_none(examples, indices, &Example::target, "a target")) {
       // Same lengths as the partner sequence, so the same padded shape and mask.
@@ -132,6 +182,7 @@ Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& 
                     k, indices[k], t.numel(), pairs ? "input2" : "input", n);
       }
       pad_sequences(examples, indices, &Example::target, "target", options, batch.target, nullptr);
+      batch.global_scored = partner_real;
     }
   }
   batch.label = Tensor::empty({B}, DType::i64);
@@ -149,6 +200,17 @@ DataLoader::DataLoader(DatasetPtr dataset, LoaderOptions options)
   FORGE_CHECK(options_.prefetch >= 1, "DataLoader: prefetch must be >= 1, got {}",
               options_.prefetch);
   FORGE_CHECK(options_.pad_to >= 0, "DataLoader: pad_to must be >= 0, got {}", options_.pad_to);
+  const int64_t count = options_.shard_count;
+  FORGE_CHECK(count >= 1, "DataLoader: shard_count must be >= 1 (the number of processes), got {}",
+              count);
+  FORGE_CHECK(options_.shard_index >= 0 && options_.shard_index < count,
+              "DataLoader: shard_index {} is out of range for {} processes; expected 0 <= "
+              "shard_index < {}",
+              options_.shard_index, count, count);
+  FORGE_CHECK(options_.batch_size % count == 0,
+              "DataLoader: batch_size {} is not divisible by {} processes: the batch is the global "
+              "one, split evenly over the processes; choose a multiple of {}",
+              options_.batch_size, count, count);
   const int64_t n = dataset_->size(), bs = options_.batch_size;
   batches_per_epoch_ = options_.drop_last ? n / bs : (n + bs - 1) / bs;
   // An epoch without a batch would leave a training loop spinning without a step.
@@ -197,35 +259,84 @@ std::shared_ptr<const std::vector<int64_t>> DataLoader::permutation(int64_t epoc
   return kept;
 }
 
+Example DataLoader::load(int64_t i, int64_t epoch, int64_t b) const {
+  try {
+    if (!options_.augment) return dataset_->get(i, nullptr);
+    Rng rng(Rng::mix({options_.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(i), 1}));
+    return dataset_->get(i, &rng);
+  } catch (const std::exception& err) {
+    FORGE_FAIL("DataLoader: loading dataset index {} (epoch {}, batch {}) failed: {}", i, epoch, b,
+               err.what());
+  }
+}
+
 Batch DataLoader::build(int64_t epoch, int64_t b) const {
   FORGE_CHECK(b >= 0 && b < batches_per_epoch_,
               "DataLoader: batch {} out of range; an epoch has {} batches", b, batches_per_epoch_);
   const auto perm = permutation(epoch);
-  const int64_t n = dataset_->size(), begin = b * options_.batch_size;
-  const int64_t end = std::min(n, begin + options_.batch_size);
-  std::vector<int64_t> indices(perm->begin() + begin, perm->begin() + end);
-  std::vector<Example> examples;
-  examples.reserve(indices.size());
-  const uint64_t seed = options_.seed, e = static_cast<uint64_t>(epoch);
-  for (int64_t i : indices) {
-    try {
-      if (options_.augment) {
-        Rng rng(Rng::mix({seed, e, static_cast<uint64_t>(i), 1}));
-        examples.push_back(dataset_->get(i, &rng));
-      } else {
-        examples.push_back(dataset_->get(i, nullptr));
-      }
-    } catch (const std::exception& err) {
-      FORGE_FAIL("DataLoader: loading dataset index {} (epoch {}, batch {}) failed: {}", i, epoch,
-                 b, err.what());
+  const int64_t begin = b * options_.batch_size;
+  const int64_t B = std::min(dataset_->size(), begin + options_.batch_size) - begin;
+  // This process's rows [lo, hi) of the global batch (all of it without a
+  // shard); a partial last batch splits unevenly, possibly into no rows.
+  const int64_t count = options_.shard_count, index = options_.shard_index;
+  const int64_t lo = index * B / count, hi = (index + 1) * B / count;
+  const bool transform = options_.augment && options_.transform;
+
+  // The first row says what the examples are; an empty slice builds global
+  // row 0 for the shapes of its tensors.
+  const int64_t probe = lo < hi ? lo : 0;
+  Example probed = load((*perm)[static_cast<size_t>(begin + probe)], epoch, b);
+  const bool sequences = probed.input.defined() && probed.input.dtype() == DType::i64;
+
+  // The global rows the slice depends on, in the order they are collated; the
+  // slice is rows [keep, keep + hi - lo) of that batch.
+  std::vector<int64_t> rows;
+  int64_t keep = 0;
+  const auto append = [&rows](int64_t from, int64_t to) {
+    for (int64_t r = from; r < to; ++r) rows.push_back(r);
+  };
+  if (sequences && (options_.pad_to == 0 || probed.target.defined())) {
+    // Padding to the global batch's longest, and global_scored, need every row.
+    append(0, B);
+    keep = lo;
+  } else if (transform && lo < hi) {
+    // Row r is mixed with B-1-r: [slice; mirror] when they are apart (row k's
+    // partner is then row 2b-1-k), else their union, a range closed under r -> B-1-r.
+    const int64_t mlo = B - hi, mhi = B - lo;
+    if (mhi <= lo || hi <= mlo) {
+      append(lo, hi);
+      append(mlo, mhi);
+    } else {
+      append(std::min(lo, mlo), std::max(hi, mhi));
+      keep = lo - std::min(lo, mlo);
     }
+  } else {
+    append(probe, lo < hi ? hi : probe + 1);
+  }
+
+  std::vector<int64_t> indices;
+  std::vector<Example> examples;
+  indices.reserve(rows.size());
+  examples.reserve(rows.size());
+  for (int64_t r : rows) {
+    const int64_t i = (*perm)[static_cast<size_t>(begin + r)];
+    indices.push_back(i);
+    examples.push_back(r == probe ? std::move(probed) : load(i, epoch, b));
   }
   Batch batch = collate(examples, indices, options_);
-  if (options_.augment && options_.transform) {
-    Rng rng(Rng::mix({seed, e, static_cast<uint64_t>(b), 2}));
+  if (transform) {
+    Rng rng(Rng::mix({options_.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(b), 2}));
     options_.transform(batch, rng);
   }
-  return batch;
+  if (lo == 0 && hi == B) return batch;  // the whole global batch, built in order
+
+  // Counted over every row: a target means all of them were built.
+  const int64_t scored = batch.target.defined() ? batch.global_scored : B;
+  Batch slice = keep_rows(batch, keep, hi - lo);
+  slice.global_offset = lo;
+  slice.global_size = B;
+  slice.global_scored = scored;
+  return slice;
 }
 
 Batch DataLoader::build_linear(int64_t g) const {

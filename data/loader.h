@@ -7,6 +7,16 @@
 // epoch e draws from Rng(Rng::mix({seed, e, b, 2})). So a batch depends only on
 // (seed, epoch, batch index): any number of workers, and a loader restarted
 // at a saved position, yields bit-identical batches.
+//
+// Data parallelism: with shard_count processes, batch_size is the global batch
+// and process shard_index gets rows [index*b, (index+1)*b), b = B/count, of
+// every global batch (of a last batch of B' < B rows: [floor(index*B'/count),
+// floor((index+1)*B'/count)), possibly none), bitwise what a single process's
+// loader has in those rows (augmentation, mixup/cutmix and padding included),
+// with the same draws for the batch transform. A slice is built from the
+// rows it depends on: its own (images), its own and its mirror rows (a batch
+// transform), or the whole global batch (token sequences padded to the batch's
+// longest, or carrying targets: global_scored counts every row's tokens).
 #pragma once
 
 #include <condition_variable>
@@ -45,10 +55,29 @@ struct Batch {
   int64_t size = 0;              // B
   int64_t tokens = 0;            // real tokens over the batch (sequences), pixels for images
   std::vector<int64_t> indices;  // dataset index of each row
+  // The global batch this one is a process's slice of (LoaderOptions::shard_count);
+  // without a shard, the batch itself. global_offset: the global row of row 0;
+  // global_size: the global batch's rows; global_scored: what the global
+  // batch's loss averages over, its rows, or with a target its real target
+  // tokens (true entries of mask2 when there is input2, else of mask). A
+  // process divides its summed loss by global_scored, so that the sum of the
+  // processes' gradients is the global batch's mean.
+  // A slice of the last, partial batch may have size 0: its tensors then have
+  // leading dimension 0 (evaluation skips such a batch).
+  int64_t global_offset = 0;
+  int64_t global_size = 0;
+  int64_t global_scored = 0;
 };
 
 // Runs on a collated batch (mixup, cutmix); draws only from `rng`. Called from
 // several worker threads at once, so it must not mutate shared state.
+// For data parallelism (LoaderOptions::shard_count > 1) a transform may mix
+// row i only with its mirror row B-1-i, and its draws from `rng` must not
+// depend on B: a process applies it to a compact batch of its slice and the
+// mirror slice, [slice; mirror] of 2b rows (b rows when the slice is its own
+// mirror), where row k's partner is row 2b-1-k, and keeps the slice's rows.
+// (An unevenly split last batch whose slice overlaps its mirror uses their
+// union, a range of rows closed under mirroring; an empty slice, one row.)
 using BatchTransform = std::function<void(Batch&, Rng& rng)>;
 
 struct LoaderOptions {
@@ -63,6 +92,10 @@ struct LoaderOptions {
       0;  // sequences: 0 pads to the batch's longest; > 0 pads every batch to this length
   bool augment = true;       // false: Dataset::get(i, nullptr) (evaluation)
   BatchTransform transform;  // optional; applied only when `augment`
+  // Data parallelism: this process's slice of every batch. batch_size stays the
+  // global batch (a multiple of shard_count); batches_per_epoch() and positions
+  // count global batches, so a checkpoint resumes with another process count.
+  int64_t shard_index = 0, shard_count = 1;
 };
 
 // Where the loader is: the next batch to be returned is batch `batch` of `epoch`.
@@ -76,7 +109,8 @@ class DataLoader {
  public:
   // Throws, naming the dataset, its size, the batch size and drop_last, when
   // an epoch would have no batch (an empty dataset, or drop_last with fewer
-  // examples than batch_size).
+  // examples than batch_size); and when batch_size is not a multiple of
+  // shard_count or shard_index is not in [0, shard_count).
   DataLoader(DatasetPtr dataset, LoaderOptions options);
   ~DataLoader();  // stops and joins the workers (a batch being built is finished first)
   DataLoader(const DataLoader&) = delete;
@@ -98,7 +132,8 @@ class DataLoader {
   bool next(Batch& out);
 
   // The batch (epoch, b) built directly in the caller's thread; what next()
-  // returns at that position (tests compare the two).
+  // returns at that position (tests compare the two). With a shard, this
+  // process's slice of it.
   Batch build(int64_t epoch, int64_t b) const;
 
   // The order in which epoch `epoch` visits the dataset.
@@ -112,6 +147,7 @@ class DataLoader {
   };
 
   Batch build_linear(int64_t g) const;  // batch g of the stream epoch 0, 1, ... back to back
+  Example load(int64_t i, int64_t epoch, int64_t b) const;  // dataset index i, as batch b uses it
   void start_workers();
   void worker_loop();
   void restart_at(int64_t g);  // under mu_: drops prefetched work, next claim is g
@@ -146,7 +182,8 @@ class DataLoader {
 // mask; input2 likewise, and target to the shape of the sequence it pairs with
 // (input2 if present, else input), whose length it must have. Every example
 // must have input2 (target) if example 0 does, and none otherwise. Errors name
-// the dataset index (from `indices`) of the odd example.
+// the dataset index (from `indices`) of the odd example. The batch is its own
+// global batch (global_offset 0, global_size B).
 Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
               const LoaderOptions& options);
 

@@ -21,6 +21,8 @@ struct MixupOptions {
 // lam; for cutmix the box centre (y then x). A mixed batch gets label_mix
 // (the labels reversed) and mix_lambda; an unmixed one keeps mix_lambda = 1
 // and label_mix undefined. Both alphas 0: a transform that does nothing.
+// The draws do not depend on B and a row mixes only with its mirror, so a
+// loader shard may apply it to its compact [slice; mirror] batch (BatchTransform).
 BatchTransform make_mixup(const MixupOptions& options);
 
 // A CutMix box: rows [y0, y1) and columns [x0, x1) of an H x W image.
