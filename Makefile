@@ -6,7 +6,7 @@ SANITIZE ?= build-sanitize
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train test-sanitize soak fuzz gpu-bundle bench bench-attention bench-stack bench-generate bench-torch bench-vit format clean
+.PHONY: all deps configure build test train test-sanitize soak fuzz gpu-bundle bench bench-attention bench-stack bench-generate bench-distributed bench-torch bench-vit format clean
 
 all: build
 
@@ -76,6 +76,11 @@ bench-generate: build
 	$(BUILD)/bench/bench_generate
 
 # One training step of the default recipe's ViT, ours against eager PyTorch, same run.
+# Data parallelism: 1 process x all cores against 2 processes sharing them, and
+# the all-reduce bandwidth (bench/distributed.sh; docs/DISTRIBUTED.md).
+bench-distributed: build
+	bash bench/distributed.sh $(BUILD)
+
 bench-vit: build
 	@dpkg-query -W -f='$${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch)

@@ -9,6 +9,9 @@
 //   attnforge info
 //   attnforge recipe-reference          (the Markdown of docs/RECIPES.md)
 //
+// Data parallelism: `mpirun -np N attnforge train|eval ...` (docs/DISTRIBUTED.md).
+// Rank 0 prints; a rank that fails prints its error and ends the whole job.
+//
 // Exit status: 0 done, 1 bad input or a failed run (the message says what and
 // where), 2 bad command line, 130 / 143 stopped by SIGINT / SIGTERM after
 // writing a checkpoint.
@@ -16,10 +19,14 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -30,6 +37,7 @@
 #include "core/file_io.h"
 #include "core/json.h"
 #include "core/threading.h"
+#include "dist/group.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/registry.h"
 #include "train/checkpoint.h"
@@ -208,7 +216,32 @@ int cmd_train(const std::vector<std::string>& args) {
   options.run_dir = resume.empty() ? out : resume;
   options.resume = !resume.empty();
   options.check_nan = check_nan;
-  options.stop_requested = [](int64_t) { return g_signal.load() != 0; };
+  // ATTNFORGE_FAULT=RANK:STEP[:hang] makes that rank fail (or hang) before
+  // that step: how the tests check that one failing or silent process ends a
+  // data-parallel job.
+  struct Fault {
+    int rank = -1;
+    long long step = -1;
+    bool hang = false;
+  };
+  std::optional<Fault> fault;
+  if (const char* f = std::getenv("ATTNFORGE_FAULT")) {
+    Fault x;
+    char mode[8] = "";
+    const int got = std::sscanf(f, "%d:%lld:%7s", &x.rank, &x.step, mode);
+    x.hang = got == 3 && std::string(mode) == "hang";
+    if (got < 2 || x.rank < 0 || x.step < 0 || (got == 3 && !x.hang))
+      throw UsageError(fmt::format("ATTNFORGE_FAULT={}: expected RANK:STEP or RANK:STEP:hang", f));
+    fault = x;
+  }
+  options.stop_requested = [fault](int64_t step) {
+    const int rank = forge::dist::Group::world().rank();
+    if (fault && fault->rank == rank && fault->step == step) {
+      if (fault->hang) std::this_thread::sleep_for(std::chrono::hours(1));
+      FORGE_FAIL("fault injected by ATTNFORGE_FAULT: rank {} fails before step {}", rank, step + 1);
+    }
+    return g_signal.load() != 0;
+  };
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   const auto result = forge::train::train(recipe, options);
@@ -235,6 +268,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   }
   if (ckpt.empty()) throw UsageError("eval: give a checkpoint directory");
   const auto r = forge::train::evaluate_checkpoint(ckpt, split, sets);
+  if (!forge::dist::Group::world().root()) return 0;  // rank 0 reports the reduced result
   for (const std::string& w : r.warnings) std::fprintf(stderr, "attnforge eval: warning: %s\n", w.c_str());
   const std::string text = forge::json::dump(r.to_json(), 2) + "\n";
   std::fputs(text.c_str(), stdout);
@@ -424,6 +458,37 @@ int cmd_info(const std::vector<std::string>& args) {
   return 0;
 }
 
+// A failed process of a data-parallel job: rank 0 prints and ends the job at
+// once; another rank first gives rank 0 two seconds to do so (an error every
+// rank meets, a bad recipe say, is then printed once), then prints and ends it.
+[[noreturn]] void fail_job(forge::dist::Group& group, const std::string& cmd, const char* what) {
+  if (!group.root()) std::this_thread::sleep_for(std::chrono::seconds(2));
+  std::fprintf(stderr, "attnforge %s: rank %d of %d: error: %s\n", cmd.c_str(), group.rank(),
+               group.size(), what);
+  std::fflush(stderr);
+  group.abort(1);
+}
+
+int run_command(const std::string& cmd, const std::vector<std::string>& args) {
+  const int world = forge::dist::Group::world().size();
+  if (world > 1 && cmd != "train" && cmd != "eval")
+    throw UsageError(
+        fmt::format("{} runs in one process; only train and eval run under mpirun "
+                    "(this is rank {} of {})",
+                    cmd, forge::dist::Group::world().rank(), world));
+  if (cmd == "train") return cmd_train(args);
+  if (cmd == "eval") return cmd_eval(args);
+  if (cmd == "generate") return cmd_generate(args);
+  if (cmd == "gradcheck") return cmd_gradcheck(args);
+  if (cmd == "bench") return cmd_bench(args);
+  if (cmd == "info") return cmd_info(args);
+  if (cmd == "recipe-reference") {
+    std::fputs(forge::train::recipe_reference_markdown().c_str(), stdout);
+    return 0;
+  }
+  throw UsageError(fmt::format("unknown command '{}'", cmd));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -434,26 +499,25 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = args[0];
   args.erase(args.begin());
+  forge::dist::Group* group = nullptr;
+  int code = 0;
   try {
-    if (cmd == "train") return cmd_train(args);
-    if (cmd == "eval") return cmd_eval(args);
-    if (cmd == "generate") return cmd_generate(args);
-    if (cmd == "gradcheck") return cmd_gradcheck(args);
-    if (cmd == "bench") return cmd_bench(args);
-    if (cmd == "info") return cmd_info(args);
-    if (cmd == "recipe-reference") {
-      std::fputs(forge::train::recipe_reference_markdown().c_str(), stdout);
-      return 0;
-    }
-    throw UsageError(fmt::format("unknown command '{}'", cmd));
+    group = &forge::dist::Group::world();  // initialises MPI under mpirun
+    code = run_command(cmd, args);
   } catch (const UsageError& e) {
-    const bool known = cmd == "train" || cmd == "eval" || cmd == "generate" || cmd == "gradcheck" ||
-                       cmd == "bench" || cmd == "info";
-    std::fprintf(stderr, "attnforge: %s\n(attnforge %s--help for the options)\n", e.what(),
-                 known ? (cmd + " ").c_str() : "");
-    return 2;
+    // Every rank reads the same command line: rank 0 says it.
+    if (!group || group->root()) {
+      const bool known = cmd == "train" || cmd == "eval" || cmd == "generate" ||
+                         cmd == "gradcheck" || cmd == "bench" || cmd == "info";
+      std::fprintf(stderr, "attnforge: %s\n(attnforge %s--help for the options)\n", e.what(),
+                   known ? (cmd + " ").c_str() : "");
+    }
+    code = 2;
   } catch (const std::exception& e) {
+    if (group && group->size() > 1) fail_job(*group, cmd, e.what());
     std::fprintf(stderr, "attnforge %s: error: %s\n", cmd.c_str(), e.what());
-    return 1;
+    code = 1;
   }
+  if (group) group->finalize();
+  return code;
 }

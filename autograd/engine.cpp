@@ -34,6 +34,14 @@ Tensor accumulate(const Tensor& a, const Tensor& b) {
 
 namespace {
 
+thread_local LeafGradHook leaf_grad_hook;
+thread_local int backward_depth = 0;  // nesting of backward() calls on this thread
+
+struct DepthGuard {
+  DepthGuard() { ++backward_depth; }
+  ~DepthGuard() { --backward_depth; }
+};
+
 void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
   FORGE_CHECK(g.shape() == leaf.shape, "gradient of shape {} does not fit leaf of shape {}",
               shape_str(g.shape()), shape_str(leaf.shape));
@@ -49,11 +57,21 @@ void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
 
 }  // namespace
 
+LeafGradHookGuard::LeafGradHookGuard(LeafGradHook hook) : previous_(std::move(leaf_grad_hook)) {
+  leaf_grad_hook = std::move(hook);
+}
+
+LeafGradHookGuard::~LeafGradHookGuard() {
+  leaf_grad_hook = std::move(previous_);
+}
+
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
               BackwardOptions options) {
   FORGE_CHECK(grad_roots.empty() || grad_roots.size() == roots.size(),
               "backward: {} roots but {} root gradients", roots.size(), grad_roots.size());
   NoGradGuard no_grad;
+  DepthGuard depth;
+  const LeafGradHook* hook = backward_depth == 1 && leaf_grad_hook ? &leaf_grad_hook : nullptr;
 
   // Seed gradients: per (node, output) buffers, or straight into leaves.
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
@@ -88,8 +106,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     root_nodes.push_back(node);
   }
 
-  // Count, for every node reachable from the roots, how many edges lead into it.
+  // Count, for every node reachable from the roots, how many edges lead into
+  // it, and (for the hook) into every leaf.
   std::unordered_map<Node*, int> pending;
+  std::unordered_map<TensorImpl*, int> leaf_pending;
   std::vector<Node*> stack;
   for (const auto& n : root_nodes) {
     if (pending.emplace(n.get(), 0).second) stack.push_back(n.get());
@@ -98,6 +118,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->next) {
+      if (hook && e.leaf) ++leaf_pending[e.leaf.get()];
       if (!e.node) continue;
       auto [it, inserted] = pending.emplace(e.node.get(), 0);
       ++it->second;
@@ -155,6 +176,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
           buf[e.output_nr] = buf[e.output_nr].defined() ? accumulate(buf[e.output_nr], g) : g;
         }
       }
+      if (hook && e.leaf && --leaf_pending[e.leaf.get()] == 0) (*hook)(*e.leaf);
       if (e.node && --pending[e.node.get()] == 0) {
         pending[e.node.get()] = -1;
         ready.push_back(e.node.get());

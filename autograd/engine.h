@@ -3,6 +3,7 @@
 // accumulating into the .grad of the leaves.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -21,6 +22,28 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
 inline void backward(const Tensor& root, BackwardOptions options = {}) {
   backward({root}, {}, options);
 }
+
+// Called by the outermost backward() once per leaf of its graph, as soon as
+// every gradient that leaf will receive from this backward has been added to
+// its .grad (also when none arrived: .grad is then what it was). Data-parallel
+// training (dist/) starts a bucket's all-reduce from it while the rest of the
+// backward runs. A backward nested in another (checkpoint and reversible
+// replays) does not call it: their leaves are inputs of the replaying node, so
+// the outer backward calls it once that node has run. A tied parameter (one
+// leaf used twice) is called once, after its last use.
+using LeafGradHook = std::function<void(TensorImpl& leaf)>;
+
+// Installs `hook` for the calling thread's backward passes while alive.
+class LeafGradHookGuard {
+ public:
+  explicit LeafGradHookGuard(LeafGradHook hook);
+  ~LeafGradHookGuard();
+  LeafGradHookGuard(const LeafGradHookGuard&) = delete;
+  LeafGradHookGuard& operator=(const LeafGradHookGuard&) = delete;
+
+ private:
+  LeafGradHook previous_;
+};
 
 // Elementwise a + b of two same-shaped tensors (the accumulation the engine
 // uses; exposed for optimizers and tests).

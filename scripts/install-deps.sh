@@ -11,6 +11,7 @@ packages=(
   libgtest-dev
   zlib1g-dev libpng-dev libjpeg62-turbo-dev
   libxxhash-dev            # XXH3-64 checksums of checkpoint tensors and files
+  libopenmpi-dev openmpi-bin  # data-parallel training under mpirun (dist/, docs/DISTRIBUTED.md)
   dataset-fashion-mnist
   fortunes                 # the demo corpus of recipes/lm/fortunes_tiny.yaml (/usr/share/games/fortunes)
 )

@@ -256,7 +256,7 @@ int64_t size_from(const Recipe& r, const char* key, int64_t data, const char* wh
 
 }  // namespace
 
-Placement placement(const Recipe& r) {
+Placement placement(const Recipe& r, int local_rank) {
   Placement p;
   const std::string& device = r.string("device");
   const int gpus = cuda_device_count();
@@ -266,9 +266,9 @@ Placement placement(const Recipe& r) {
                 cuda_built() ? "no CUDA device is visible on this machine"
                              : "this build has no CUDA backend (nvcc was not found when it was "
                                "configured)");
-    p.device = Device::cuda(0);
+    p.device = Device::cuda(local_rank % gpus);
   } else if (device == "auto" && gpus > 0) {
-    p.device = Device::cuda(0);
+    p.device = Device::cuda(local_rank % gpus);
   }
   const std::string& precision = r.string("precision");
   if (precision == "fp64") p.dtype = DType::f64;

@@ -61,8 +61,9 @@ struct Placement {
   std::string note;             // said in the log when a request was adapted
 };
 
-// Throws when the recipe asks for a GPU that is not there.
-Placement placement(const Recipe& recipe);
+// Throws when the recipe asks for a GPU that is not there. The process of
+// local rank r on its host (data parallelism) takes GPU r % (GPUs visible).
+Placement placement(const Recipe& recipe, int local_rank = 0);
 
 // Builds the model with parameters drawn from `gen` and in `dtype`; errors
 // name the recipe key at fault.

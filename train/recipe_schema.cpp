@@ -60,7 +60,9 @@ std::vector<KeySpec> build_schema() {
   s.choice("device", "cpu", {"cpu", "cuda", "auto"}, "Where to train: cpu, cuda (the first GPU; an error when none is visible) or auto (the GPU when one is visible, else the CPU). On the GPU the softmax mechanism runs; the other mechanisms' CUDA kernels are not written yet.");
   s.choice("precision", "fp32", {"fp32", "fp64", "bf16", "fp16"}, "fp32 / fp64: parameter and activation type. bf16 / fp16: mixed precision on the GPU: f32 master weights and optimizer state, GEMMs and the patch convolution in bf16 / f16 with f32 accumulation; fp16 adds dynamic loss scaling. On the CPU, bf16 and fp16 run as fp32 (logged).");
   s.boolean("allow_tf32", false, "On the GPU, let f32 GEMMs use TF32 tensor cores (10-bit mantissa products, f32 accumulation): faster, less exact.");
-  s.integer("threads", 0, 0, 4096, "CPU threads for BLAS and our kernels; 0: every core.");
+  s.integer("threads", 0, 0, 4096,
+            "CPU threads for BLAS and our kernels; 0: every core, shared evenly by the processes "
+            "of a job on one host.");
 
   s.section = "model.";
   s.choice(
@@ -275,6 +277,18 @@ std::vector<KeySpec> build_schema() {
   s.integer("every", 0, 0, kInf, "Optimizer steps between checkpoints; 0: at each evaluation.");
   s.integer("keep_last", 2, 1, kInf, "Checkpoints kept besides the best.");
   s.boolean("keep_best", true, "Keep the checkpoint with the best evaluation accuracy.");
+
+  s.section = "distributed.";
+  s.choice("backend", "auto", {"auto", "mpi", "nccl"},
+           "Under mpirun (docs/DISTRIBUTED.md): how gradients are averaged over the processes. "
+           "auto: NCCL when training on a GPU, MPI on the CPU; mpi on a GPU goes through host "
+           "copies. Without mpirun there is one process and this section is not used.");
+  s.number("bucket_mb", 25, 0.001, 4096,
+           "Gradient bucket size in MiB: each bucket's all-reduce starts as soon as its last "
+           "gradient is final, during the backward.");
+  s.number("timeout_s", 600, 1, kInf,
+           "Seconds a process waits in a collective (an all-reduce, a barrier) for the others "
+           "before it stops the job with an error naming the wait.");
 
   s.section = "output.";
   s.string("dir", "", "Run directory; empty: runs/<name>.");

@@ -135,6 +135,7 @@ json::Value RunState::to_json() const {
   s["schedule"]["step"] = step;
   s["schedule"]["lr"] = lr;
   s["elapsed_s"] = elapsed_s;
+  s["world_size"] = world_size;
   s["last_eval"]["loss"] = last_eval_loss;
   s["last_eval"]["accuracy"] = last_eval_accuracy;
   if (grad_scaler) {
@@ -148,7 +149,7 @@ RunState parse_run_state(const json::Value& state, const std::string& file,
                          const RunStateExpect& expect) {
   const Reader r(state, file, "");
   r.only({"step", "epoch", "loader", "generator", "default_generator", "window", "schedule",
-          "elapsed_s", "last_eval", "grad_scaler", "checkpoint_metric"});
+          "elapsed_s", "world_size", "last_eval", "grad_scaler", "checkpoint_metric"});
   RunState s;
   s.step = r.integer("step", 0, kMaxInt);
   FORGE_CHECK(s.step == expect.step,
@@ -205,6 +206,9 @@ RunState parse_run_state(const json::Value& state, const std::string& file,
   s.lr = schedule.number("lr", 0, kInf);
 
   s.elapsed_s = r.number("elapsed_s", 0, kInf);
+  // Written since data-parallel training; any process count may continue a
+  // run (the loader's position counts global batches).
+  s.world_size = r.has("world_size") ? r.integer("world_size", 1, kMaxInt) : 1;
   const Reader eval = r.object("last_eval");
   eval.only({"loss", "accuracy"});
   s.last_eval_loss = eval.number("loss", -kInf, kInf);

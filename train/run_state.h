@@ -17,6 +17,7 @@
 //    "window": {...},                             the metrics since the last train record
 //    "schedule": {"kind": "cosine", "step": 200, "lr": 0.0011},   for people; not read back
 //    "elapsed_s": 81.5,
+//    "world_size": 2,                             processes that trained it (any may resume)
 //    "last_eval": {"loss": 0.52, "accuracy": 0.81},
 //    "grad_scaler": {"scale": 65536, "growth_tracker": 12},       fp16 runs only
 //    "checkpoint_metric": {"name": "eval_accuracy", "value": 0.81}}  the CheckpointManager's
@@ -50,6 +51,7 @@ struct RunState {
   std::string schedule_kind;
   double lr = 0;
   double elapsed_s = 0;
+  int64_t world_size = 1;
   double last_eval_loss = 0, last_eval_accuracy = 0;
   std::optional<std::map<std::string, double>> grad_scaler;  // {"scale", "growth_tracker"}
 

@@ -20,6 +20,8 @@
 #include "core/threading.h"
 #include "data/image_io.h"
 #include "data/lm_text.h"
+#include "dist/group.h"
+#include "dist/reducer.h"
 #include "ops/autocast.h"
 #include "ops/linalg/matmul.h"
 #include "ops/ops.h"
@@ -294,8 +296,11 @@ std::string token_metrics_text(const json::Value& rec) {
 
 // Evaluates on every batch of `loader`; nullopt when `stop` asks to stop first
 // (an evaluation can take minutes: a stop signal does not wait for it).
+// Data parallelism: each process evaluates its slice of every batch (a slice
+// may be empty) and the sums and counts are added over the processes, so the
+// accuracy is the one process's exactly and the loss up to summation order.
 std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
-                                   const Placement& place, double smoothing,
+                                   const Placement& place, double smoothing, dist::Group& group,
                                    const std::function<bool()>& stop = {}) {
   nn::Module& m = model.module();
   const bool was_training = m.is_training();
@@ -312,13 +317,22 @@ std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
       return std::nullopt;
     }
     const data::Batch b = cast_batch(loader.build(epoch, i), place.dtype, place.device);
+    if (b.size == 0) continue;  // this process's slice of a short last batch
     const Predictions p = predictions(model.forward(b), b);
+    if (p.rows() == 0) continue;
     loss_sum += batch_loss(p, smoothing).item() * static_cast<double>(p.rows());
     correct += count_correct(p.logits, p.labels);
     rows += p.rows();
     r.examples += b.size;
   }
   m.train(was_training);
+  double totals[] = {loss_sum, static_cast<double>(correct), static_cast<double>(rows),
+                     static_cast<double>(r.examples)};
+  group.sum(totals, "the evaluation's sums");
+  loss_sum = totals[0];
+  correct = static_cast<int64_t>(totals[1]);
+  rows = static_cast<int64_t>(totals[2]);
+  r.examples = static_cast<int64_t>(totals[3]);
   r.predictions = rows;
   r.loss = loss_sum / static_cast<double>(std::max<int64_t>(rows, 1));
   r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(rows, 1));
@@ -360,6 +374,15 @@ void write_attention_maps(TaskModel& model, data::DataLoader& loader, const Plac
            written == 0 ? " (no layer has a mechanism with explicit maps)" : "");
 }
 
+// The recipe's threads, or every core of the host shared evenly by the
+// processes of a data-parallel job on it.
+void apply_threads(const Recipe& r, const dist::Group& group) {
+  if (r.integer("threads") > 0)
+    set_num_threads(static_cast<int>(r.integer("threads")));
+  else if (group.local_size() > 1)
+    set_num_threads(std::max(1, num_threads() / group.local_size()));
+}
+
 // Epochs whose every batch has been drawn (the loader moves to the next epoch
 // only when asked for a batch past the end).
 int64_t completed_epochs(const data::DataLoader& loader) {
@@ -394,7 +417,15 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   // the schedule and, on --resume, the whole checkpoint. A start that fails
   // removes the directory it created; one that fails in a directory that was
   // there leaves it as it was.
-  const Placement place = placement(r);
+  //
+  // Data parallelism (under mpirun): every process runs this function on its
+  // slice of each global batch; rank 0 alone writes the run directory, logs
+  // and checkpoints, the others wait for it where they must.
+  dist::Group& group = dist::Group::world();
+  group.set_timeout(r.number("distributed.timeout_s"));
+  const bool root = group.root();
+  const int world = group.size();
+  const Placement place = placement(r, group.local_rank());
   const std::string run_dir = opt.run_dir.empty() ? default_run_dir(r) : opt.run_dir;
   bool from_checkpoint = false;
   if (opt.resume) {
@@ -403,8 +434,8 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   } else {
     check_new_run_dir(run_dir);
   }
-  CreatedDirGuard created(run_dir);
-  RunLog log(opt.console);
+  CreatedDirGuard created(root ? run_dir : std::string());
+  RunLog log(opt.console && root);
   // The best checkpoint: by accuracy for classifiers, by loss for next-token
   // models (whose per-token accuracy says less).
   const bool by_loss =
@@ -424,15 +455,26 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
               run_dir, ckpts.dir(), fmt::join(ckpts.warnings(), "; "));
   const DType dtype = place.dtype;
   ops::set_allow_tf32(r.boolean("allow_tf32"));
-  const int64_t threads = r.integer("threads");
-  if (threads > 0) set_num_threads(static_cast<int>(threads));
+  apply_threads(r, group);
   autograd::set_check_nan(opt.check_nan || r.boolean("loop.check_nan"));
 
   // ---- data, model, optimizer ----
-  TaskData data = build_data(r, (fs::path(run_dir) / "data").string(), "", true,
-                             [&](const std::string& s) { log->info("{}", s); });
-  data::DataLoader train_loader(data.train, loader_options(r, data, true));
-  data::DataLoader eval_loader(data.eval, loader_options(r, data, false));
+  // Generated data is written into the run directory by rank 0 first; the
+  // others then read it.
+  auto make_data = [&] {
+    return build_data(r, (fs::path(run_dir) / "data").string(), "", true,
+                      [&](const std::string& s) { log->info("{}", s); });
+  };
+  TaskData data = root ? make_data() : TaskData{};
+  group.barrier("rank 0's data preparation");
+  if (!root) data = make_data();
+  auto sharded = [&](data::LoaderOptions o) {
+    o.shard_index = group.rank();
+    o.shard_count = world;
+    return o;
+  };
+  data::DataLoader train_loader(data.train, sharded(loader_options(r, data, true)));
+  data::DataLoader eval_loader(data.eval, sharded(loader_options(r, data, false)));
   const int64_t accum = r.integer("loop.accumulation");
   const int64_t steps_per_epoch = train_loader.batches_per_epoch() / accum;
   FORGE_CHECK(steps_per_epoch > 0 || r.integer("loop.steps") > 0,
@@ -449,6 +491,10 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   model.to(place.device);  // before the optimizer, whose state lives beside the parameters
   model.set_generator(&gen);
   model.train();
+  // Dropout draws keyed by the global batch position: this process's masks
+  // are its rows of the masks one process would draw for the whole batch.
+  gen.set_batch_shard({static_cast<uint64_t>(group.rank()), static_cast<uint64_t>(world)});
+  default_generator().set_batch_shard(gen.batch_shard());
   auto optimizer = make_optimizer(r, model);
   optim::GradScaler scaler(optim::GradScalerOptions{.enabled = place.loss_scaling});
   const optim::ScheduleConfig schedule = make_schedule(r, total_steps, std::max<int64_t>(steps_per_epoch, 1));
@@ -465,6 +511,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   MetricWindow window;
   double elapsed_before = 0;
   EvalResult last_eval;
+  int64_t resumed_world = world;
   if (from_checkpoint) {
     const std::string latest = *ckpts.latest();
     const Checkpoint c = read_checkpoint(latest);
@@ -497,24 +544,55 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     elapsed_before = s.elapsed_s;
     last_eval.loss = s.last_eval_loss;
     last_eval.accuracy = s.last_eval_accuracy;
+    resumed_world = s.world_size;
   }
 
-  // ---- every check passed: the run directory is written from here on ----
-  fs::create_directories(run_dir);
-  created.disarm();
-  remove_leftover_temps(run_dir);
-  ckpts.tidy();
-  // The recipe the run continues with: --set overrides given with --resume become the run's.
-  io::write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
-  log.commit(run_dir);
+  // ---- every check passed (on every process): the run directory is written from here on ----
+  group.barrier("every process's checks of the recipe, the data and the checkpoint");
+  std::optional<MetricsLog> metrics;
+  if (root) {
+    fs::create_directories(run_dir);
+    created.disarm();
+    remove_leftover_temps(run_dir);
+    ckpts.tidy();
+    // The recipe the run continues with: --set overrides given with --resume become the run's.
+    io::write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
+    log.commit(run_dir);
+    metrics.emplace(run_dir, from_checkpoint ? std::optional<int64_t>(step) : std::nullopt);
+  }
   if (from_checkpoint) {
-    log->info("resuming {} from {} (step {} of {})", run_dir, *ckpts.latest(), step, total_steps);
+    log->info("resuming {} from {} (step {} of {}){}", run_dir, *ckpts.latest(), step, total_steps,
+              resumed_world != world
+                  ? fmt::format("; it was trained by {} processes, it continues with {}",
+                                resumed_world, world)
+                  : std::string());
   } else if (opt.resume) {
     log->info("resuming {}: it has no checkpoint yet; starting it from the beginning", run_dir);
   } else {
     log->info("run directory: {}", run_dir);
   }
-  MetricsLog metrics(run_dir, from_checkpoint ? std::optional<int64_t>(step) : std::nullopt);
+  // Gradients averaged over the processes during the backward (dist/reducer.h).
+  std::unique_ptr<dist::GradReducer> reducer;
+  if (world > 1) {
+    const std::string& backend = r.string("distributed.backend");
+    const bool nccl = backend == "nccl" || (backend == "auto" && place.device.is_cuda());
+    FORGE_CHECK(!nccl || place.device.is_cuda(),
+                "recipe: distributed.backend: nccl averages GPU gradients, but this run trains "
+                "on the CPU; use mpi or auto");
+    dist::ReducerOptions ro;
+    ro.bucket_bytes = static_cast<int64_t>(r.number("distributed.bucket_mb") * (1 << 20));
+    reducer = std::make_unique<dist::GradReducer>(
+        group,
+        nccl ? dist::make_nccl_transport(group, place.device.index)
+             : dist::make_mpi_transport(group),
+        optimizer->parameters(), ro);
+    log->info(
+        "data parallel: {} processes ({} on this host), {} all-reduce in {} buckets of up "
+        "to {} MiB; batch {} = {} per process",
+        world, group.local_size(), dist::backend_name(reducer->backend()), reducer->num_buckets(),
+        r.number("distributed.bucket_mb"), r.integer("loop.batch_size"),
+        r.integer("loop.batch_size") / world);
+  }
 
   if (!place.note.empty()) log->warn("{}", place.note);
   log->info("model: {} {} on {} ({} parameters), attention {}, {} steps ({} per epoch, batch {} x {} accumulation), {} threads",
@@ -523,7 +601,13 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
             r.integer("loop.batch_size"), accum, num_threads());
 
   const auto run_start = Clock::now();
+  // Rank 0 writes (atomically, as ever) while the others wait; the weights and
+  // every state are the same on all processes.
   auto save = [&](std::optional<double> metric) {
+    if (!root) {
+      group.barrier("rank 0's checkpoint write");
+      return std::string();
+    }
     Checkpoint c;
     c.model = model.state_dict();
     c.optimizer = optimizer->state_dict();
@@ -537,19 +621,24 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     s.schedule_kind = r.string("schedule.kind");
     s.lr = optimizer->lr();
     s.elapsed_s = elapsed_before + seconds_since(run_start);
+    s.world_size = world;
     s.last_eval_loss = last_eval.loss;
     s.last_eval_accuracy = last_eval.accuracy;
     if (place.loss_scaling) s.grad_scaler = scaler.state();
     c.state = s.to_json();
     const std::string path = ckpts.save(step, c, metric);
     log->info("checkpoint {}", path);
+    group.barrier("rank 0's checkpoint write");
     return path;
   };
 
-  const auto stop_now = [&] { return opt.stop_requested && opt.stop_requested(step); };
+  // Every process stops at the same point: a signal or a request on any one counts.
+  const auto stop_now = [&] {
+    return group.any(opt.stop_requested && opt.stop_requested(step), "the stop decision");
+  };
   auto evaluate = [&]() -> std::optional<EvalResult> {
     const auto t0 = Clock::now();
-    std::optional<EvalResult> e = run_eval(*task, eval_loader, place, smoothing, stop_now);
+    std::optional<EvalResult> e = run_eval(*task, eval_loader, place, smoothing, group, stop_now);
     if (!e) return e;
     e->step = step;
     last_eval = *e;
@@ -562,7 +651,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     if (e->predictions != e->examples) rec["tokens"] = e->predictions;
     add_token_metrics(rec, e->loss, data.shape);
     rec["seconds"] = seconds_since(t0);
-    metrics.append(rec);
+    if (metrics) metrics->append(rec);
     log->info("eval  step {:>6}  loss {:.4f}{}  accuracy {:.2f}%  ({} examples{}, {})", step,
               e->loss, token_metrics_text(rec), 100 * e->accuracy, e->examples,
               e->predictions != e->examples ? fmt::format(", {} tokens", e->predictions) : "",
@@ -578,6 +667,11 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   int64_t last_ckpt_step = from_checkpoint ? step : -1;
   reset_peak_memory(place.device);
   int64_t skipped_steps = 0;  // fp16: steps the loss scaler skipped for inf / NaN gradients
+  // Data parallelism: the gradient all-reduce over the log window.
+  struct {
+    int64_t buckets = 0, started_in_backward = 0;
+    double comm_s = 0, exposed_s = 0;
+  } comm;
   while (step < total_steps) {
     if (stop_now()) {
       if (last_ckpt_step != step) last_ckpt = save(std::nullopt);
@@ -589,6 +683,8 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     const auto t0 = Clock::now();
     const int64_t epochs_before = completed_epochs(train_loader);
     optimizer->set_lr(base_lr * optim::lr_factor(schedule, step));
+    // This process's loss sum, correct, rows, examples and tokens of the step.
+    double step_counts[5] = {0, 0, 0, 0, 0};
     for (int64_t a = 0; a < accum; ++a) {
       data::Batch b;
       // At the end of an epoch next() moves to the next one and returns false
@@ -613,14 +709,39 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
                    good ? "The last good checkpoint is " + *good + " (attnforge train --resume " + run_dir + ")"
                         : std::string("No checkpoint was written yet"));
       }
-      const Tensor scaled = accum == 1 ? loss : ops::mul(loss, 1.0 / static_cast<double>(accum));
+      // The loss is this process's mean; the reducer averages the gradients
+      // over the processes, so each mean is weighted by its share of what the
+      // global batch's mean averages over (1 for classifiers' equal slices;
+      // next-token slices may hold different numbers of real tokens).
+      double weight = 1.0 / static_cast<double>(accum);
+      if (world > 1)
+        weight *= static_cast<double>(p.rows()) * world / static_cast<double>(b.global_scored);
+      const Tensor scaled = weight == 1.0 ? loss : ops::mul(loss, weight);
+      const bool reduce_now =
+          reducer && a == accum - 1;  // the last micro-batch's gradients are final
+      if (reduce_now) reducer->begin();
       autograd::backward(place.loss_scaling ? scaler.scale(scaled) : scaled);
-      window.loss_sum += l * static_cast<double>(p.rows());
-      window.correct += count_correct(p.logits, p.labels);
-      window.predictions += p.rows();
-      window.examples += b.size;
-      window.tokens += b.tokens;
+      if (reduce_now) {
+        reducer->finish();
+        const dist::ReduceEvents& ev = reducer->events();
+        comm.started_in_backward += ev.started_in_backward;
+        comm.buckets += ev.buckets;
+        comm.comm_s += ev.comm;
+        comm.exposed_s += ev.exposed();
+      }
+      step_counts[0] += l * static_cast<double>(p.rows());
+      step_counts[1] += static_cast<double>(count_correct(p.logits, p.labels));
+      step_counts[2] += static_cast<double>(p.rows());
+      step_counts[3] += static_cast<double>(b.size);
+      step_counts[4] += static_cast<double>(b.tokens);
     }
+    // The metrics are the global batch's: sums over the processes.
+    group.sum(step_counts, "the step's metric sums");
+    window.loss_sum += step_counts[0];
+    window.correct += static_cast<int64_t>(step_counts[1]);
+    window.predictions += static_cast<int64_t>(step_counts[2]);
+    window.examples += static_cast<int64_t>(step_counts[3]);
+    window.tokens += static_cast<int64_t>(step_counts[4]);
     // fp16: gradients are unscaled first; an overflow skips the step and lowers
     // the scale (dynamic loss scaling), it does not stop the run.
     const bool grads_finite = place.loss_scaling ? scaler.unscale(*optimizer) : true;
@@ -670,7 +791,16 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       rec["tokens_per_s"] = static_cast<double>(window.tokens) / window.seconds;
       rec["step_time_ms"] = 1000 * window.seconds / static_cast<double>(window.steps);
       rec["peak_memory_mb"] = static_cast<double>(mem.peak) / (1 << 20);
-      metrics.append(rec);
+      if (reducer) {
+        // How much of the all-reduce the backward hid: buckets started during
+        // it, and the time added after it (rank 0's view).
+        rec["allreduce_ms"] = 1000 * comm.comm_s / static_cast<double>(window.steps);
+        rec["allreduce_exposed_ms"] = 1000 * comm.exposed_s / static_cast<double>(window.steps);
+        rec["buckets_started_in_backward"] =
+            static_cast<double>(comm.started_in_backward) / static_cast<double>(comm.buckets);
+        comm = {};
+      }
+      if (metrics) metrics->append(rec);
       const double frac = static_cast<double>(step) / static_cast<double>(total_steps);
       log->info(
           "step {:>6}/{} {} {:3.0f}% ep {:.2f}  loss {:.4f}{}  acc {:5.2f}%  lr {:.2e}  |g| {:.3f} "
@@ -712,8 +842,8 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   result.eval_loss = last_eval.loss;
   result.eval_accuracy = last_eval.accuracy;
   result.last_checkpoint = last_ckpt;
-  write_plot(run_dir);
-  if (result.status == TrainResult::Status::finished) {
+  if (root) write_plot(run_dir);
+  if (root && result.status == TrainResult::Status::finished) {
     if (r.boolean("output.attention_maps"))
       write_attention_maps(*task, eval_loader, place, (fs::path(run_dir) / "attention_maps").string(), *log);
     log->info("done: {} steps in {}; eval accuracy {:.2f}%, loss {:.4f}; curves in {}{}", step,
@@ -729,15 +859,21 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
 
 EvalResult evaluate_checkpoint(const std::string& dir, const std::string& split,
                                const std::vector<std::string>& overrides) {
+  // Under mpirun each process evaluates its slice of every batch (run_eval).
+  dist::Group& group = dist::Group::world();
   const Checkpoint c = read_checkpoint(dir);
   Recipe r = Recipe::from_yaml(c.recipe_yaml, dir + "/model.safetensors (recipe)");
   for (const std::string& s : overrides) r.set(s);
-  const Placement place = placement(r);
+  group.set_timeout(r.number("distributed.timeout_s"));
+  const Placement place = placement(r, group.local_rank());
   ops::set_allow_tf32(r.boolean("allow_tf32"));
-  if (r.integer("threads") > 0) set_num_threads(static_cast<int>(r.integer("threads")));
+  apply_threads(r, group);
   const fs::path run_dir = fs::path(dir).parent_path().parent_path();
   TaskData data = build_data(r, (run_dir / "data").string(), split, false, [](const std::string&) {});
-  data::DataLoader loader(data.eval, loader_options(r, data, false));
+  data::LoaderOptions lo = loader_options(r, data, false);
+  lo.shard_index = group.rank();
+  lo.shard_count = group.size();
+  data::DataLoader loader(data.eval, lo);
   Generator gen(static_cast<uint64_t>(r.integer("seed")));
   std::unique_ptr<TaskModel> task = build_model(r, data.shape, place.dtype, &gen);
   task->module().to(place.device);
@@ -746,7 +882,7 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::string& split,
   } catch (const Error& e) {
     FORGE_FAIL("{}: the weights do not fit the recipe's model: {}", dir, e.what());
   }
-  EvalResult e = *run_eval(*task, loader, place, r.number("loop.label_smoothing"));
+  EvalResult e = *run_eval(*task, loader, place, r.number("loop.label_smoothing"), group);
   e.split = split.empty() ? r.string("data.eval_split") : split;
   if (data.shape.task != Task::classification) {
     json::Value rec;

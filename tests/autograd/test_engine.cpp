@@ -2,6 +2,7 @@
 // and that gradcheck itself catches a wrong backward.
 #include <gtest/gtest.h>
 
+#include "autograd/checkpoint.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -160,6 +161,56 @@ TEST(Gradcheck, RejectsF32Inputs) {
   x.set_requires_grad(true);
   EXPECT_THROW(autograd::gradcheck([](const std::vector<Tensor>& in) { return in[0]; }, {x}),
                Error);
+}
+
+// The leaf hook (what data-parallel training starts its all-reduces from):
+// once per leaf, with the leaf's final gradient already in .grad.
+TEST(AutogradEngine, LeafHookRunsOncePerLeafWhenItsGradientIsFinal) {
+  Tensor w1 = leaf64({3}, 1), w2 = leaf64({3}, 2), x = leaf64({3}, 3);
+  std::vector<std::pair<TensorImpl*, Tensor>> calls;
+  {
+    autograd::LeafGradHookGuard guard(
+        [&](TensorImpl& leaf) { calls.emplace_back(&leaf, Tensor(leaf.grad).clone()); });
+    // w1 is used twice (a tied weight): first near the loss, then deep in the graph.
+    Tensor h = ops::mul(ops::mul(x, w1), w2);
+    backward(ops::sum(ops::mul(h, w1)));
+  }
+  ASSERT_EQ(calls.size(), 3u);
+  for (const Tensor& t : {w1, w2, x}) {
+    int seen = 0;
+    for (const auto& [leaf, grad] : calls) {
+      if (leaf != &t.impl()) continue;
+      ++seen;
+      expect_close(grad, t.grad(), 0);  // the gradient at the call is the final one
+    }
+    EXPECT_EQ(seen, 1);
+  }
+  // w2 is final before x and w1 (its one use is the second-last op to run).
+  EXPECT_EQ(calls.front().first, &w2.impl());
+}
+
+TEST(AutogradEngine, LeafHookSkipsNestedBackwardsAndIsScoped) {
+  Tensor w = leaf64({4}, 4), x = leaf64({4}, 5);
+  int calls = 0;
+  Tensor final_at_call;
+  {
+    autograd::LeafGradHookGuard guard([&](TensorImpl& leaf) {
+      ++calls;
+      if (&leaf == &w.impl()) final_at_call = Tensor(leaf.grad).clone();
+    });
+    // The checkpoint replays fn in a nested backward that accumulates into w;
+    // the hook runs once, from the outer backward, after the replay.
+    auto fn = [&](const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{ops::mul(ops::exp(in[0]), w)};
+    };
+    Tensor y = autograd::checkpoint(fn, {x}, nullptr, {w})[0];
+    backward(ops::sum(ops::mul(y, y)));
+  }
+  EXPECT_EQ(calls, 2);
+  expect_close(final_at_call, w.grad(), 0);
+  w.zero_grad();
+  backward(ops::sum(ops::mul(w, 2.0)));  // the guard is gone: no call
+  EXPECT_EQ(calls, 2);
 }
 
 }  // namespace
