@@ -145,13 +145,16 @@ struct Algo {
   size_t workspace = 0;
 };
 
-// The heuristics' results that can run, best first; for f32 without TF32 only
-// those on plain FMA math.
+// The heuristics' results that can run, best first; only deterministic ones
+// (cuDNN's non-deterministic backward algorithms add with atomics in a varying
+// order: a run, or a resumed run, would then not reproduce bit for bit); for
+// f32 without TF32 only those on plain FMA math.
 template <typename Perf>
 std::vector<Algo> usable(const Perf* perfs, int count, const PatchConv& s) {
   std::vector<Algo> out;
   for (int i = 0; i < count; ++i) {
     if (perfs[i].status != CUDNN_STATUS_SUCCESS) continue;
+    if (perfs[i].determinism != CUDNN_DETERMINISTIC) continue;
     if (s.dtype == DType::f32 && !s.tf32 && perfs[i].mathType != CUDNN_FMA_MATH) continue;
     out.push_back({static_cast<int>(perfs[i].algo), perfs[i].mathType, perfs[i].memory});
   }

@@ -3,8 +3,8 @@
 # them with the shared libraries the GPU machine lacks (OpenBLAS, yaml-cpp,
 # spdlog, fmt, libpng, libjpeg, gfortran, gomp) into one archive, for
 # scripts/gpu/run.sh on a machine with a GPU but without our Debian packages.
-# The CUDA libraries (cudart, cuBLAS, cuDNN) are NOT packed: run.sh finds the
-# GPU machine's own. See docs/GPU.md.
+# The CUDA libraries (cudart, cuBLAS, cuDNN, NCCL) are NOT packed: run.sh finds
+# the GPU machine's own (its toolkit's, or those of PyTorch's wheels). See docs/GPU.md.
 #
 #   scripts/gpu/bundle.sh [BUILD_DIR=build-gpu] [ARCHIVE=.gpu/attnforge-gpu.tar.xz]
 set -euo pipefail
@@ -26,7 +26,7 @@ for t in "${targets[@]}"; do
 done
 # Every shared library the programs load, except glibc's, the C++ runtime's
 # and CUDA's (the GPU machine has newer ones of those).
-skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libcudnn)'
+skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libcudnn|libnccl)'
 for bin in "$stage"/attnforge-gpu/bin/*; do
   ldd "$bin" | awk '/=> \// {print $1, $3}'
 done | sort -u | while read -r name path; do

@@ -82,9 +82,9 @@ if want tests; then
   if grep -q 'rc=[^0]' "$out/test_cuda.summary"; then status=1; fi
 fi
 if want train; then
-  # The default recipe of `make train` on the GPU, fp32 then bf16. Its data:
+  # The default recipe of `make train` on the GPU, fp32, bf16 then fp16. Its data:
   # FMNIST_ROOT (the Fashion-MNIST files), carried beside the bundle.
-  for p in fp32 bf16; do
+  for p in fp32 bf16 fp16; do
     echo "== train recipes/vit/fmnist_tiny.yaml, device cuda, $p"
     t0=$SECONDS
     limited "${TRAIN_TIMEOUT:-240}" "$root/bin/attnforge" train "$src/recipes/vit/fmnist_tiny.yaml" \
@@ -93,6 +93,29 @@ if want train; then
     echo "train $p rc=$? $((SECONDS - t0))s" | tee -a "$out/train.summary"
     tail -n 4 "$out/train_$p.log" | tee -a "$out/train.summary"
   done
+fi
+if want resume; then
+  # On the GPU: a run stopped after its checkpoint at step 150 (ATTNFORGE_FAULT)
+  # and resumed must end bit-identical to the uninterrupted run; then `eval`
+  # of its last checkpoint.
+  echo "== resume and eval on the GPU"
+  r=(--set device=cuda --set data.root="${FMNIST_ROOT:-/usr/share/datasets/fashion-mnist}"
+     --set loop.steps=300 --set checkpoint.every=150 --set loop.eval_every=150)
+  limited 90 "$root/bin/attnforge" train "$src/recipes/vit/fmnist_tiny.yaml" --out "$dest/whole" "${r[@]}" > "$out/resume_whole.log" 2>&1
+  ATTNFORGE_FAULT=0:151 limited 90 "$root/bin/attnforge" train "$src/recipes/vit/fmnist_tiny.yaml" --out "$dest/cut" "${r[@]}" > "$out/resume_cut.log" 2>&1
+  echo "stopped run rc=$? (1 expected: the injected fault)" | tee "$out/resume.summary"
+  limited 90 "$root/bin/attnforge" train --resume "$dest/cut" >> "$out/resume_cut.log" 2>&1
+  echo "resume rc=$?" | tee -a "$out/resume.summary"
+  python3 - "$dest/whole/checkpoints/step-00000300/model.safetensors" "$dest/cut/checkpoints/step-00000300/model.safetensors" <<'PY' 2>&1 | tee -a "$out/resume.summary"
+import sys
+from safetensors.numpy import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+same = a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+print(f"resumed weights bit-identical to the uninterrupted run's: {same} ({len(a)} tensors)")
+PY
+  limited 90 "$root/bin/attnforge" eval "$dest/whole/checkpoints/step-00000300" --out "$out/eval.json" > "$out/eval.log" 2>&1
+  echo "eval rc=$?" | tee -a "$out/resume.summary"
+  cat "$out/eval.json" >> "$out/resume.summary" 2>/dev/null
 fi
 if want matmul bench; then
   echo "== bench_cuda_matmul"
