@@ -3,8 +3,11 @@
 //   mpirun -np 2 build/bench/bench_allreduce [--device cuda]
 // Prints, for f32 buffers of 4 KiB .. 64 MiB, the median time of one
 // all-reduce (mean) and the bus bandwidth 2 (N-1)/N x bytes / time (NCCL's
-// convention: what each process sends and receives), from rank 0.
+// convention: what each process sends and receives), from rank 0; beside it,
+// on the CPU, a blocking MPI_Allreduce (sum) of the same buffer: what a
+// program that does not overlap its all-reduce with the backward would call.
 #include <fmt/format.h>
+#include <mpi.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,7 +35,10 @@ int main(int argc, char** argv) {
   if (group.root())
     fmt::print("all-reduce (mean) of f32 buffers over {} processes, {} ({})\n", group.size(),
                dist::backend_name(transport->backend()), device.str());
-  if (group.root()) fmt::print("| size | median time | bus bandwidth |\n|---|---|---|\n");
+  if (group.root())
+    fmt::print(
+        "| size | median time | bus bandwidth | blocking MPI_Allreduce | its bus bandwidth |\n"
+        "|---|---|---|---|---|\n");
   for (int64_t bytes = 4 << 10; bytes <= (64ll << 20); bytes *= 4) {
     Tensor buf = Tensor::ones({bytes / 4}, DType::f32, device);
     const int reps = bytes <= (1 << 20) ? 50 : 10;
@@ -46,11 +52,28 @@ int main(int argc, char** argv) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (i >= 2) times.push_back(s);  // two warm-ups
     }
-    std::sort(times.begin(), times.end());
-    const double t = times[times.size() / 2];
-    const double bus = 2.0 * (group.size() - 1) / group.size() * static_cast<double>(bytes) / t;
+    std::vector<double> blocking;
+    if (!cuda) {
+      for (int i = 0; i < reps + 2; ++i) {
+        group.barrier("the benchmark's barrier");
+        const auto t0 = std::chrono::steady_clock::now();
+        MPI_Allreduce(MPI_IN_PLACE, buf.raw_data(), static_cast<int>(buf.numel()), MPI_FLOAT,
+                      MPI_SUM, MPI_COMM_WORLD);
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (i >= 2) blocking.push_back(s);
+      }
+    }
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0.0 : v[v.size() / 2];
+    };
+    const double t = median(times), tb = median(blocking);
+    const double traffic = 2.0 * (group.size() - 1) / group.size() * static_cast<double>(bytes);
     if (group.root())
-      fmt::print("| {} KiB | {:.1f} us | {:.2f} GB/s |\n", bytes >> 10, t * 1e6, bus / 1e9);
+      fmt::print("| {} KiB | {:.1f} us | {:.2f} GB/s | {} | {} |\n", bytes >> 10, t * 1e6,
+                 traffic / t / 1e9, cuda ? "-" : fmt::format("{:.1f} us", tb * 1e6),
+                 cuda ? "-" : fmt::format("{:.2f} GB/s", traffic / tb / 1e9));
   }
   group.finalize();
   return 0;

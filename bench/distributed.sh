@@ -18,22 +18,26 @@ mpirun=(mpirun --oversubscribe)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-run() {  # NAME THREADS LAUNCH...
-  local name=$1 t=$2
-  shift 2
+run() {  # NAME THREADS BUCKET_MB LAUNCH...
+  local name=$1 t=$2 mb=$3
+  shift 3
   "$@" "$build/apps/attnforge" train "$recipe" --out "$out/$name" --set loop.steps="$steps" \
     --set loop.log_every=$((steps / 4)) --set loop.eval_every="$steps" --set threads="$t" \
-    > "$out/$name.log" 2>&1
+    --set distributed.bucket_mb="$mb" > "$out/$name.log" 2>&1
 }
 
-run one "$threads"
-run dp "$((threads / np > 0 ? threads / np : 1))" "${mpirun[@]}" -np "$np"
+per=$((threads / np > 0 ? threads / np : 1))
+run one "$threads" 25
+run dp "$per" 25 "${mpirun[@]}" -np "$np"
+# The model's 0.53 MiB of gradients fit one 25 MiB bucket, which can only
+# start when the backward ends; 0.1 MiB buckets start during it.
+run dp_small "$per" 0.1 "${mpirun[@]}" -np "$np"
 
 echo "default recipe ($recipe), batch 128, $steps steps, $(nproc) cores; the last 3 log windows"
 echo
-echo "| processes x threads | step time | samples/s | all-reduce per step | exposed after the backward | buckets started in the backward | eval accuracy |"
+echo "| processes x threads, bucket | step time | samples/s | all-reduce per step | exposed after the backward | buckets started in the backward | eval accuracy |"
 echo "|---|---|---|---|---|---|---|"
-for name in one dp; do
+for name in one dp dp_small; do
   python3 - "$out/$name/metrics.jsonl" "$name" "$np" "$threads" <<'PY'
 import json, sys
 path, name, np_, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -43,10 +47,11 @@ ev = [r for r in recs if r["split"] == "eval"][-1]
 mean = lambda k: sum(r[k] for r in train) / len(train)
 procs = 1 if name == "one" else np_
 t = threads if name == "one" else max(threads // np_, 1)
+bucket = "" if name == "one" else (", 0.1 MiB" if name == "dp_small" else ", 25 MiB")
 ar = f'{mean("allreduce_ms"):.2f} ms' if "allreduce_ms" in train[0] else "-"
 ex = f'{mean("allreduce_exposed_ms"):.2f} ms' if "allreduce_exposed_ms" in train[0] else "-"
 bk = f'{mean("buckets_started_in_backward"):.2f}' if "buckets_started_in_backward" in train[0] else "-"
-print(f'| {procs} x {t} | {mean("step_time_ms"):.1f} ms | {mean("samples_per_s"):.0f} | {ar} | {ex} | {bk} | {100 * ev["accuracy"]:.2f}% |')
+print(f'| {procs} x {t}{bucket} | {mean("step_time_ms"):.1f} ms | {mean("samples_per_s"):.0f} | {ar} | {ex} | {bk} | {100 * ev["accuracy"]:.2f}% |')
 PY
 done
 echo

@@ -88,17 +88,21 @@ Group::Group() {
 void Group::wait_until(const std::function<bool()>& done, const char* what) const {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  int polls = 0;
   while (!done()) {
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     FORGE_CHECK(waited < timeout_s_,
                 "{} did not complete within {} s (distributed.timeout_s): another process of the "
                 "job stopped answering",
                 what, timeout_s_);
-    // Spin briefly (a collective among ranks that are all there completes in
-    // microseconds), then yield the core to the others.
-    if (++polls > 64)
-      std::this_thread::sleep_for(std::chrono::microseconds(polls > 1024 ? 1000 : 50));
+    // MPI moves a collective's data forward only inside its calls, so polling
+    // is what makes it progress: poll flat out for the first 50 ms (yielding
+    // the core to a process that shares it), then, for a wait on a process
+    // that is busy elsewhere (a checkpoint write, data preparation), every
+    // 200 us.
+    if (waited < 0.05)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
 

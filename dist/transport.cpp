@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/threading.h"
 
 namespace forge::dist {
 
@@ -33,7 +34,9 @@ class MpiTransport final : public Transport {
     FORGE_DISPATCH_FLOAT(job.host.dtype(), "all-reduce mean", [&] {
       scalar_t* p = job.host.data<scalar_t>();
       const auto s = static_cast<scalar_t>(inv);
-      for (int64_t i = 0; i < job.host.numel(); ++i) p[i] *= s;
+      parallel_for(job.host.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) p[i] *= s;
+      });
     });
     if (!job.flat.device().is_cpu()) job.flat.copy_from(job.host);
     jobs_.erase(it);
