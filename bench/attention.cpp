@@ -79,6 +79,13 @@ const std::vector<Mechanism>& mechanisms() {
        [](const Inputs& x) {
          return att::local(x.q, x.k, x.v, Tensor(), {.window = 64, .causal = true});
        }},
+      // The local-attention package's usual window (window_size 256, look_backward 1).
+      {"local_w256",
+       [](const Inputs& x) { return att::local(x.q, x.k, x.v, Tensor(), {.window = 256}); }},
+      {"local_w256_causal",
+       [](const Inputs& x) {
+         return att::local(x.q, x.k, x.v, Tensor(), {.window = 256, .causal = true});
+       }},
       {"efficient", [](const Inputs& x) { return att::efficient(x.q, x.k, x.v); }},
       {"efficient_causal",
        [](const Inputs& x) {

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
-"""The attention benchmark's PyTorch side: each mechanism of ATTENTION.md as
-an eager composite of torch ops, on the shapes of bench/attention.cpp
-(B = 1, H = 8, d = 64, f32), run against our bench_attention in the same run.
+"""The attention benchmark's PyTorch side: each mechanism as its reference
+library computes it in eager PyTorch (see mechanisms()), on the shapes of
+bench/attention.cpp (B = 1, H = 8, d = 64, f32), run against our
+bench_attention in the same run. `--check` compares each form's output with
+ours (what makes the timings a comparison of the same function).
 
 Every configuration runs in a fresh process (ours and torch's alike); each
 reports its peak-RSS growth over one forward+backward, measured the same way
@@ -27,7 +29,18 @@ FAVOR_M = int(D * math.log(D))
 
 
 def mechanisms(torch):
+    """Each mechanism as its reference library computes it in PyTorch (what a
+    user of that library runs), written here from the libraries' code:
+    performer-pytorch (FastAttention: softmax_kernel / generalized_kernel,
+    linear_attention, causal_linear_attention_noncuda, which the CPU uses),
+    linear-attention-transformer (linear_attn, causal_linear_attn), the
+    local-attention package (LocalAttention.forward), linformer-pytorch and
+    TaylorShift (TaylorShiftAttention); plain softmax(q k^T / sqrt(d)) v; and
+    for elu+1 (Katharopoulos et al.) fq (fk^T v) / (fq . sum fk + eps).
+    Taylor linear has no reference library: its composite follows
+    ATTENTION.md."""
     F = torch.nn.functional
+    einsum = torch.einsum
 
     def softmax_attn(q, k, v, causal=False):
         s = q @ k.transpose(-1, -2) * D ** -0.5
@@ -36,69 +49,84 @@ def mechanisms(torch):
             s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         return s.softmax(-1) @ v
 
-    def local_attn(q, k, v, causal=False, w=64):
-        # Windows of w; each query window sees the previous window (and the next one when not causal).
+    def look_around(x, backward, forward, pad_value):
+        # local-attention's look_around: windows [w - backward, w + forward] side by side.
+        dims = (x.dim() - 2) * (0, 0)
+        padded = F.pad(x, (*dims, backward, forward), value=pad_value)
+        return padded.unfold(1, forward + backward + 1, 1).movedim(-1, 2).flatten(2, 3)
+
+    def local_attn(q, k, v, w, causal=False):
+        # local-attention's LocalAttention(window_size=w, causal, look_backward=1,
+        # look_forward=0 if causal else 1).forward (no rotary: dim not given).
         b, h, n, d = q.shape
-        nw = n // w
-        qw, kw, vw = (t.reshape(b, h, nw, w, d) for t in (q, k, v))
-        lf = 0 if causal else 1
-
-        def look_around(t, fill):
-            padded = F.pad(t, (0, 0, 0, 0, 1, lf), value=fill)
-            return torch.cat([padded[:, :, i:i + nw] for i in range(1 + 1 + lf)], dim=3)
-
-        kk, vv = look_around(kw, 0.0), look_around(vw, 0.0)
-        s = qw @ kk.transpose(-1, -2) * d ** -0.5
-        pos = torch.arange(n, device=q.device).reshape(nw, w)
-        kpos = look_around(pos.reshape(1, 1, nw, w, 1).float(), -1.0)[0, 0, :, :, 0]
-        # Keys from absent windows (before 0 / after the last) carry position -1 or out of range.
-        window_idx = torch.arange(nw, device=q.device).reshape(nw, 1)
-        offs = torch.arange(1 + 1 + lf, device=q.device).repeat_interleave(w).reshape(1, -1) - 1
-        absent = ((window_idx + offs) < 0) | ((window_idx + offs) >= nw)
-        mask = absent.unsqueeze(1).expand(nw, w, -1)
+        q, k, v = (t.reshape(b * h, n, d) for t in (q, k, v))
+        lb, lf, pad = 1, 0 if causal else 1, -1
+        windows = n // w
+        b_t = torch.arange(n, device=q.device).reshape(1, windows, w)
+        bq, bk, bv = (t.reshape(b * h, windows, w, d) for t in (q, k, v))
+        bq = bq * d ** -0.5
+        bk, bv = look_around(bk, lb, lf, pad), look_around(bv, lb, lf, pad)
+        bq_t = b_t.unsqueeze(-1)
+        bq_k = look_around(b_t, lb, lf, pad).unsqueeze(-2)
+        pad_mask = bq_k == pad
+        sim = einsum("b h i e, b h j e -> b h i j", bq, bk)
+        mask_value = -torch.finfo(sim.dtype).max
         if causal:
-            mask = mask | (kpos.unsqueeze(1) > pos.reshape(nw, w, 1))
-        s = s.masked_fill(mask, float("-inf"))
-        return (s.softmax(-1) @ vv).reshape(b, h, n, d)
+            sim = sim.masked_fill(bq_t < bq_k, mask_value)
+        sim = sim.masked_fill(pad_mask, mask_value)
+        out = einsum("b h i j, b h j e -> b h i e", sim.softmax(-1), bv)
+        return out.reshape(b, h, n, d)
 
     def efficient_attn(q, k, v):
-        q = q.softmax(-1) * D ** -0.5
-        k = k.softmax(-2)
-        return q @ (k.transpose(-1, -2) @ v)
+        # linear-attention-transformer's linear_attn.
+        q = q.softmax(dim=-1)
+        k = k.softmax(dim=-2)
+        q = q * q.shape[-1] ** -0.5
+        context = einsum("bhnd,bhne->bhde", k, v)
+        return einsum("bhnd,bhde->bhne", q, context)
 
-    def efficient_causal(q, k, v, s=64):
-        b, h, n, d = q.shape
-        q = q.softmax(-1) * D ** -0.5
-        k = k.exp()
-        kb, vb, qb = k.reshape(b, h, n // s, s, d), v.reshape(b, h, n // s, s, d), q.reshape(b, h, n // s, s, d)
-        ctx = torch.einsum("bhund,bhune->bhude", kb, vb).cumsum(2)
-        z = kb.sum(3).cumsum(2)
-        ctx = F.pad(ctx, (0, 0, 0, 0, 1, -1))  # buckets strictly before u
-        z = F.pad(z, (0, 0, 1, -1))
-        num = torch.einsum("bhund,bhude->bhune", qb, ctx)
-        den = torch.einsum("bhund,bhud->bhun", qb, z).clamp(min=1e-3)
-        return (num / den.unsqueeze(-1)).reshape(b, h, n, d)
+    def efficient_causal(q, k, v, bucket=64, eps=1e-3):
+        # linear-attention-transformer's causal_linear_attn (bucket_size 64).
+        b, h, n, e = q.shape
+        q = q.softmax(dim=-1)
+        k = torch.exp(k).clone()
+        q = q * e ** -0.5
+        bq, bk, bv = (t.reshape(b, h, -1, bucket, e) for t in (q, k, v))
+        bk_cumsum = bk.sum(dim=-2).cumsum(dim=-2)
+        context = einsum("bhund,bhune->bhude", bk, bv).cumsum(dim=-3)
+        context = F.pad(context, (0, 0, 0, 0, 1, 0), value=0.0)[:, :, :-1]
+        bk_cumsum = F.pad(bk_cumsum, (0, 0, 1, 0), value=0.0)[:, :, :-1]
+        d_inv = 1.0 / einsum("bhud,bhund->bhun", bk_cumsum, bq).clamp(min=eps)
+        return einsum("bhund,bhude,bhun->bhune", bq, context, d_inv).reshape(b, h, n, e)
 
-    def linear_attn(q, k, v, eps=1e-6):
-        q, k = F.elu(q) + 1, F.elu(k) + 1
-        z = 1 / (q @ k.sum(-2).unsqueeze(-1) + eps)
-        return (q @ (k.transpose(-1, -2) @ v)) * z
+    def performer_linear(q, k, v):
+        # performer-pytorch's linear_attention (non-causal).
+        k_cumsum = k.sum(dim=-2)
+        d_inv = 1.0 / einsum("...nd,...d->...n", q, k_cumsum.type_as(q))
+        context = einsum("...nd,...ne->...de", k, v)
+        return einsum("...de,...nd,...n->...ne", context, q, d_inv)
 
-    def causal_linear(q, k, v, eps, chunk=128):
-        # performer-pytorch's non-CUDA causal linear attention: cumulative sums of k v^T, in chunks.
-        last_ctx, last_k = 0, 0
-        outs = []
-        for qc, kc, vc in zip(*(t.split(chunk, dim=-2) for t in (q, k, v))):
-            k_cum = last_k + kc.cumsum(-2)
-            d_inv = 1.0 / torch.einsum("...nd,...nd->...n", qc, k_cum.type_as(qc) + eps)
-            ctx = torch.einsum("...nd,...ne->...nde", kc, vc)
-            ctx_cum = last_ctx + ctx.cumsum(-3)
-            outs.append(torch.einsum("...nde,...nd->...ne", ctx_cum, qc) * d_inv.unsqueeze(-1))
-            last_k, last_ctx = k_cum[..., -1:, :], ctx_cum[..., -1:, :, :]
+    def performer_causal(q, k, v, chunks=128, eps=1e-6):
+        # performer-pytorch's causal_linear_attention_noncuda (what it runs
+        # without fast_transformers' CUDA kernel): `chunks` chunks along N.
+        last_k_cumsum, last_context_cumsum, outs = 0, 0, []
+        for qc, kc, vc in zip(*(t.chunk(chunks, dim=-2) for t in (q, k, v))):
+            k_cumsum = last_k_cumsum + kc.cumsum(dim=-2)
+            d_inv = 1.0 / einsum("...nd,...nd->...n", qc, k_cumsum.type_as(qc) + eps)
+            context = einsum("...nd,...ne->...nde", kc, vc)
+            context_cumsum = last_context_cumsum + context.cumsum(dim=-3)
+            outs.append(einsum("...nde,...nd,...n->...ne", context_cumsum, qc, d_inv))
+            last_k_cumsum, last_context_cumsum = k_cumsum[:, :, -1:], context_cumsum[:, :, -1:]
         return torch.cat(outs, dim=-2)
 
+    def linear_attn(q, k, v, eps=1e-6):
+        # elu+1 (Katharopoulos et al.): fq (fk^T v) / (fq . sum_n fk + eps).
+        fq, fk = F.elu(q) + 1, F.elu(k) + 1
+        return fq @ (fk.transpose(-1, -2) @ v) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
+
     def linear_causal(q, k, v):
-        return causal_linear(F.elu(q) + 1, F.elu(k) + 1, v, 1e-6)
+        # elu+1 features through performer-pytorch's causal path.
+        return performer_causal(F.elu(q) + 1, F.elu(k) + 1, v)
 
     def taylor_linear(q, k, v, eps=1e-6):
         n = k.shape[-2]
@@ -108,55 +136,74 @@ def mechanisms(torch):
         return num / den
 
     def linformer(q, k, v, E, Fm, bE, bF):
-        K = E @ k + bE.unsqueeze(-1)
-        V = Fm @ v + bF.unsqueeze(-1)
-        return (q @ K.transpose(-1, -2) * D ** -0.5).softmax(-1) @ V
+        # linformer-pytorch's LinearAttentionHead: E, F as nn.Linear(n, k) on
+        # the sequence axis, then softmax attention over the k projected keys.
+        K = (k.transpose(-1, -2) @ E.t() + bE).transpose(-1, -2)
+        V = (v.transpose(-1, -2) @ Fm.t() + bF).transpose(-1, -2)
+        return (q @ K.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ V
 
-    def favor_features(x, W, is_query, eps=1e-4):
-        c = D ** -0.25
-        dash = (c * x) @ W.t()
-        diag = (x ** 2).sum(-1, keepdim=True) / 2 * c * c
-        mx = dash.amax(-1, keepdim=True) if is_query else dash.amax((-1, -2), keepdim=True)
-        return W.shape[0] ** -0.5 * (torch.exp(dash - diag - mx.detach()) + eps)
+    def softmax_kernel(data, W, is_query, eps=1e-4):
+        # performer-pytorch's softmax_kernel.
+        b, h = data.shape[:2]
+        normalizer = data.shape[-1] ** -0.25
+        ratio = W.shape[0] ** -0.5
+        projection = W.expand(b, h, *W.shape).type_as(data)
+        dash = einsum("...id,...jd->...ij", normalizer * data, projection)
+        diag = ((data ** 2).sum(dim=-1) / 2.0 * normalizer ** 2).unsqueeze(dim=-1)
+        if is_query:
+            return ratio * (torch.exp(dash - diag - torch.amax(dash, dim=-1, keepdim=True).detach()) + eps)
+        return ratio * (torch.exp(dash - diag - torch.amax(dash, dim=(-1, -2), keepdim=True).detach()) + eps)
+
+    def relu_kernel(data, W, eps=1e-3):
+        # performer-pytorch's generalized_kernel with its default ReLU.
+        b, h = data.shape[:2]
+        projection = W.expand(b, h, *W.shape).type_as(data)
+        dash = einsum("...id,...jd->...ij", data.shape[-1] ** -0.25 * data, projection)
+        return F.relu(dash) + eps
 
     def favor(q, k, v, W):
-        qf, kf = favor_features(q, W, True), favor_features(k, W, False)
-        return (qf @ (kf.transpose(-1, -2) @ v)) / (qf @ kf.sum(-2).unsqueeze(-1))
+        return performer_linear(softmax_kernel(q, W, True), softmax_kernel(k, W, False), v)
 
     def favor_causal(q, k, v, W):
-        return causal_linear(favor_features(q, W, True), favor_features(k, W, False), v, 1e-6)
+        return performer_causal(softmax_kernel(q, W, True), softmax_kernel(k, W, False), v)
 
     def favor_relu(q, k, v, W):
-        c = D ** -0.25
-        qf, kf = F.relu((c * q) @ W.t()) + 1e-3, F.relu((c * k) @ W.t()) + 1e-3
-        return (qf @ (kf.transpose(-1, -2) @ v)) / (qf @ kf.sum(-2).unsqueeze(-1))
+        return performer_linear(relu_kernel(q, W), relu_kernel(k, W), v)
 
-    def ts_normalize(q, k, tau):
-        return tau.reshape(1, -1, 1, 1) * F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-
-    def taylorshift_direct(q, k, v, tau, a=0.5, b=1.0, c=1.0):
-        qh, kh = ts_normalize(q, k, tau)
-        A = qh @ kh.transpose(-1, -2)
-        T = a * A * A + b * A + c
-        return (T / T.sum(-1, keepdim=True)) @ v
+    def box(a, b):
+        return (a.unsqueeze(-1) * b.unsqueeze(-2)).view(list(a.shape)[:-1] + [-1])
 
     def taylorshift_efficient(q, k, v, tau, a=0.5, b=1.0, c=1.0):
-        qh, kh = ts_normalize(q, k, tau)
-        n, d = k.shape[-2], q.shape[-1]
-        sigma = d ** 0.25
-        qt, kt = sigma * qh, sigma * kh
-        vt = torch.cat([torch.ones_like(v[..., :1]), v], dim=-1) / n
-        kk = (kt.unsqueeze(-1) * kt.unsqueeze(-2)).flatten(-2)
-        qq = (qt.unsqueeze(-1) * qt.unsqueeze(-2)).flatten(-2)
-        y = a * qq @ (kk.transpose(-1, -2) @ vt) + sigma ** 2 * b * qt @ (kt.transpose(-1, -2) @ vt) \
-            + sigma ** 4 * c * vt.sum(-2, keepdim=True)
+        # TaylorShiftAttention._efficient_attention (normalize_input, not output_normalized).
+        B_, H_, N, d = q.shape
+        scale = d ** 0.25
+        v = torch.cat([torch.ones(*v.shape[:-1], 1, device=v.device, dtype=v.dtype), v], dim=-1)
+        q = F.normalize(q, dim=-1) * (scale * tau.reshape(1, -1, 1, 1))
+        k = F.normalize(k, dim=-1) * scale
+        v = v / N
+        kv_mod = box(k, k).transpose(-1, -2) @ v
+        y = (a * box(q, q) @ kv_mod + (scale ** 2 * b) * q @ (k.transpose(-1, -2) @ v)
+             + (scale ** 4 * c) * v.sum(-2).view(B_, H_, 1, d + 1))
         return y[..., 1:] / y[..., :1]
+
+    def taylorshift_direct(q, k, v, tau, a=0.5, b=1.0, c=1.0):
+        # TaylorShiftAttention._direct_attention (normalize_input).
+        q = F.normalize(q, dim=-1) * tau.reshape(1, -1, 1, 1)
+        k = F.normalize(k, dim=-1)
+        attn = q @ k.transpose(-2, -1)
+        attn_max = attn.abs().max(dim=-1).values.view(*attn.shape[:-1], 1)
+        max_val = a * attn_max.square() + b * attn_max + c
+        attn = a * (attn / max_val.sqrt()).square() + b * (attn / max_val) + c / max_val
+        attn = attn / attn.sum(-1).view(*attn.shape[:-1], 1)
+        return attn @ v
 
     return {
         "softmax": lambda x: softmax_attn(x["q"], x["k"], x["v"]),
         "softmax_causal": lambda x: softmax_attn(x["q"], x["k"], x["v"], causal=True),
-        "local_w64": lambda x: local_attn(x["q"], x["k"], x["v"]),
-        "local_w64_causal": lambda x: local_attn(x["q"], x["k"], x["v"], causal=True),
+        "local_w64": lambda x: local_attn(x["q"], x["k"], x["v"], 64),
+        "local_w64_causal": lambda x: local_attn(x["q"], x["k"], x["v"], 64, causal=True),
+        "local_w256": lambda x: local_attn(x["q"], x["k"], x["v"], 256),
+        "local_w256_causal": lambda x: local_attn(x["q"], x["k"], x["v"], 256, causal=True),
         "efficient": lambda x: efficient_attn(x["q"], x["k"], x["v"]),
         "efficient_causal": lambda x: efficient_causal(x["q"], x["k"], x["v"]),
         "linear": lambda x: linear_attn(x["q"], x["k"], x["v"]),

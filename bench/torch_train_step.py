@@ -19,6 +19,10 @@ taylorshift as the eager composites of bench/torch_attention.py); on the GPU it
 runs under torch.autocast with f32 master weights (fp16 with a GradScaler),
 as our `precision: bf16 | fp16`. Prints a Markdown table: median ms per step,
 images/s, torch / ours, and peak memory of both.
+
+Each side of each batch size runs alone in a fresh process (this driver only
+starts them and computes nothing): a PyTorch step in the driver would leave
+its OpenMP threads spinning while our program runs, and the other way round.
 """
 import argparse
 import os
@@ -176,8 +180,15 @@ def main():
     p.add_argument("--attention", choices=["softmax", "favor", "taylorshift"], default="softmax")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument("--torch-one", type=int, metavar="BATCH",
+                   help="(internal) time PyTorch's step at this batch in this process; print ms,peak")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.torch_one:
+        t, peak = torch_step_ms(args.model, args.attention, args.device, args.precision, args.torch_one,
+                                args.steps, 5)
+        print(f"{t},{peak}")
+        return
     where = (torch.cuda.get_device_name(0) if args.device == "cuda" else f"{args.threads} CPU threads")
     print(f"{args.model} with {args.attention} attention, one training step (AdamW), {args.precision}, "
           f"{where}, torch {torch.__version__}")
@@ -189,7 +200,11 @@ def main():
                               "--attention", args.attention, "--device", args.device, "--precision", args.precision],
                              check=True, capture_output=True, text=True, env=env).stdout.strip()
         _, _, ours_ms, ours_ips, peak = out.split(",")
-        t, torch_peak = torch_step_ms(args.model, args.attention, args.device, args.precision, b, args.steps, 5)
+        line = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-one", str(b), "--ours", args.ours,
+                               "--threads", str(args.threads), "--steps", str(args.steps), "--model", args.model,
+                               "--attention", args.attention, "--device", args.device, "--precision", args.precision],
+                              check=True, capture_output=True, text=True, env=env).stdout.strip().splitlines()[-1]
+        t, torch_peak = (float(v) for v in line.split(","))
         print(f"| {b} | {float(ours_ms):.1f} | {t:.1f} | {float(ours_ips):.0f} | {1000 * b / t:.0f} | "
               f"{t / float(ours_ms):.2f} | {float(peak):.1f} | {torch_peak:.1f} |")
 
