@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libopenblas-openmp-dev   # OpenBLAS built with OpenMP: BLAS and our kernels share one thread pool
+  libsleef-dev             # SLEEF: vectorised exp for the CPU kernels (core/vmath.h)
   libyaml-cpp-dev
   libspdlog-dev libfmt-dev
   libgtest-dev
