@@ -26,6 +26,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "core/vmath.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/favor_cuda.h"
@@ -130,8 +131,9 @@ void query_features(const FavorDims& f, const T* q, const T* W, Scratch<T>& w) {
     for (int64_t e = 0; e < d; ++e) sq += x[e] * x[e];
     const T shift =
         sq * c * c / 2 + *std::max_element(xp, xp + F);  // diag(q_i) + stop-grad row max
-    for (int64_t e = 0; e < F; ++e)
-      y[e] = r * (std::exp(xp[e] - shift) + static_cast<T>(kSoftmaxEps));
+    for (int64_t e = 0; e < F; ++e) y[e] = xp[e] - shift;
+    vmath::exp(y, y, F);  // SLEEF's vectors (core/vmath.h)
+    for (int64_t e = 0; e < F; ++e) y[e] = r * (y[e] + static_cast<T>(kSoftmaxEps));
   }
 }
 
@@ -188,7 +190,8 @@ std::pair<T, T> key_features(const FavorDims& f, const T* k, const T* W, const u
     T sq = 0;
     for (int64_t e = 0; e < d; ++e) sq += x[e] * x[e];
     const T shift = sq * c * c / 2 + w.mk[j];
-    for (int64_t e = 0; e < F; ++e) y[e] = std::exp(xp[e] - shift);
+    for (int64_t e = 0; e < F; ++e) y[e] = xp[e] - shift;
+    vmath::exp(y, y, F);
   }
   const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(F)));
   return {r, r * static_cast<T>(kSoftmaxEps)};
