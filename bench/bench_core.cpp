@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
   }
   const int64_t n = 1 << 24;
   Tensor x = Tensor::randn({n}), y = Tensor::randn({n});
+  const Tensor positive = forge::ops::add(forge::ops::abs(x), 0.01);  // log's domain
   std::vector<float> dst(static_cast<size_t>(n));
   const double bytes2 = 2.0 * 4 * static_cast<double>(n), bytes3 = 3.0 * 4 * static_cast<double>(n);
   const double copy =
@@ -86,7 +87,11 @@ int main(int argc, char** argv) {
       {"add (x + y)", bytes3, [&] { Tensor r = forge::ops::add(x, y); }},
       {"mul by scalar", bytes2, [&] { Tensor r = forge::ops::mul(x, 2.0); }},
       {"exp", bytes2, [&] { Tensor r = forge::ops::exp(x); }},
+      {"log", bytes2, [&] { Tensor r = forge::ops::log(positive); }},
+      {"tanh", bytes2, [&] { Tensor r = forge::ops::tanh(x); }},
+      {"sigmoid", bytes2, [&] { Tensor r = forge::ops::sigmoid(x); }},
       {"gelu", bytes2, [&] { Tensor r = forge::ops::gelu(x); }},
+      {"gelu tanh", bytes2, [&] { Tensor r = forge::ops::gelu(x, forge::ops::GeluApprox::tanh); }},
   };
   for (const Case& c : cases) {
     const double gbs = c.bytes / time_median(c.fn) / 1e9;

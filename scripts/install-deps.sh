@@ -4,9 +4,8 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake pkg-config  # build-essential brings libc6-dev, whose libmvec vectorises the CPU kernels' exp, tanh, erf (core/vmath.h)
   libopenblas-openmp-dev   # OpenBLAS built with OpenMP: BLAS and our kernels share one thread pool
-  libsleef-dev             # SLEEF: vectorised exp for the CPU kernels (core/vmath.h)
   libyaml-cpp-dev
   libspdlog-dev libfmt-dev
   libgtest-dev

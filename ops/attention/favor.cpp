@@ -132,7 +132,7 @@ void query_features(const FavorDims& f, const T* q, const T* W, Scratch<T>& w) {
     const T shift =
         sq * c * c / 2 + *std::max_element(xp, xp + F);  // diag(q_i) + stop-grad row max
     for (int64_t e = 0; e < F; ++e) y[e] = xp[e] - shift;
-    vmath::exp(y, y, F);  // SLEEF's vectors (core/vmath.h)
+    vmath::exp(y, y, F);  // glibc's vector math (core/vmath.h)
     for (int64_t e = 0; e < F; ++e) y[e] = r * (y[e] + static_cast<T>(kSoftmaxEps));
   }
 }

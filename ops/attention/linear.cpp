@@ -38,7 +38,7 @@ constexpr int64_t kChunk = 64;
 
 // phi(x) = elu(x) + 1 of `rows` rows of x [rows, d], zeroed on rows whose
 // keep byte is 0 (keep may be null: every row is kept). exp(min(x, 0)) runs
-// over the whole block in SLEEF's vectors (core/vmath.h), then x > 0 picks x + 1.
+// over the whole block in glibc's vector math (core/vmath.h), then x > 0 picks x + 1.
 template <typename T>
 void feature_map(const T* x, int64_t rows, int64_t d, const uint8_t* keep, T* out) {
   const int64_t n = rows * d;

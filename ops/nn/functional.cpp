@@ -11,6 +11,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "core/vmath.h"
 #include "ops/nn/functional_cuda.h"
 
 namespace forge::ops {
@@ -86,12 +87,11 @@ void softmax_forward(const T* x, T* y, const Around& a, bool log) {
         T* yr = y + o * C;
         T m = -std::numeric_limits<T>::infinity();
         for (int64_t c = 0; c < C; ++c) m = xr[c] > m ? xr[c] : m;
+        // exp(x - m) over the row in glibc's vector math (core/vmath.h), into y.
+        for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] - m;
+        vmath::exp(yr, yr, C);
         double s = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          const T e = std::exp(xr[c] - m);
-          s += static_cast<double>(e);
-          if (!log) yr[c] = e;
-        }
+        for (int64_t c = 0; c < C; ++c) s += static_cast<double>(yr[c]);
         if (log) {
           const T shift = static_cast<T>(static_cast<double>(m) + std::log(s));
           for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] - shift;
@@ -142,8 +142,12 @@ void softmax_backward(const T* y, const T* g, T* gx, const Around& a, bool log) 
         double dot = 0;
         for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(log ? gr[c] : gr[c] * yr[c]);
         const T d = static_cast<T>(dot);
-        for (int64_t c = 0; c < C; ++c)
-          dst[c] = log ? gr[c] - std::exp(yr[c]) * d : yr[c] * (gr[c] - d);
+        if (log) {
+          vmath::exp(yr, dst, C);
+          for (int64_t c = 0; c < C; ++c) dst[c] = gr[c] - dst[c] * d;
+        } else {
+          for (int64_t c = 0; c < C; ++c) dst[c] = yr[c] * (gr[c] - d);
+        }
       },
       [&](int64_t o, int64_t i0, int64_t i1) {
         double dot[kTile] = {};
@@ -292,9 +296,15 @@ void cross_entropy_forward(const T* x, const I* target, T* lse, double* loss, in
       T m = -std::numeric_limits<T>::infinity();
       for (int64_t c = 0; c < C; ++c) m = xr[c] > m ? xr[c] : m;
       double s = 0, sx = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        s += static_cast<double>(std::exp(xr[c] - m));
-        sx += static_cast<double>(xr[c]);
+      for (int64_t c = 0; c < C; ++c) sx += static_cast<double>(xr[c]);
+      // sum exp(x - m) in runs of a stack buffer, in glibc's vector math (core/vmath.h).
+      constexpr int64_t kRun = 256;
+      T e[kRun];
+      for (int64_t c0 = 0; c0 < C; c0 += kRun) {
+        const int64_t n = std::min(kRun, C - c0);
+        for (int64_t c = 0; c < n; ++c) e[c] = xr[c0 + c] - m;
+        vmath::exp(e, e, n);
+        for (int64_t c = 0; c < n; ++c) s += static_cast<double>(e[c]);
       }
       const double l = static_cast<double>(m) + std::log(s);
       lse[r] = static_cast<T>(l);
@@ -326,7 +336,9 @@ void cross_entropy_backward(const T* x, const I* target, const T* lse, const T* 
                                                       : static_cast<double>(g[0]) / count;
       const T wt = static_cast<T>(wr), smooth = static_cast<T>(eps / static_cast<double>(C)),
               l = lse[r];
-      for (int64_t c = 0; c < C; ++c) dst[c] = wt * (std::exp(xr[c] - l) - smooth);
+      for (int64_t c = 0; c < C; ++c) dst[c] = xr[c] - l;
+      vmath::exp(dst, dst, C);
+      for (int64_t c = 0; c < C; ++c) dst[c] = wt * (dst[c] - smooth);
       dst[t] -= static_cast<T>(wr * (1.0 - eps));
     }
   });

@@ -26,7 +26,7 @@ for t in "${targets[@]}"; do
 done
 # Every shared library the programs load, except glibc's, the C++ runtime's
 # and CUDA's (the GPU machine has newer ones of those).
-skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libcudnn|libnccl)'
+skip='^(linux-vdso|ld-linux|libc\.|libm\.|libmvec\.|libdl\.|libpthread\.|librt\.|libstdc\+\+|libgcc_s|libcudart|libcublas|libcublasLt|libcudnn|libnccl)'
 for bin in "$stage"/attnforge-gpu/bin/*; do
   ldd "$bin" | awk '/=> \// {print $1, $3}'
 done | sort -u | while read -r name path; do

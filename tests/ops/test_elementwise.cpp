@@ -357,6 +357,67 @@ TEST(ElementwiseUnary, ExtremeInputsStayFinite) {
   }
 }
 
+// The CPU kernels of the smooth ops run over glibc's vector math (core/vmath.h) in
+// runs; arrays long enough for the vector bodies, the chunk boundaries and the
+// tails, forward and backward, against the scalar libm formula per element.
+TEST(ElementwiseUnary, LongArraysMatchScalarFormulas) {
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&)> op;
+    std::function<double(double)> f, df;
+    double lo, hi;
+  };
+  const double k = std::sqrt(2 / M_PI), c = 0.044715;
+  auto cdf = [](double v) { return 0.5 * std::erfc(-v / std::sqrt(2.0)); };
+  auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
+  auto th = [k, c](double v) { return std::tanh(k * (v + c * v * v * v)); };
+  const std::vector<Case> cases = {
+      {"exp", [](const Tensor& x) { return ops::exp(x); }, [](double v) { return std::exp(v); },
+       [](double v) { return std::exp(v); }, -20, 20},
+      {"log", [](const Tensor& x) { return ops::log(x); }, [](double v) { return std::log(v); },
+       [](double v) { return 1 / v; }, 1e-3, 50},
+      {"tanh", [](const Tensor& x) { return ops::tanh(x); }, [](double v) { return std::tanh(v); },
+       [](double v) { return 1 - std::tanh(v) * std::tanh(v); }, -6, 6},
+      {"gelu", [](const Tensor& x) { return ops::gelu(x); }, [&](double v) { return v * cdf(v); },
+       [&](double v) { return cdf(v) + v * std::exp(-v * v / 2) / std::sqrt(2 * M_PI); }, -8, 8},
+      {"gelu tanh", [](const Tensor& x) { return ops::gelu(x, ops::GeluApprox::tanh); },
+       [&](double v) { return 0.5 * v * (1 + th(v)); },
+       [&](double v) {
+         return 0.5 * (1 + th(v)) + 0.5 * v * (1 - th(v) * th(v)) * k * (1 + 3 * c * v * v);
+       },
+       -8, 8},
+      {"elu 0.7", [](const Tensor& x) { return ops::elu(x, 0.7); },
+       [](double v) { return v > 0 ? v : 0.7 * std::expm1(v); },
+       [](double v) { return v > 0 ? 1 : 0.7 * std::exp(v); }, -8, 8},
+      {"silu", [](const Tensor& x) { return ops::silu(x); }, [&](double v) { return v * sig(v); },
+       [&](double v) { return sig(v) * (1 + v * (1 - sig(v))); }, -30, 30},
+      {"sigmoid", [](const Tensor& x) { return ops::sigmoid(x); }, sig,
+       [&](double v) { return sig(v) * (1 - sig(v)); }, -30, 30}};
+  const int64_t n = 1000 + 257 + 7;  // several runs of 256, and a tail
+  for (DType dt : kFloatTypes) {
+    const double tol = dt == DType::f32 ? 4e-6 : 1e-13;
+    for (const Case& cs : cases) {
+      SCOPED_TRACE(std::string(cs.name) + " " + dtype_name(dt));
+      std::vector<double> xs(static_cast<size_t>(n)), gs(xs.size());
+      for (int64_t i = 0; i < n; ++i) {
+        xs[static_cast<size_t>(i)] = cs.lo + (cs.hi - cs.lo) * static_cast<double>(i) / n;
+        gs[static_cast<size_t>(i)] = 0.5 + static_cast<double>(i % 7) / 7;
+      }
+      Tensor x = make(xs, {n}, dt);  // rounded to the dtype: the formulas see the same inputs
+      x.set_requires_grad(true);
+      const Tensor y = cs.op(x);
+      backward({y}, {make(gs, {n}, dt)});
+      const auto xv = x.to_vector<double>(), yv = y.to_vector<double>(),
+                 dv = x.grad().to_vector<double>(), gv = make(gs, {n}, dt).to_vector<double>();
+      for (size_t i = 0; i < xv.size(); ++i) {
+        const double want = cs.f(xv[i]), dwant = gv[i] * cs.df(xv[i]);
+        ASSERT_NEAR(yv[i], want, tol * std::max(1.0, std::abs(want))) << "x " << xv[i];
+        ASSERT_NEAR(dv[i], dwant, tol * std::max(1.0, std::abs(dwant))) << "x " << xv[i];
+      }
+    }
+  }
+}
+
 // Gradients exactly at the kinks, by one backward seeded with ones.
 TEST(ElementwiseUnary, GradientsAtKinks) {
   auto grad_of = [](const std::function<Tensor(const Tensor&)>& f, const std::vector<double>& xs) {

@@ -388,6 +388,14 @@ TEST(FunctionalCrossEntropy, ThreeDimLogitsMatchNaive) {
           1e-5);
     }
   }
+  // Rows longer than the kernel's runs of 256 (its vector bodies and tails).
+  const Tensor wide = leaf64({4, 600}, 32, -3, 3).detach();
+  const Tensor wide_target = Tensor::from_vector(std::vector<int64_t>{0, 599, 256, 300}, {4});
+  const CrossEntropyOptions smooth{.label_smoothing = 0.1};
+  expect_close(ops::cross_entropy(wide, wide_target, smooth),
+               naive_cross_entropy(wide, wide_target, smooth), 1e-12);
+  expect_close(ops::cross_entropy(wide.to(DType::f32), wide_target, smooth).to(DType::f64),
+               naive_cross_entropy(wide, wide_target, smooth), 1e-5);
   // Large logits stay finite.
   const Tensor big = Tensor::from_vector(std::vector<double>{1000, 0, -1000}, {1, 3});
   expect_values(ops::cross_entropy(big, Tensor::from_vector(std::vector<int64_t>{1})), {1000},
@@ -400,7 +408,10 @@ TEST(FunctionalCrossEntropy, Gradcheck) {
     std::vector<int64_t> target;
   };
   const std::vector<Case> cases = {
-      {{4, 5}, {1, -100, 4, 0}}, {{2, 3, 4}, {3, 0, -100, 1, 2, 2}}, {{6}, {5}}};
+      {{4, 5}, {1, -100, 4, 0}},
+      {{2, 3, 4}, {3, 0, -100, 1, 2, 2}},
+      {{6}, {5}},
+      {{2, 300}, {7, 299}}};  // rows longer than the kernel's runs of 256
   for (const Case& c : cases) {
     const Shape lead(c.logits.begin(), c.logits.end() - 1);
     for (DType tdt : {DType::i64, DType::i32}) {
