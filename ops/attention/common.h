@@ -1,12 +1,44 @@
-// Shared argument checks and shape bookkeeping of the attention ops (internal).
+// Shared argument checks, shape bookkeeping and the CPU kernels' exp of the attention ops
+// (internal).
 #pragma once
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace forge::ops::attention {
+
+// exp(x) for x <= 0 (a shifted score, S - row max or S - L: at most rounding
+// above 0; -inf for a masked entry gives 0), one call per element, for the CPU
+// kernels' innermost loops (softmax, efficient). f64 keeps std::exp, which gradcheck and the 1e-10
+// reference comparisons rely on. f32 uses a form the compiler vectorises: x = n ln2 + r with n =
+// round(x / ln2) (by the 1.5 * 2^23 shift, which also leaves n in the low mantissa bits, so no
+// float-to-int conversion stops the vectoriser), exp(r) by the Cephes expf polynomial (relative
+// error below 2e-7), times 2^n built in the exponent bits; below -87 it gives 0.
+inline double exp_nonpos(double x) {
+  return std::exp(x);
+}
+inline float exp_nonpos(float x) {
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  const float xc = std::max(x, -87.0f);  // 2^n stays a normal float
+  const float t = xc * 1.44269504f + kShift;
+  const float n = t - kShift;
+  const int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShift);
+  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float two_n = std::bit_cast<float>((ni + 127) << 23);
+  return x < -87.0f ? 0.0f : p * two_n;
+}
 
 struct Dims4 {
   int64_t B = 0, H = 0, N = 0, M = 0, d = 0, dv = 0;

@@ -45,34 +45,6 @@ constexpr int64_t kChunk = 64;
 // The reference's floor on the causal denominator.
 constexpr double kMinDenominator = 1e-3;
 
-// exp(x) for x <= 0 (a shifted score: at most rounding above 0), one call per
-// element. f64 keeps std::exp, which gradcheck and the 1e-10 reference
-// comparisons rely on. f32 uses a form the compiler vectorises: x = n ln2 + r
-// with n = round(x / ln2) (by the 1.5 * 2^23 shift, which also leaves n in the
-// low mantissa bits, so no float-to-int conversion stops the vectoriser),
-// exp(r) by the Cephes expf polynomial (relative error below 2e-7), times 2^n
-// built in the exponent bits; below -87 it gives 0.
-inline double exp_nonpos(double x) {
-  return std::exp(x);
-}
-inline float exp_nonpos(float x) {
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
-  const float xc = std::max(x, -87.0f);  // 2^n stays a normal float
-  const float t = xc * 1.44269504f + kShift;
-  const float n = t - kShift;
-  const int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShift);
-  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const float two_n = std::bit_cast<float>((ni + 127) << 23);
-  return x < -87.0f ? 0.0f : p * two_n;
-}
-
 // p = softmax over the d features of each of `rows` rows of x [rows, d]
 // (unscaled: the d^-1/2 goes into the GEMMs' alpha).
 template <typename T>

@@ -29,29 +29,6 @@ namespace {
 constexpr int64_t kTileQ = 64;
 constexpr int64_t kTileK = 128;
 
-// exp of a shifted score (S - row max, or S - L: at most rounding above 0;
-// -inf for a masked entry gives 0). f64 keeps std::exp, which gradcheck and the
-// 1e-10 reference comparisons rely on. f32 uses a form the compiler vectorises:
-// x = n ln2 + r with |r| <= ln2 / 2, exp(r) by the Cephes expf polynomial
-// (relative error below 2e-7), times 2^n built in the exponent bits.
-inline double exp_score(double x) {
-  return std::exp(x);
-}
-inline float exp_score(float x) {
-  const float xc = std::max(x, -87.0f);  // 2^n stays a normal float
-  const float n = std::floor(xc * 1.44269504f + 0.5f);
-  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x < -87.0f ? 0.0f : p * two_n;
-}
-
 // Everything the kernels share: sizes, options and the dropout stream.
 struct Plan {
   int64_t B = 0, H = 0, N = 0, M = 0, d = 0, dv = 0;
@@ -121,7 +98,10 @@ void forward_tile(const Plan& s, const scalar_t* q, const scalar_t* k, const sca
       if (real)
         for (int64_t c = 0; c < c_end; ++c) pr[c] = real[c] ? pr[c] : kNegInf;
       std::fill(pr + c_end, pr + nj, kNegInf);
+      // The max, the exps and their sum in separate loops, each in vectors
+      // (a sum fused into the exp loop keeps the compiler to scalar code).
       scalar_t tile_max = kNegInf;
+#pragma omp simd reduction(max : tile_max)
       for (int64_t c = 0; c < c_end; ++c) tile_max = std::max(tile_max, pr[c]);
       const scalar_t m_new = std::max(row_max[r], tile_max);
       if (m_new == kNegInf) {  // nothing visible to this row yet
@@ -129,11 +109,10 @@ void forward_tile(const Plan& s, const scalar_t* q, const scalar_t* k, const sca
         continue;
       }
       const scalar_t rescale = std::exp(row_max[r] - m_new);  // 0 when row_max was -inf
+      for (int64_t c = 0; c < c_end; ++c) pr[c] = exp_nonpos(pr[c] - m_new);
       scalar_t sum = 0;
-      for (int64_t c = 0; c < c_end; ++c) {
-        pr[c] = exp_score(pr[c] - m_new);
-        sum += pr[c];
-      }
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < c_end; ++c) sum += pr[c];
       std::fill(pr + c_end, pr + nj, scalar_t(0));
       row_sum[r] = row_sum[r] * rescale + sum;
       row_max[r] = m_new;
@@ -219,7 +198,7 @@ const scalar_t* grad_tile(const Plan& s, const Saved<scalar_t>& g, int64_t bh, i
     scalar_t* pr = w.P + r * nj;
     const scalar_t L = Lt[r];
     const int64_t c_end = L == kNegInf ? 0 : s.row_end(i0 + r, j0, nj);
-    for (int64_t c = 0; c < c_end; ++c) pr[c] = exp_score(pr[c] - L);
+    for (int64_t c = 0; c < c_end; ++c) pr[c] = exp_nonpos(pr[c] - L);
     if (real)
       for (int64_t c = 0; c < c_end; ++c) pr[c] = real[c] ? pr[c] : scalar_t(0);
     std::fill(pr + c_end, pr + nj, scalar_t(0));
