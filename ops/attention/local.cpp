@@ -64,6 +64,14 @@ inline bool allowed(const LocalPlan& s, const uint8_t* kpm_b, int64_t i, int64_t
   return (kpm_b == nullptr || kpm_b[j] != 0) && (!s.causal || j <= i);
 }
 
+// row[c] = -inf where key j0 + c is not allowed for query i, so that the
+// row's max, exp and sum below run over the whole row in vectors.
+template <typename T>
+void mask_row(const LocalPlan& s, const uint8_t* kpm_b, int64_t i, int64_t j0, int64_t nk, T* row) {
+  const T inf = std::numeric_limits<T>::infinity();
+  for (int64_t c = 0; c < nk; ++c) row[c] = allowed(s, kpm_b, i, j0 + c) ? row[c] : -inf;
+}
+
 // dst[c] = src[c] * scale * keep / (1 - p) for the nk band positions pos0 ..
 // of row (bh, i): element (bh, i, pos) keeps iff uniform_f32 draw
 // first + (bh N + i) bw + pos of the reserved stream is >= p.
@@ -93,9 +101,11 @@ void forward_tile(const LocalPlan& s, int64_t bh, int64_t win, const T* q, const
     T* row = P + r * t.nk;
     T mx = -inf;
     const bool query_real = kpm_b == nullptr || kpm_b[i] != 0;
-    if (query_real)
-      for (int64_t c = 0; c < t.nk; ++c)
-        if (allowed(s, kpm_b, i, t.j0 + c)) mx = std::max(mx, row[c]);
+    if (query_real) {
+      mask_row(s, kpm_b, i, t.j0, t.nk, row);
+#pragma omp simd reduction(max : mx)
+      for (int64_t c = 0; c < t.nk; ++c) mx = std::max(mx, row[c]);
+    }
     if (mx == -inf) {
       // A padded query, or every key masked: the row outputs 0 (lse = +inf
       // tells the backward that its probabilities are all 0).
@@ -103,12 +113,11 @@ void forward_tile(const LocalPlan& s, int64_t bh, int64_t win, const T* q, const
       lse[i] = inf;
       continue;
     }
+    // exp in vectors (attention/common.h), masked keys -inf -> 0; then the sum.
+    for (int64_t c = 0; c < t.nk; ++c) row[c] = exp_nonpos(row[c] - mx);
     double sum = 0;
-    for (int64_t c = 0; c < t.nk; ++c) {
-      const T e = allowed(s, kpm_b, i, t.j0 + c) ? std::exp(row[c] - mx) : T(0);
-      row[c] = e;
-      sum += e;
-    }
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < t.nk; ++c) sum += static_cast<double>(row[c]);
     lse[i] = mx + static_cast<T>(std::log(sum));
     const T inv = static_cast<T>(1.0 / sum);
     if (s.p > 0) {
@@ -144,8 +153,8 @@ void backward_tile(const LocalPlan& s, int64_t bh, int64_t win, const T* q, cons
       if (s.p > 0) std::fill(Pd + r * t.nk, Pd + (r + 1) * t.nk, T(0));
       continue;
     }
-    for (int64_t c = 0; c < t.nk; ++c)
-      row[c] = allowed(s, kpm_b, i, t.j0 + c) ? std::exp(row[c] - lse[i]) : T(0);
+    mask_row(s, kpm_b, i, t.j0, t.nk, row);
+    for (int64_t c = 0; c < t.nk; ++c) row[c] = exp_nonpos(row[c] - lse[i]);
     if (s.p > 0) {
       // The forward's dropout(P), from the same Philox draws.
       apply_dropout(s, bh, i, t.j0 - t.band0, t.nk, row, T(1), Pd + r * t.nk);
