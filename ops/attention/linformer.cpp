@@ -140,13 +140,14 @@ void forward_kernel(const T* q, const T* K_all, const T* V_all, const LinformerD
       gemm(false, true, rows, kd, d, scale, q + (bh * N + i0) * d, d, K, d, T(0), P, kd);
       for (int64_t r = 0; r < rows; ++r) {
         T* Pr = P + r * kd;
+        // The max, the exps (attention/common.h) and the sum, each in vectors.
         T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < kd; ++j) mx = std::max(mx, Pr[j]);
+        for (int64_t j = 0; j < kd; ++j) Pr[j] = exp_nonpos(Pr[j] - mx);
         T sum = 0;
-        for (int64_t j = 0; j < kd; ++j) {
-          Pr[j] = std::exp(Pr[j] - mx);
-          sum += Pr[j];
-        }
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < kd; ++j) sum += Pr[j];
         const T inv = T(1) / sum;
         for (int64_t j = 0; j < kd; ++j) Pr[j] *= inv;
         if (L.p > 0)
@@ -200,7 +201,7 @@ void backward_kernel(const Params<T>& a, const T* K_all, const T* V_all, const T
             for (int64_t r = 0; r < rows; ++r) {
               const T l = lse[bh * N + i0 + r];
               T* Pr = P + r * kd;
-              for (int64_t j = 0; j < kd; ++j) Pr[j] = std::exp(Pr[j] - l);
+              for (int64_t j = 0; j < kd; ++j) Pr[j] = exp_nonpos(Pr[j] - l);
               if (L.p > 0) {
                 T* Pdr = Pd + r * kd;
                 for (int64_t j = 0; j < kd; ++j) Pdr[j] = Pr[j] * keep_factor<T>(L, bh, i0 + r, j);
