@@ -40,6 +40,15 @@ inline float exp_nonpos(float x) {
   return x < -87.0f ? 0.0f : p * two_n;
 }
 
+// sum_i a[i] b[i], in vectors (omp simd: the lanes' partial sums, then theirs).
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t n) {
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
 struct Dims4 {
   int64_t B = 0, H = 0, N = 0, M = 0, d = 0, dv = 0;
 };

@@ -30,6 +30,7 @@
 
 #include "autograd/node.h"
 #include "core/threading.h"
+#include "core/vmath.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/common.h"
 #include "ops/attention/feature_attention.h"
@@ -52,10 +53,13 @@ void softmax_rows(const T* x, int64_t rows, int64_t d, T* p) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * d;
     T* pr = p + r * d;
+    // The max, the exps and the sum, each in vectors.
     T mx = xr[0];
+#pragma omp simd reduction(max : mx)
     for (int64_t f = 1; f < d; ++f) mx = std::max(mx, xr[f]);
     for (int64_t f = 0; f < d; ++f) pr[f] = exp_nonpos(xr[f] - mx);
     T sum = 0;
+#pragma omp simd reduction(+ : sum)
     for (int64_t f = 0; f < d; ++f) sum += pr[f];
     const T inv = T(1) / sum;
     for (int64_t f = 0; f < d; ++f) pr[f] *= inv;
@@ -69,9 +73,8 @@ void softmax_rows_backward(const T* p, int64_t rows, int64_t d, T c, T* dq) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* pr = p + r * d;
     T* gr = dq + r * d;
-    T dot = 0;
-    for (int64_t f = 0; f < d; ++f) dot += pr[f] * gr[f];
-    for (int64_t f = 0; f < d; ++f) gr[f] = c * pr[f] * (gr[f] - dot);
+    const T pg = dot(pr, gr, d);
+    for (int64_t f = 0; f < d; ++f) gr[f] = c * pr[f] * (gr[f] - pg);
   }
 }
 
@@ -215,9 +218,10 @@ template <typename T>
 void block_features(const T* q, const T* k, const uint8_t* keep, int64_t rows, const Sizes& s,
                     Scratch<T>& w) {
   softmax_rows(q, rows, s.d, w.p.data());
+  vmath::exp(k, w.kp.data(), rows * s.d);  // glibc's vector math (core/vmath.h)
   for (int64_t j = 0; j < rows; ++j)
-    for (int64_t f = 0; f < s.d; ++f)
-      w.kp[j * s.d + f] = (keep == nullptr || keep[j]) ? std::exp(k[j * s.d + f]) : T(0);
+    if (keep != nullptr && !keep[j])
+      std::fill(w.kp.data() + j * s.d, w.kp.data() + (j + 1) * s.d, T(0));
 }
 
 // num = q' C + A v [rows, dv] and den = x = q' . z + rowsum(A) [rows] of a

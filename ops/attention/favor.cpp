@@ -110,8 +110,10 @@ void query_features(const FavorDims& f, const T* q, const T* W, Scratch<T>& w) {
       const T* x = q + i * d;
       T* y = w.qf + i * F;
       const T mx = *std::max_element(x, x + d);
+      for (int64_t e = 0; e < d; ++e) y[e] = exp_nonpos(x[e] - mx);
       T sum = 0;
-      for (int64_t e = 0; e < d; ++e) sum += (y[e] = std::exp(x[e] - mx));
+#pragma omp simd reduction(+ : sum)
+      for (int64_t e = 0; e < d; ++e) sum += y[e];
       for (int64_t e = 0; e < d; ++e) y[e] /= sum;
     }
     return;
@@ -127,8 +129,7 @@ void query_features(const FavorDims& f, const T* q, const T* W, Scratch<T>& w) {
     const T* x = q + i * d;
     const T* xp = w.qx + i * F;
     T* y = w.qf + i * F;
-    T sq = 0;
-    for (int64_t e = 0; e < d; ++e) sq += x[e] * x[e];
+    const T sq = dot(x, x, d);
     const T shift =
         sq * c * c / 2 + *std::max_element(xp, xp + F);  // diag(q_i) + stop-grad row max
     for (int64_t e = 0; e < F; ++e) y[e] = xp[e] - shift;
@@ -148,7 +149,9 @@ std::pair<T, T> key_features(const FavorDims& f, const T* k, const T* W, const u
     // Causal: phi(k) = exp(k) as the reference does (a softmax over the whole
     // sequence would let later keys change earlier outputs); else softmax over j.
     if (causal) {
-      for (int64_t t = 0; t < M * F; ++t) w.g[t] = (mask && !mask[t / F]) ? T(0) : std::exp(k[t]);
+      vmath::exp(k, w.g, M * F);
+      for (int64_t j = 0; j < M; ++j)
+        if (mask && !mask[j]) std::fill(w.g + j * F, w.g + (j + 1) * F, T(0));
       return {T(1), T(0)};
     }
     for (int64_t e = 0; e < F; ++e) {
@@ -166,8 +169,14 @@ std::pair<T, T> key_features(const FavorDims& f, const T* k, const T* W, const u
   const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
   gemm(false, true, M, F, d, c, k, W, T(0), w.kx);  // k' = (c k) W^T
   if (f.opt.kernel == FavorKernel::relu) {
-    for (int64_t t = 0; t < M * F; ++t)
-      w.g[t] = (mask && !mask[t / F]) ? T(0) : std::max(w.kx[t], T(0)) + static_cast<T>(kReluEps);
+    for (int64_t j = 0; j < M; ++j) {  // row by row: no division per element
+      T* y = w.g + j * F;
+      const T* xp = w.kx + j * F;
+      if (mask && !mask[j])
+        std::fill(y, y + F, T(0));
+      else
+        for (int64_t e = 0; e < F; ++e) y[e] = std::max(xp[e], T(0)) + static_cast<T>(kReluEps);
+    }
     return {T(1), T(0)};
   }
   // Softmax kernel. The stabiliser is over real keys only; prefix: running max.
@@ -187,8 +196,7 @@ std::pair<T, T> key_features(const FavorDims& f, const T* k, const T* W, const u
     }
     const T* x = k + j * d;
     const T* xp = w.kx + j * F;
-    T sq = 0;
-    for (int64_t e = 0; e < d; ++e) sq += x[e] * x[e];
+    const T sq = dot(x, x, d);
     const T shift = sq * c * c / 2 + w.mk[j];
     for (int64_t e = 0; e < F; ++e) y[e] = xp[e] - shift;
     vmath::exp(y, y, F);
@@ -417,9 +425,8 @@ void favor_backward_bh(const FavorDims& f, const T* q, const T* k, const T* v, c
           n += 1;
         }
         const T ddi = w.dd[i0 + i];
-        T bterm = 0;
-        for (int64_t c = 0; c < dv; ++c) bterm += w.vs[c] * dNc[i * dv + c];
-        bterm = beta * bterm + ddi * (beta * n + static_cast<T>(kCausalEps));
+        const T bterm =
+            beta * dot(w.vs, dNc + i * dv, dv) + ddi * (beta * n + static_cast<T>(kCausalEps));
         const T s = alpha * rescale(mprev, Mc[i]);
         for (int64_t e = 0; e < F; ++e)
           dQc[i * F + e] += s * (w.tmp[i * F + e] + ddi * w.z[e]) + bterm;

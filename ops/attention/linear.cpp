@@ -76,13 +76,6 @@ void add_colsum(const T* a, int64_t rows, int64_t d, T* z) {
     for (int64_t f = 0; f < d; ++f) z[f] += a[r * d + f];
 }
 
-template <typename T>
-T dot(const T* a, const T* b, int64_t n) {
-  T s = 0;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 // Zeroes the strict upper triangle (j > i) of a [c, c] block: causal inside a chunk.
 template <typename T>
 void keep_lower(T* a, int64_t c) {

@@ -216,9 +216,8 @@ void backward_kernel(const Params<T>& a, const T* K_all, const T* V_all, const T
               T* dPr = dP + r * kd;
               if (L.p > 0)
                 for (int64_t j = 0; j < kd; ++j) dPr[j] *= keep_factor<T>(L, bh, i0 + r, j);
-              T dot = 0;
-              for (int64_t j = 0; j < kd; ++j) dot += Pr[j] * dPr[j];
-              for (int64_t j = 0; j < kd; ++j) dPr[j] = Pr[j] * (dPr[j] - dot);
+              const T pd = dot(Pr, dPr, kd);
+              for (int64_t j = 0; j < kd; ++j) dPr[j] = Pr[j] * (dPr[j] - pd);
             }
             // S = scale q K^T: dq = scale dS K, dK += scale dS^T q.
             gemm(false, false, rows, d, kd, scale, dP, kd, K, d, T(0), dq + (bh * N + i0) * d, d);

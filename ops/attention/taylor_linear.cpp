@@ -49,9 +49,7 @@ void normalize_rows(const T* x, int64_t rows, int64_t d, const uint8_t* keep, T*
       inv[r] = 0;
       continue;
     }
-    T ss = 0;
-    for (int64_t c = 0; c < d; ++c) ss += xr[c] * xr[c];
-    const T a = T(1) / std::sqrt(ss);
+    const T a = T(1) / std::sqrt(dot(xr, xr, d));
     inv[r] = a;
     for (int64_t c = 0; c < d; ++c) yr[c] = xr[c] * a;
   }
@@ -116,9 +114,7 @@ void query_block(const T* q, int64_t rows, const Dims4& s, Scratch<T>& w) {
 template <typename T>
 T query_den(const Scratch<T>& w, int64_t i, int64_t d) {
   const T* qn = w.xn.data() + i * d;
-  T den = w.n;
-  for (int64_t c = 0; c < d; ++c) den += qn[c] * w.z[c];
-  return den;
+  return w.n + dot(qn, w.z.data(), d);
 }
 
 template <typename T>

@@ -64,9 +64,7 @@ bool is_real(const Problem& p, int64_t b, int64_t j) {
 template <typename T>
 void normalize_rows(const T* x, int64_t rows, int64_t d, T scale, T* out, T* inv_norm) {
   for (int64_t r = 0; r < rows; ++r) {
-    T ss = 0;
-    for (int64_t c = 0; c < d; ++c) ss += x[r * d + c] * x[r * d + c];
-    const T inv = T(1) / std::sqrt(ss);
+    const T inv = T(1) / std::sqrt(dot(x + r * d, x + r * d, d));
     inv_norm[r] = inv;
     for (int64_t c = 0; c < d; ++c) out[r * d + c] = scale * x[r * d + c] * inv;
   }
@@ -80,8 +78,7 @@ T normalize_rows_backward(const T* x, const T* inv_norm, const T* dy, int64_t ro
   T dscale = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T inv = inv_norm[r];
-    T udy = 0;
-    for (int64_t c = 0; c < d; ++c) udy += x[r * d + c] * inv * dy[r * d + c];
+    const T udy = inv * dot(x + r * d, dy + r * d, d);
     dscale += udy;
     for (int64_t c = 0; c < d; ++c)
       dx[r * d + c] = scale * inv * (dy[r * d + c] - x[r * d + c] * inv * udy);
