@@ -42,8 +42,9 @@ int64_t broadcast_batch_offset(int64_t i, const Shape& out_batch, const Shape& i
 }
 
 // c = op(a) op(b) [+ bias on every row] of out_dtype: a's dtype, or f32 for
-// bf16 / f16 operands on a GPU (autocast). `bias` (m, out_dtype) is for the
-// GPU, where the GEMM accumulates into rows that start as the bias.
+// bf16 / f16 operands on a GPU (autocast). With a `bias` (m, out_dtype) the
+// GEMM accumulates (beta = 1) into rows that start as the bias: no separate
+// pass adds it, and none zeroes c first.
 Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, DType out_dtype,
                const Tensor& bias = Tensor()) {
   FORGE_CHECK(a.dim() >= 2 && b.dim() >= 2,
@@ -120,10 +121,11 @@ Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, DType out_dty
     cuda::gemm(g, device);
     return c;
   }
-  FORGE_CHECK(out_dtype == a.dtype() && !bias.defined(),
-              "matmul (CPU): expected a {} result and no fused bias (those are the GPU's), got {}",
+  FORGE_CHECK(out_dtype == a.dtype(), "matmul (CPU): expected a {} result, got {}",
               dtype_name(a.dtype()), dtype_name(out_dtype));
-  if (ka == 0) {
+  FORGE_CHECK(!bias.defined() || (!ta && shape_numel(b_batch) == 1 && a_batch == batch),
+              "matmul (CPU): a fused bias needs one matrix b for every batch");
+  if (ka == 0 && !bias.defined()) {
     c.fill(0.0);
     return c;
   }
@@ -133,7 +135,15 @@ Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, DType out_dty
     scalar_t* cp = c.data<scalar_t>();
     if (!ta && shape_numel(b_batch) == 1 && a_batch == batch) {
       // b is one matrix shared by every batch: fold a's batch into its rows, one GEMM.
-      gemm(false, tb, batches * n, m, ka, scalar_t(1), ap, bp, scalar_t(0), cp);
+      scalar_t beta(0);
+      if (bias.defined()) {
+        const scalar_t* bias_p = bias.data<scalar_t>();
+        parallel_for(batches * n, m, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) std::copy(bias_p, bias_p + m, cp + r * m);
+        });
+        beta = scalar_t(1);
+      }
+      if (ka > 0) gemm(false, tb, batches * n, m, ka, scalar_t(1), ap, bp, beta, cp);
       return;
     }
     const int64_t a_mat = n * ka, b_mat = ka * m, c_mat = n * m;
@@ -205,47 +215,41 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
               x.dim() >= 1 ? x.size(-1) : 0, shape_str(weight.shape()), weight.size(1));
   FORGE_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
               "linear: bias must be ({}), got {}", weight.size(0), shape_str(bias.shape()));
-  FORGE_IF_CUDA(x) {
-    // One node, the bias added inside the GEMM. Under autocast x and the
-    // weight are multiplied as low-precision copies (kept for the backward);
-    // y and every gradient are f32, as the bias.
-    for (const Tensor& t : {weight, bias})
-      FORGE_CHECK(!t.defined() || (t.dtype() == x.dtype() && t.device() == x.device()),
-                  "linear: the input is {} on {} but the {} is {} on {}; expected one dtype and "
-                  "device",
-                  dtype_name(x.dtype()), x.device().str(), t.same(weight) ? "weight" : "bias",
-                  dtype_name(t.dtype()), t.device().str());
-    const int64_t in = weight.size(1), out = weight.size(0);
-    const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
-    const bool cast = autocasts(x) && autocasts(weight);
-    const DType dtype = x.dtype();
-    const Tensor x_in = (cast ? x.to(autocast_dtype()) : x.detach()).view({rows, in});
-    const Tensor w_in = cast ? weight.to(autocast_dtype()) : weight.detach();
-    Shape y_shape = x.shape();
-    y_shape.back() = out;
-    const Tensor y =
-        product(x_in, w_in, false, true, dtype, bias.defined() ? bias.detach() : Tensor())
-            .view(y_shape);  // (rows, in) (out, in)^T
-    return autograd::record(
-        "linear", {x, weight, bias}, y,
-        [x_saved = weight.requires_grad() ? x_in : Tensor(),
-         w_saved = x.requires_grad() ? w_in : Tensor(), low = w_in.dtype(), dtype, rows, out,
-         x_shape = x.shape(), need_x = x.requires_grad(), need_w = weight.requires_grad(),
-         need_b = bias.defined() &&
-                  bias.requires_grad()](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
-          const Tensor dy = grads[0].view({rows, out});
-          const Tensor g = dy.dtype() == low ? dy : dy.to(low);
-          Tensor dx, dw, db;
-          if (need_x) dx = product(g, w_saved, false, false, dtype).view(x_shape);  // (rows, in)
-          if (need_w) dw = product(g, x_saved, true, false, dtype);                 // (out, in)
-          if (need_b) db = sum_to(dy, {out});
-          return {dx, dw, db};
-        });
-  }
-  Tensor x2 = x.dim() == 1 ? unsqueeze(x, 0) : x;
-  Tensor y = matmul(x2, weight, false, true);
-  if (bias.defined()) y = add(y, bias);
-  return x.dim() == 1 ? squeeze(y, 0) : y;
+  // One node, the bias added inside the GEMM (its rows start as the bias).
+  // Under autocast (GPU) x and the weight are multiplied as low-precision
+  // copies (kept for the backward); y and every gradient are f32, as the bias.
+  for (const Tensor& t : {weight, bias})
+    FORGE_CHECK(!t.defined() || (t.dtype() == x.dtype() && t.device() == x.device()),
+                "linear: the input is {} on {} but the {} is {} on {}; expected one dtype and "
+                "device",
+                dtype_name(x.dtype()), x.device().str(), t.same(weight) ? "weight" : "bias",
+                dtype_name(t.dtype()), t.device().str());
+  const int64_t in = weight.size(1), out = weight.size(0);
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  const bool cast = autocasts(x) && autocasts(weight);
+  const DType dtype = x.dtype();
+  const Tensor x_in = (cast ? x.to(autocast_dtype()) : x.detach()).view({rows, in});
+  const Tensor w_in = cast ? weight.to(autocast_dtype()) : weight.detach();
+  Shape y_shape = x.shape();
+  y_shape.back() = out;
+  const Tensor y =
+      product(x_in, w_in, false, true, dtype, bias.defined() ? bias.detach() : Tensor())
+          .view(y_shape);  // (rows, in) (out, in)^T
+  return autograd::record(
+      "linear", {x, weight, bias}, y,
+      [x_saved = weight.requires_grad() ? x_in : Tensor(),
+       w_saved = x.requires_grad() ? w_in : Tensor(), low = w_in.dtype(), dtype, rows, out,
+       x_shape = x.shape(), need_x = x.requires_grad(), need_w = weight.requires_grad(),
+       need_b = bias.defined() &&
+                bias.requires_grad()](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+        const Tensor dy = grads[0].view({rows, out});
+        const Tensor g = dy.dtype() == low ? dy : dy.to(low);
+        Tensor dx, dw, db;
+        if (need_x) dx = product(g, w_saved, false, false, dtype).view(x_shape);  // (rows, in)
+        if (need_w) dw = product(g, x_saved, true, false, dtype);                 // (out, in)
+        if (need_b) db = sum_to(dy, {out});
+        return {dx, dw, db};
+      });
 }
 
 }  // namespace forge::ops

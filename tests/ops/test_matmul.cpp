@@ -118,6 +118,20 @@ TEST(Linear, MatchesDefinitionAndPassesGradcheck) {
   EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1]); }, {x, w});
 }
 
+// The bias is fused into the GEMM (rows start as the bias, beta = 1): f32 rows
+// across threads, and an empty inner dimension, where y is the bias alone.
+TEST(Linear, FusedBiasMatchesDefinition) {
+  const Tensor x = leaf64({7, 33, 64}, 13).detach(), w = leaf64({48, 64}, 14).detach(),
+               b = leaf64({48}, 15).detach();
+  const Tensor expected = ops::add(naive_matmul(x, w, false, true), b);
+  testing::expect_close(
+      ops::linear(x.to(DType::f32), w.to(DType::f32), b.to(DType::f32)).to(DType::f64), expected,
+      1e-5);
+  const Tensor empty = ops::linear(Tensor::ones({3, 0}), Tensor::ones({2, 0}),
+                                   Tensor::from_vector<double>({1.5, -2}, {2}).to(DType::f32));
+  testing::expect_values(empty, {1.5, -2, 1.5, -2, 1.5, -2}, 0);
+}
+
 TEST(Linear, OneDimensionalInput) {
   Tensor x = leaf64({4}, 10), w = leaf64({3, 4}, 11), b = leaf64({3}, 12);
   EXPECT_EQ(ops::linear(x, w, b).shape(), Shape({3}));
