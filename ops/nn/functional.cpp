@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "autograd/node.h"
 #include "core/threading.h"
@@ -209,11 +210,14 @@ void layer_norm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rs
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * N;
       T* yr = y + r * N;
+      // The row's sums in vector lanes (omp simd), each lane in double.
       double s = 0;
+#pragma omp simd reduction(+ : s)
       for (int64_t j = 0; j < N; ++j) s += static_cast<double>(xr[j]);
       const double mu = s / static_cast<double>(N);
       // Two passes (mean, then squared deviations) avoid the cancellation of E[x^2] - E[x]^2.
       double v = 0;
+#pragma omp simd reduction(+ : v)
       for (int64_t j = 0; j < N; ++j) {
         const double d = static_cast<double>(xr[j]) - mu;
         v += d * d;
@@ -245,6 +249,7 @@ void layer_norm_backward(const T* x, const T* w, const T* mean, const T* rstd, c
         T* dst = gx + r * N;
         const T m = mean[r], k = rstd[r];
         double s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s1, s2)
         for (int64_t j = 0; j < N; ++j) {
           const T dn = w ? gr[j] * w[j] : gr[j];
           s1 += static_cast<double>(dn);
@@ -260,27 +265,40 @@ void layer_norm_backward(const T* x, const T* w, const T* mean, const T* rstd, c
     });
   }
   if (!gw && !gb) return;
-  // dw and db reduce over rows: each task owns a block of columns.
-  const int64_t tiles = (N + kTile - 1) / kTile;
-  parallel_for(tiles, 4 * rows * std::min(N, kTile), [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t j0 = t * kTile, w_ = std::min(kTile, N - j0);
-      double sw[kTile] = {}, sb[kTile] = {};
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * N + j0;
-        const T* gr = g + r * N + j0;
-        const T m = mean[r], k = rstd[r];
-        for (int64_t j = 0; j < w_; ++j) {
-          sw[j] += static_cast<double>(gr[j] * (xr[j] - m) * k);
-          sb[j] += static_cast<double>(gr[j]);
+  // dw and db reduce over rows. A task owns a block of columns of a block of
+  // kRowBlock rows and writes its partial sums; the partials are added in
+  // row-block order after. The blocks are fixed, so the sums do not depend on
+  // the number of threads, and a narrow norm (N = 64) still uses every thread.
+  constexpr int64_t kRowBlock = 512;
+  const int64_t tiles = (N + kTile - 1) / kTile, blocks = (rows + kRowBlock - 1) / kRowBlock;
+  std::vector<double> part(static_cast<size_t>(2 * blocks * N), 0.0);  // [blocks, N] dw, then db
+  parallel_for(
+      tiles * blocks, 4 * std::min(rows, kRowBlock) * std::min(N, kTile),
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t blk = t / tiles, j0 = (t % tiles) * kTile, w_ = std::min(kTile, N - j0);
+          double* sw = part.data() + blk * N + j0;
+          double* sb = part.data() + (blocks + blk) * N + j0;
+          for (int64_t r = blk * kRowBlock; r < std::min(rows, (blk + 1) * kRowBlock); ++r) {
+            const T* xr = x + r * N + j0;
+            const T* gr = g + r * N + j0;
+            const T m = mean[r], k = rstd[r];
+            for (int64_t j = 0; j < w_; ++j) {
+              sw[j] += static_cast<double>(gr[j] * (xr[j] - m) * k);
+              sb[j] += static_cast<double>(gr[j]);
+            }
+          }
         }
-      }
-      for (int64_t j = 0; j < w_; ++j) {
-        if (gw) gw[j0 + j] = static_cast<T>(sw[j]);
-        if (gb) gb[j0 + j] = static_cast<T>(sb[j]);
-      }
+      });
+  for (int64_t j = 0; j < N; ++j) {
+    double sw = 0, sb = 0;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      sw += part[static_cast<size_t>(blk * N + j)];
+      sb += part[static_cast<size_t>((blocks + blk) * N + j)];
     }
-  });
+    if (gw) gw[j] = static_cast<T>(sw);
+    if (gb) gb[j] = static_cast<T>(sb);
+  }
 }
 
 // ---- cross_entropy: logits as (rows, C), one target per row ----

@@ -202,6 +202,37 @@ INSTANTIATE_TEST_SUITE_P(FunctionalLayerNormCases, FunctionalLayerNormGrad,
                                            LayerNormCase{{2, 2, 3}, 3, true, true},
                                            LayerNormCase{{3, 300}, 1, true, true}));
 
+// The weight and bias gradients sum over rows in fixed blocks of rows, in
+// parallel: many rows (several blocks, a partial last one), narrow and wide
+// norms, against the sums written out here.
+TEST(FunctionalLayerNorm, WeightAndBiasGradientsOverManyRows) {
+  for (const int64_t N : {64, 300}) {
+    SCOPED_TRACE(fmt::format("N {}", N));
+    const int64_t rows = 1300;
+    const Tensor x = leaf64({rows, N}, 21, -2, 2).detach();
+    Tensor w = leaf64({N}, 22, 0.5, 1.5), b = leaf64({N}, 23);
+    const Tensor g = leaf64({rows, N}, 24).detach();
+    autograd::backward({ops::layer_norm(x, 1, w, b)}, {g});
+    const auto xv = x.to_vector<double>(), gv = g.to_vector<double>();
+    std::vector<double> dw(static_cast<size_t>(N), 0.0), db(dw.size(), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      double mean = 0, var = 0;
+      for (int64_t j = 0; j < N; ++j) mean += xv[static_cast<size_t>(r * N + j)] / N;
+      for (int64_t j = 0; j < N; ++j) {
+        const double dlt = xv[static_cast<size_t>(r * N + j)] - mean;
+        var += dlt * dlt / N;
+      }
+      for (int64_t j = 0; j < N; ++j) {
+        const size_t e = static_cast<size_t>(r * N + j);
+        dw[static_cast<size_t>(j)] += gv[e] * (xv[e] - mean) / std::sqrt(var + 1e-5);
+        db[static_cast<size_t>(j)] += gv[e];
+      }
+    }
+    expect_values(w.grad(), dw, 1e-9);
+    expect_values(b.grad(), db, 1e-9);
+  }
+}
+
 // Only the weight requires grad: x's gradient is skipped, weight's still right.
 TEST(FunctionalLayerNorm, GradcheckWeightOnly) {
   const Tensor x = leaf64({4, 5}, 10).detach();
