@@ -248,19 +248,18 @@ void layer_norm_backward(const T* x, const T* w, const T* mean, const T* rstd, c
         const T* gr = g + r * N;
         T* dst = gx + r * N;
         const T m = mean[r], k = rstd[r];
+        // dxhat into dst first, so that the sums below are plain vector
+        // reductions (a conditional w[j] inside them became masked gathers).
+        for (int64_t j = 0; j < N; ++j) dst[j] = w ? gr[j] * w[j] : gr[j];
         double s1 = 0, s2 = 0;
 #pragma omp simd reduction(+ : s1, s2)
         for (int64_t j = 0; j < N; ++j) {
-          const T dn = w ? gr[j] * w[j] : gr[j];
-          s1 += static_cast<double>(dn);
-          s2 += static_cast<double>(dn * (xr[j] - m) * k);
+          s1 += static_cast<double>(dst[j]);
+          s2 += static_cast<double>(dst[j] * (xr[j] - m) * k);
         }
         const T a = static_cast<T>(s1 / static_cast<double>(N)),
                 c = static_cast<T>(s2 / static_cast<double>(N));
-        for (int64_t j = 0; j < N; ++j) {
-          const T dn = w ? gr[j] * w[j] : gr[j];
-          dst[j] = k * (dn - a - (xr[j] - m) * k * c);
-        }
+        for (int64_t j = 0; j < N; ++j) dst[j] = k * (dst[j] - a - (xr[j] - m) * k * c);
       }
     });
   }
@@ -277,8 +276,7 @@ void layer_norm_backward(const T* x, const T* w, const T* mean, const T* rstd, c
       [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t blk = t / tiles, j0 = (t % tiles) * kTile, w_ = std::min(kTile, N - j0);
-          double* sw = part.data() + blk * N + j0;
-          double* sb = part.data() + (blocks + blk) * N + j0;
+          double sw[kTile] = {}, sb[kTile] = {};  // local, so the loop below vectorises
           for (int64_t r = blk * kRowBlock; r < std::min(rows, (blk + 1) * kRowBlock); ++r) {
             const T* xr = x + r * N + j0;
             const T* gr = g + r * N + j0;
@@ -288,6 +286,8 @@ void layer_norm_backward(const T* x, const T* w, const T* mean, const T* rstd, c
               sb[j] += static_cast<double>(gr[j]);
             }
           }
+          std::copy(sw, sw + w_, part.data() + blk * N + j0);
+          std::copy(sb, sb + w_, part.data() + (blocks + blk) * N + j0);
         }
       });
   for (int64_t j = 0; j < N; ++j) {
