@@ -56,9 +56,10 @@ template <typename T>
 struct Scratch {
   Tensor buf;
   T* qf;   // [N, F]  phi(q)
-  T* qx;   // [N, F]  q' (relu kernel's pre-activation)
+  T* qx;   // [N, F]  q' (its own buffer for the relu kernel, whose backward needs the
+           //          pre-activation; else it is qf, the exp written in place)
   T* g;    // [M, F]  g_j
-  T* kx;   // [M, F]  k'
+  T* kx;   // [M, F]  k' (as qx: its own buffer for relu, else g)
   T* mk;   // [M]     M_j
   T* S;    // [F, dv]
   T* z;    // [F]
@@ -73,10 +74,11 @@ struct Scratch {
   explicit Scratch(const FavorDims& f, bool backward) {
     const Dims4& s = f.s;
     const int64_t F = f.F;
+    const bool relu = f.opt.kernel == FavorKernel::relu;
     const int64_t sizes[] = {s.N * F,
-                             s.N * F,
+                             relu ? s.N * F : 0,
                              s.M * F,
-                             s.M * F,
+                             relu ? s.M * F : 0,
                              s.M,
                              F * s.dv,
                              F,
@@ -96,6 +98,10 @@ struct Scratch {
     for (int i = 0; i < 15; ++i) {
       *slots[i] = p;
       p += sizes[i];
+    }
+    if (!relu) {  // the softmax kernel's exp runs in place over k' and q'
+      qx = qf;
+      kx = g;
     }
   }
 };
