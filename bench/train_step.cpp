@@ -2,10 +2,12 @@
 // on random images, for the comparison with the same model in plain PyTorch
 // (bench/torch_train_step.py runs both in one process tree).
 //
-//   bench_train_step [--model tiny|s16] [--device cpu|cuda] [--precision fp32|bf16|fp16]
+//   bench_train_step [--model tiny|p4|s16] [--device cpu|cuda] [--precision fp32|bf16|fp16]
 //                  [--batch 128] [--steps 30] [--warmup 5]
 // tiny: the default recipe's ViT (recipes/vit/fmnist_tiny.yaml: 28x28x1
-// images, 4x4 patches, width 64, depth 4, 4 heads, feed-forward 128).
+// images, 7x7 patches, width 96, depth 6, 4 heads, feed-forward 192).
+// p4: the default recipe's ViT before issue 18 (4x4 patches, width 64, depth
+// 4, 4 heads, feed-forward 128), the model of that issue's step timings.
 // s16: ViT-S/16 (224x224x3, 16x16 patches, width 384, depth 12, 6 heads,
 // feed-forward 1536, 1000 classes), as timm's vit_small_patch16_224.
 // bf16 / fp16: autocast with f32 master weights (fp16 with loss scaling), as
@@ -55,7 +57,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if ((model_name != "tiny" && model_name != "s16" && model_name != "listops") ||
+  if ((model_name != "tiny" && model_name != "p4" && model_name != "s16" &&
+       model_name != "listops") ||
       (attention != "softmax" && attention != "favor" && attention != "taylorshift") ||
       (device_name != "cpu" && device_name != "cuda") ||
       (precision != "fp32" && precision != "bf16" && precision != "fp16") || B <= 0 || steps <= 0) {
@@ -99,13 +102,14 @@ int main(int argc, char** argv) {
     forward = [m, &x] { return m->forward(x); };
   } else {
     nn::ViTConfig c;
-    if (model_name == "tiny") {
+    if (model_name == "tiny" || model_name == "p4") {
+      const bool p4 = model_name == "p4";
       c.image_size = 28;
-      c.patch_size = 4;
+      c.patch_size = p4 ? 4 : 7;
       c.channels = 1;
       c.classes = 10;
-      c.dim = 64;
-      c.depth = 4;
+      c.dim = p4 ? 64 : 96;
+      c.depth = p4 ? 4 : 6;
       c.heads = 4;
       c.mlp_ratio = 2;
     } else {

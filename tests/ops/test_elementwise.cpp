@@ -393,7 +393,7 @@ TEST(ElementwiseUnary, LongArraysMatchScalarFormulas) {
        [&](double v) { return sig(v) * (1 + v * (1 - sig(v))); }, -30, 30},
       {"sigmoid", [](const Tensor& x) { return ops::sigmoid(x); }, sig,
        [&](double v) { return sig(v) * (1 - sig(v)); }, -30, 30}};
-  const int64_t n = 1000 + 257 + 7;  // several runs of 256, and a tail
+  const int64_t n = 4096 + 257 + 7;  // past one block run (4096), several chunks of 256, a tail
   for (DType dt : kFloatTypes) {
     const double tol = dt == DType::f32 ? 4e-6 : 1e-13;
     for (const Case& cs : cases) {
