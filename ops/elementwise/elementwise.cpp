@@ -256,33 +256,14 @@ struct GpuUnary {
   double p0 = 0, p1 = 0;
 };
 
-// y[i] = f(x[i]).
-template <typename F>
-Tensor map(const Tensor& x, const char* op, int64_t cost, GpuUnary gpu, F f) {
-  check_float(x, op, "x");
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  FORGE_IF_CUDA(x) {
-    cuda::unary(gpu.op, gpu.p0, gpu.p1, x.dtype(), x.raw_device_data(), y.raw_device_data(),
-                x.numel(), x.device().index);
-    return y;
-  }
-  FORGE_DISPATCH_FLOAT(x.dtype(), op, [&] {
-    const scalar_t* px = x.data<scalar_t>();
-    scalar_t* py = y.data<scalar_t>();
-    parallel_for(x.numel(), cost, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) py[i] = f(px[i]);
-    });
-  });
-  return y;
-}
-
 // The longest run a block function gets at once: its passes over the run
 // (e.g. scale, erf, multiply) then stay in L1 / L2 instead of streaming
 // a whole thread's share of the tensor through memory once per pass.
 constexpr int64_t kBlockRun = 4096;
 
-// map's block form: f(x, y, n) computes a contiguous run of n elements at
-// once, so that it can call core/vmath.h's vector functions.
+// y = op(x) on the CPU through a block function: f(x, y, n) computes a
+// contiguous run of n elements at once, so that it can call core/vmath.h's
+// vector functions; on a GPU the op's kernel.
 template <typename F>
 Tensor map_block(const Tensor& x, const char* op, int64_t cost, GpuUnary gpu, F f) {
   check_float(x, op, "x");
@@ -303,6 +284,14 @@ Tensor map_block(const Tensor& x, const char* op, int64_t cost, GpuUnary gpu, F 
   return y;
 }
 
+// y[i] = f(x[i]).
+template <typename F>
+Tensor map(const Tensor& x, const char* op, int64_t cost, GpuUnary gpu, F f) {
+  return map_block(x, op, cost, gpu, [f]<typename T>(const T* v, T* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = f(v[i]);
+  });
+}
+
 // Calls f(offset, length) over [0, n) in runs of at most kVectorChunk, the
 // size of the stack scratch a block function keeps its temporaries in.
 constexpr int64_t kVectorChunk = 256;
@@ -317,33 +306,9 @@ struct GpuGrad {
   double p0 = 0, p1 = 0;
 };
 
-// The backward of a unary op in one pass: dx[i] = g[i] * deriv(s[i]), where s
-// is the tensor the derivative is cheapest from (the input or the output).
-template <typename D>
-Tensor chain(const Tensor& g, const Tensor& s, const char* op, int64_t cost, GpuGrad gpu, D deriv) {
-  FORGE_CHECK(g.shape() == s.shape() && g.dtype() == s.dtype() && g.device() == s.device(),
-              "{} backward: gradient {} {} on {} does not match the saved {} {} on {}", op,
-              shape_str(g.shape()), dtype_name(g.dtype()), g.device().str(), shape_str(s.shape()),
-              dtype_name(s.dtype()), s.device().str());
-  Tensor dx = Tensor::empty(g.shape(), g.dtype(), g.device());
-  FORGE_IF_CUDA(g) {
-    cuda::unary_backward(gpu.grad, gpu.p0, gpu.p1, g.dtype(), g.raw_device_data(),
-                         s.raw_device_data(), dx.raw_device_data(), g.numel(), g.device().index);
-    return dx;
-  }
-  FORGE_DISPATCH_FLOAT(g.dtype(), op, [&] {
-    const scalar_t* pg = g.data<scalar_t>();
-    const scalar_t* ps = s.data<scalar_t>();
-    scalar_t* pd = dx.data<scalar_t>();
-    parallel_for(g.numel(), cost, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) pd[i] = pg[i] * deriv(ps[i]);
-    });
-  });
-  return dx;
-}
-
-// chain's block form: deriv(g, s, dx, n) writes dx = g * deriv(s) for a
-// contiguous run of n elements.
+// The backward of a unary op in one pass, dx = g * deriv(s), where s is the
+// tensor the derivative is cheapest from (the input or the output). On the
+// CPU through a block function: deriv(g, s, dx, n) for a contiguous run.
 template <typename D>
 Tensor chain_block(const Tensor& g, const Tensor& s, const char* op, int64_t cost, GpuGrad gpu,
                    D deriv) {
@@ -380,15 +345,14 @@ Tensor record_unary_block(const char* op, const Tensor& x, const Tensor& y, cons
                           });
 }
 
-// Records y = op(x) when x needs grad, with the backward `chain(g, saved, deriv)`.
+// The same with a per-element derivative: dx[i] = g[i] * deriv(s[i]).
 template <typename D>
 Tensor record_unary(const char* op, const Tensor& x, const Tensor& y, const Tensor& saved,
                     int64_t cost, GpuGrad gpu, D deriv) {
-  if (!autograd::needs_grad({x})) return y;
-  return autograd::record(op, {x}, y,
-                          [op, cost, gpu, deriv, s = saved.detach()](const std::vector<Tensor>& g) {
-                            return std::vector<Tensor>{chain(g[0], s, op, cost, gpu, deriv)};
-                          });
+  return record_unary_block(op, x, y, saved, cost, gpu,
+                            [deriv]<typename T>(const T* g, const T* s, T* dx, int64_t n) {
+                              for (int64_t i = 0; i < n; ++i) dx[i] = g[i] * deriv(s[i]);
+                            });
 }
 
 // ---- sum_to's reduction ----
