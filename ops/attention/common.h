@@ -1,11 +1,12 @@
-// Shared argument checks, shape bookkeeping and the CPU kernels' exp of the attention ops
-// (internal).
+// Shared argument checks and shape bookkeeping of the attention ops, and the
+// CPU kernels' row helpers (exp of shifted scores, row softmax, dot) (internal).
 #pragma once
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "core/tensor.h"
@@ -14,11 +15,12 @@ namespace forge::ops::attention {
 
 // exp(x) for x <= 0 (a shifted score, S - row max or S - L: at most rounding
 // above 0; -inf for a masked entry gives 0), one call per element, for the CPU
-// kernels' innermost loops (softmax, efficient). f64 keeps std::exp, which gradcheck and the 1e-10
-// reference comparisons rely on. f32 uses a form the compiler vectorises: x = n ln2 + r with n =
-// round(x / ln2) (by the 1.5 * 2^23 shift, which also leaves n in the low mantissa bits, so no
-// float-to-int conversion stops the vectoriser), exp(r) by the Cephes expf polynomial (relative
-// error below 2e-7), times 2^n built in the exponent bits; below -87 it gives 0.
+// kernels' innermost loops (softmax, local, Linformer, efficient, FAVOR+). f64 keeps std::exp,
+// which gradcheck and the 1e-10 reference comparisons rely on. f32 uses a form the compiler
+// vectorises: x = n ln2 + r with n = round(x / ln2) (by the 1.5 * 2^23 shift, which also leaves n
+// in the low mantissa bits, so no float-to-int conversion stops the vectoriser), exp(r) by the
+// Cephes expf polynomial (relative error below 2e-7), times 2^n built in the exponent bits; below
+// -87 it gives 0.
 inline double exp_nonpos(double x) {
   return std::exp(x);
 }
@@ -47,6 +49,23 @@ inline T dot(const T* a, const T* b, int64_t n) {
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// y = softmax(x) over one row of n (y may alias x): the max, the exps and the
+// sum as separate loops, each in vectors (a sum fused into the exp loop keeps
+// the compiler to scalar code). With `lse`, also *lse = log sum exp(x).
+template <typename T>
+inline void softmax_row(const T* x, T* y, int64_t n, T* lse = nullptr) {
+  T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  for (int64_t i = 0; i < n; ++i) y[i] = exp_nonpos(x[i] - mx);
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += y[i];
+  const T inv = T(1) / sum;
+  for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+  if (lse) *lse = mx + std::log(sum);
 }
 
 struct Dims4 {

@@ -50,20 +50,7 @@ constexpr double kMinDenominator = 1e-3;
 // (unscaled: the d^-1/2 goes into the GEMMs' alpha).
 template <typename T>
 void softmax_rows(const T* x, int64_t rows, int64_t d, T* p) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * d;
-    T* pr = p + r * d;
-    // The max, the exps and the sum, each in vectors.
-    T mx = xr[0];
-#pragma omp simd reduction(max : mx)
-    for (int64_t f = 1; f < d; ++f) mx = std::max(mx, xr[f]);
-    for (int64_t f = 0; f < d; ++f) pr[f] = exp_nonpos(xr[f] - mx);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t f = 0; f < d; ++f) sum += pr[f];
-    const T inv = T(1) / sum;
-    for (int64_t f = 0; f < d; ++f) pr[f] *= inv;
-  }
+  for (int64_t r = 0; r < rows; ++r) softmax_row(x + r * d, p + r * d, d);
 }
 
 // In the forward q' = c p with p = softmax_d(q); dq holds dq' on entry and

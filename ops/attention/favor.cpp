@@ -113,14 +113,7 @@ void query_features(const FavorDims& f, const T* q, const T* W, Scratch<T>& w) {
   const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
   if (f.opt.kernel == FavorKernel::no_projection) {
     for (int64_t i = 0; i < N; ++i) {  // softmax over the d features of each row
-      const T* x = q + i * d;
-      T* y = w.qf + i * F;
-      const T mx = *std::max_element(x, x + d);
-      for (int64_t e = 0; e < d; ++e) y[e] = exp_nonpos(x[e] - mx);
-      T sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t e = 0; e < d; ++e) sum += y[e];
-      for (int64_t e = 0; e < d; ++e) y[e] /= sum;
+      softmax_row(q + i * d, w.qf + i * F, d);
     }
     return;
   }
@@ -496,9 +489,8 @@ void favor_backward_bh(const FavorDims& f, const T* q, const T* k, const T* v, c
     for (int64_t i = 0; i < N; ++i) {  // softmax_d backward
       const T* y = w.qf + i * F;
       const T* dy = w.dqf + i * F;
-      T dot = 0;
-      for (int64_t e = 0; e < F; ++e) dot += y[e] * dy[e];
-      for (int64_t e = 0; e < F; ++e) gq[i * d + e] = y[e] * (dy[e] - dot);
+      const T ydy = dot(y, dy, F);
+      for (int64_t e = 0; e < F; ++e) gq[i * d + e] = y[e] * (dy[e] - ydy);
     }
   } else {  // phi(q) = r (exp(...) + eps): its exp part is qf - r eps
     projected_features_backward(f, N, q, w.qx, w.qf, -r * static_cast<T>(kSoftmaxEps), W, w.dqf,

@@ -140,19 +140,9 @@ void forward_kernel(const T* q, const T* K_all, const T* V_all, const LinformerD
       gemm(false, true, rows, kd, d, scale, q + (bh * N + i0) * d, d, K, d, T(0), P, kd);
       for (int64_t r = 0; r < rows; ++r) {
         T* Pr = P + r * kd;
-        // The max, the exps (attention/common.h) and the sum, each in vectors.
-        T mx = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < kd; ++j) mx = std::max(mx, Pr[j]);
-        for (int64_t j = 0; j < kd; ++j) Pr[j] = exp_nonpos(Pr[j] - mx);
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < kd; ++j) sum += Pr[j];
-        const T inv = T(1) / sum;
-        for (int64_t j = 0; j < kd; ++j) Pr[j] *= inv;
+        softmax_row(Pr, Pr, kd, lse + bh * N + i0 + r);  // attention/common.h
         if (L.p > 0)
           for (int64_t j = 0; j < kd; ++j) Pr[j] *= keep_factor<T>(L, bh, i0 + r, j);
-        lse[bh * N + i0 + r] = mx + std::log(sum);
       }
       gemm(false, false, rows, dv, kd, T(1), P, kd, V_all + bh * kd * dv, dv, T(0),
            o + (bh * N + i0) * dv, dv);

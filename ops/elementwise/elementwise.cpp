@@ -25,10 +25,9 @@ namespace forge::ops {
 namespace {
 
 // Rough cost of one element in parallel_for units: a load/store and an add is
-// 1; a transcendental call is tens.
+// 1; a core/vmath.h function a few; a scalar libm call (pow) tens.
 constexpr int64_t kCheap = 1;
-constexpr int64_t kTranscendental = 16;
-constexpr int64_t kVectorMath = 4;  // a core/vmath.h function, per element
+constexpr int64_t kVectorMath = 4;
 constexpr int64_t kPow = 32;
 
 // ---- argument checks ----
