@@ -1,13 +1,14 @@
 // attnforge: the command-line program.
 //
 //   attnforge train RECIPE.yaml [--set key=value]... [--out DIR] [--dump-config] [--check-nan]
-//   attnforge train --resume RUN_DIR [--set key=value]... [--check-nan]
-//   attnforge eval CHECKPOINT_DIR [--split NAME] [--out FILE] [--set key=value]...
+//   attnforge train --resume RUN_OR_CHECKPOINT [--out NEW_DIR] [--set key=value]... [--check-nan]
+//   attnforge eval CHECKPOINT [--split NAME] [--out FILE] [--set key=value]...
 //   attnforge generate CKPT [--prompt TEXT | --prompt-file F] [--source TEXT] [--length N] ...
 //   attnforge gradcheck [OP...] [--list]
 //   attnforge bench attention [options of bench_attention]
 //   attnforge info
 //   attnforge recipe-reference          (the Markdown of docs/RECIPES.md)
+//   attnforge --version
 //
 // Data parallelism: `mpirun -np N attnforge train|eval ...` (docs/DISTRIBUTED.md).
 // Rank 0 prints; a rank that fails prints its error and ends the whole job.
@@ -37,6 +38,7 @@
 #include "core/file_io.h"
 #include "core/json.h"
 #include "core/threading.h"
+#include "core/version.h"
 #include "dist/group.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/registry.h"
@@ -77,6 +79,8 @@ commands:
   bench      time the attention mechanisms (bench attention ...)
   info       the build, BLAS, threads and CUDA devices
   recipe-reference  print every recipe key with its type, default and meaning (Markdown)
+
+  --version  the version and the git commit of this build
 )";
 
 constexpr const char* kTrainHelp = R"(usage: attnforge train RECIPE.yaml [options]
@@ -87,12 +91,16 @@ Trains the model a recipe describes (see docs/RECIPES.md for every key).
 options:
   --set KEY=VALUE  override a recipe key (repeatable); VALUE is a YAML scalar or
                    a list such as [a, b]. Example: --set model.attention.kind=favor
-  --out DIR        run directory (default: output.dir, or runs/<name>); must not
-                   hold a run already
-  --resume DIR     continue the run in DIR from its latest checkpoint, exactly as
-                   if it had not stopped (reads DIR/recipe.yaml; --set overrides it)
-  --dump-config    print the resolved recipe (defaults filled in, --set applied)
-                   and exit
+  --out DIR        run directory (default: output.dir, else the next free
+                   runs/<name>-<N>); must not hold a run already
+  --resume PATH    continue a run exactly as if it had not stopped: PATH is its
+                   run directory or its latest checkpoint (reads the run's
+                   recipe.yaml; --set overrides it). PATH may also be an older
+                   checkpoint (RUN/checkpoints/step-N or best) with --out NEWDIR:
+                   a new run continuing from it, leaving RUN as it was
+  --dump-config    check the recipe as a start would (device, data, model,
+                   optimizer, schedule), print it resolved (defaults, --set and
+                   the sizes the data decides filled in) and exit
   --check-nan      check every op's output and gradient; the first non-finite one
                    is named (slower)
   --help           this text
@@ -100,15 +108,18 @@ options:
 SIGINT (Ctrl-C) or SIGTERM write a checkpoint and stop; --resume continues.
 )";
 
-constexpr const char* kEvalHelp = R"(usage: attnforge eval CHECKPOINT_DIR [options]
+constexpr const char* kEvalHelp = R"(usage: attnforge eval CHECKPOINT [options]
 
-Evaluates a checkpoint (e.g. runs/NAME/checkpoints/step-00001000) with the recipe
-stored in it, prints the result as JSON and writes it to a file.
+Evaluates a checkpoint with the recipe stored in it on the whole split, prints
+the result as JSON and writes it to a file. CHECKPOINT is a run directory (its
+latest checkpoint), RUN/checkpoints/latest, RUN/checkpoints/best or a
+checkpoint directory (RUN/checkpoints/step-00001000).
 
 options:
   --split NAME     the split to evaluate (default: the recipe's data.eval_split)
   --out FILE       where to write the JSON (default: <run dir>/eval-<checkpoint>-<split>.json)
-  --set KEY=VALUE  override a recipe key (e.g. data.root, loop.eval_batch_size)
+  --set KEY=VALUE  override a recipe key (e.g. data.root, loop.eval_batch_size;
+                   data.limit_eval=N evaluates the first N examples only)
   --help           this text
 )";
 
@@ -150,7 +161,8 @@ options:
 Exit status 1 when any case fails.
 )";
 
-constexpr const char* kBenchHelp = R"(usage: attnforge bench attention [--max-n N] [--csv] [--one NAME N]
+constexpr const char* kBenchHelp =
+    R"(usage: attnforge bench attention [--max-n N] [--csv] [--one NAME N]
 
 Times every attention mechanism's forward and forward+backward and measures its
 peak memory (B 1, H 8, d 64, f32). The PyTorch comparison: make bench-torch.
@@ -183,39 +195,79 @@ int cmd_train(const std::vector<std::string>& args) {
   bool dump = false, check_nan = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--set") sets.push_back(value_of(args, i));
-    else if (a.rfind("--set=", 0) == 0) sets.push_back(a.substr(6));
-    else if (a == "--resume") resume = value_of(args, i);
-    else if (a == "--out") out = value_of(args, i);
-    else if (a == "--dump-config") dump = true;
-    else if (a == "--check-nan") check_nan = true;
-    else if (!a.empty() && a[0] == '-') throw UsageError(fmt::format("train: unknown option {}", a));
-    else if (recipe_path.empty()) recipe_path = a;
-    else throw UsageError(fmt::format("train: one recipe expected, got a second: {}", a));
+    if (a == "--set")
+      sets.push_back(value_of(args, i));
+    else if (a.rfind("--set=", 0) == 0)
+      sets.push_back(a.substr(6));
+    else if (a == "--resume")
+      resume = value_of(args, i);
+    else if (a == "--out")
+      out = value_of(args, i);
+    else if (a == "--dump-config")
+      dump = true;
+    else if (a == "--check-nan")
+      check_nan = true;
+    else if (!a.empty() && a[0] == '-')
+      throw UsageError(fmt::format("train: unknown option {}", a));
+    else if (recipe_path.empty())
+      recipe_path = a;
+    else
+      throw UsageError(fmt::format("train: one recipe expected, got a second: {}", a));
   }
   if (resume.empty() == recipe_path.empty())
     throw UsageError("train: give a recipe file, or --resume RUN_DIR (not both)");
-  if (!resume.empty() && !out.empty())
-    throw UsageError("train: --resume continues in its own directory; drop --out");
-
-  if (!resume.empty() && !fs::is_directory(resume))
-    throw std::runtime_error(fmt::format("--resume {}: no such run directory", resume));
-  if (!resume.empty() && !fs::exists(fs::path(resume) / "recipe.yaml"))
-    throw std::runtime_error(fmt::format(
-        "--resume {}: no recipe.yaml: the run was stopped before it started; start it again with "
-        "attnforge train RECIPE.yaml --out {}",
-        resume, resume));
-  Recipe recipe = resume.empty() ? Recipe::from_file(recipe_path)
-                                 : Recipe::from_file((fs::path(resume) / "recipe.yaml").string());
+  forge::train::TrainOptions options;
+  options.check_nan = check_nan;
+  Recipe recipe;
+  if (resume.empty()) {
+    recipe = Recipe::from_file(recipe_path);
+    options.run_dir = out;
+  } else {
+    // A run directory, or a checkpoint: the latest one continues its run; an
+    // older one starts a new run (--out) from it.
+    std::error_code ec;
+    if (!fs::exists(resume, ec))
+      throw std::runtime_error(
+          fmt::format("--resume {}: no such run directory or checkpoint", resume));
+    const fs::path given = fs::path(resume).lexically_normal();
+    const std::string base =
+        (given.filename().empty() ? given.parent_path() : given).filename().string();
+    const bool run_dir = fs::is_directory(given, ec) && base != "checkpoints" &&
+                         !fs::exists(given / "model.safetensors", ec);
+    std::optional<forge::train::CheckpointRef> ref;
+    if (!run_dir || !out.empty()) ref = forge::train::resolve_checkpoint(resume, "--resume");
+    if (!out.empty()) {
+      options.resume_from = resume;
+      options.run_dir = out;
+      recipe = Recipe::from_yaml(forge::train::read_checkpoint(ref->dir).recipe_yaml,
+                                 ref->dir + "/model.safetensors (recipe)");
+    } else {
+      if (ref && !ref->latest)
+        throw std::runtime_error(fmt::format(
+            "--resume {}: {} is not the latest checkpoint of {}; continuing from it there would "
+            "discard the newer ones. Continue from it in a new run directory: attnforge train "
+            "--resume {} --out NEWDIR",
+            resume, ref->dir, ref->run_dir.empty() ? "its run" : ref->run_dir, resume));
+      options.run_dir = ref ? ref->run_dir : resume;
+      options.resume = true;
+      const fs::path file = fs::path(options.run_dir) / "recipe.yaml";
+      if (!fs::exists(file, ec))
+        throw std::runtime_error(fmt::format(
+            "--resume {}: no recipe.yaml in {}: the run was stopped before it started; start it "
+            "again with attnforge train RECIPE.yaml --out {}",
+            resume, options.run_dir, options.run_dir));
+      recipe = Recipe::from_file(file.string());
+    }
+  }
   for (const std::string& s : sets) recipe.set(s);
   if (dump) {
-    std::fputs(recipe.to_yaml().c_str(), stdout);
+    std::vector<std::string> notes;
+    const Recipe resolved = forge::train::resolve_recipe(recipe, &notes);
+    for (const std::string& n : notes)
+      std::fprintf(stderr, "attnforge train: note: %s\n", n.c_str());
+    std::fputs(resolved.to_yaml().c_str(), stdout);
     return 0;
   }
-  forge::train::TrainOptions options;
-  options.run_dir = resume.empty() ? out : resume;
-  options.resume = !resume.empty();
-  options.check_nan = check_nan;
   // ATTNFORGE_FAULT=RANK:STEP[:hang] makes that rank fail (or hang) before
   // that step: how the tests check that one failing or silent process ends a
   // data-parallel job.
@@ -259,24 +311,30 @@ int cmd_eval(const std::vector<std::string>& args) {
   std::vector<std::string> sets;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--split") split = value_of(args, i);
-    else if (a == "--out") out = value_of(args, i);
-    else if (a == "--set") sets.push_back(value_of(args, i));
-    else if (!a.empty() && a[0] == '-') throw UsageError(fmt::format("eval: unknown option {}", a));
-    else if (ckpt.empty()) ckpt = a;
-    else throw UsageError(fmt::format("eval: one checkpoint expected, got a second: {}", a));
+    if (a == "--split")
+      split = value_of(args, i);
+    else if (a == "--out")
+      out = value_of(args, i);
+    else if (a == "--set")
+      sets.push_back(value_of(args, i));
+    else if (!a.empty() && a[0] == '-')
+      throw UsageError(fmt::format("eval: unknown option {}", a));
+    else if (ckpt.empty())
+      ckpt = a;
+    else
+      throw UsageError(fmt::format("eval: one checkpoint expected, got a second: {}", a));
   }
-  if (ckpt.empty()) throw UsageError("eval: give a checkpoint directory");
+  if (ckpt.empty()) throw UsageError("eval: give a checkpoint or a run directory");
   const auto r = forge::train::evaluate_checkpoint(ckpt, split, sets);
   if (!forge::dist::Group::world().root()) return 0;  // rank 0 reports the reduced result
-  for (const std::string& w : r.warnings) std::fprintf(stderr, "attnforge eval: warning: %s\n", w.c_str());
+  for (const std::string& w : r.warnings)
+    std::fprintf(stderr, "attnforge eval: warning: %s\n", w.c_str());
   const std::string text = forge::json::dump(r.to_json(), 2) + "\n";
   std::fputs(text.c_str(), stdout);
   if (out.empty()) {
-    const fs::path dir = fs::path(ckpt).lexically_normal();
-    const fs::path name = dir.filename().empty() ? dir.parent_path().filename() : dir.filename();
-    const fs::path run = (dir.filename().empty() ? dir.parent_path() : dir).parent_path().parent_path();
-    out = (run / fmt::format("eval-{}-{}.json", name.string(), r.split)).string();
+    const fs::path dir(r.checkpoint);
+    const fs::path beside = r.run_dir.empty() ? dir.parent_path() : fs::path(r.run_dir);
+    out = (beside / fmt::format("eval-{}-{}.json", dir.filename().string(), r.split)).string();
   }
   forge::io::write_file_atomic(out, text);
   std::fprintf(stderr, "wrote %s\n", out.c_str());
@@ -366,9 +424,12 @@ int cmd_gradcheck(const std::vector<std::string>& args) {
   std::vector<std::string> prefixes;
   bool list = false;
   for (const auto& a : args) {
-    if (a == "--list") list = true;
-    else if (!a.empty() && a[0] == '-') throw UsageError(fmt::format("gradcheck: unknown option {}", a));
-    else prefixes.push_back(a);
+    if (a == "--list")
+      list = true;
+    else if (!a.empty() && a[0] == '-')
+      throw UsageError(fmt::format("gradcheck: unknown option {}", a));
+    else
+      prefixes.push_back(a);
   }
   const auto& registry = forge::ops::attention::gradcheck_registry();
   std::vector<const forge::ops::attention::GradcheckCase*> cases;
@@ -399,12 +460,12 @@ int cmd_gradcheck(const std::vector<std::string>& args) {
       r.message = e.what();
     }
     failed += r.ok ? 0 : 1;
-    std::printf("%-*s  %-6s  %.3g\n", static_cast<int>(width), c->name.c_str(), r.ok ? "pass" : "FAIL",
-                r.max_abs_error);
+    std::printf("%-*s  %-6s  %.3g\n", static_cast<int>(width), c->name.c_str(),
+                r.ok ? "pass" : "FAIL", r.max_abs_error);
     if (!r.ok) std::printf("    %s\n", r.message.c_str());
   }
-  std::printf("\n%zu cases: %zu passed, %d failed\n", cases.size(), cases.size() - static_cast<size_t>(failed),
-              failed);
+  std::printf("\n%zu cases: %zu passed, %d failed\n", cases.size(),
+              cases.size() - static_cast<size_t>(failed), failed);
   bool taylorshift = prefixes.empty();
   for (const auto& p : prefixes) taylorshift = taylorshift || p.rfind("taylorshift", 0) == 0;
   if (taylorshift) {
@@ -419,10 +480,14 @@ int cmd_gradcheck(const std::vector<std::string>& args) {
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
-  if (args.empty() || wants_help(args) || args[0] != "attention") {
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
     std::fputs(kBenchHelp, stdout);
-    return args.empty() || wants_help(args) ? 0 : 2;
+    return 0;
   }
+  if (args.empty()) throw UsageError("bench: give what to time: bench attention [options]");
+  if (args[0] != "attention")
+    throw UsageError(
+        fmt::format("bench: unknown benchmark '{}'; the one here is: attention", args[0]));
   std::vector<std::string> argv_s = {"attnforge bench attention"};
   argv_s.insert(argv_s.end(), args.begin() + 1, args.end());
   std::vector<char*> argv;
@@ -441,7 +506,7 @@ int cmd_info(const std::vector<std::string>& args) {
 #else
   const char* type = "debug";
 #endif
-  std::printf("attnforge\n");
+  std::printf("attnforge %s (%s)\n", forge::version(), forge::git_commit());
   std::printf("  compiler     %s %s, C++ %ld\n",
 #if defined(__clang__)
               "clang", __clang_version__,
@@ -497,6 +562,17 @@ int main(int argc, char** argv) {
     std::fputs(kMainHelp, args.empty() ? stderr : stdout);
     return args.empty() ? 2 : 0;
   }
+  if (args[0] == "--version" || args[0] == "version") {
+    std::printf("attnforge %s (%s)\n", forge::version(), forge::git_commit());
+    return 0;
+  }
+  // Errors name what and where in the user's terms; ATTNFORGE_DEBUG=1 adds the
+  // source line that raised them.
+  const char* debug = std::getenv("ATTNFORGE_DEBUG");
+  const auto shown = [&](const std::exception& e) {
+    return debug && *debug && std::string(debug) != "0" ? std::string(e.what())
+                                                        : forge::message_of(e);
+  };
   const std::string cmd = args[0];
   args.erase(args.begin());
   forge::dist::Group* group = nullptr;
@@ -514,8 +590,8 @@ int main(int argc, char** argv) {
     }
     code = 2;
   } catch (const std::exception& e) {
-    if (group && group->size() > 1) fail_job(*group, cmd, e.what());
-    std::fprintf(stderr, "attnforge %s: error: %s\n", cmd.c_str(), e.what());
+    if (group && group->size() > 1) fail_job(*group, cmd, shown(e).c_str());
+    std::fprintf(stderr, "attnforge %s: error: %s\n", cmd.c_str(), shown(e).c_str());
     code = 1;
   }
   if (group) group->finalize();

@@ -8,13 +8,18 @@ void throw_error(const char* file, int line, const std::string& message) {
   // Keep the path short: "core/tensor.cpp" rather than the absolute build path.
   const char* shown = file;
   for (const char* marker : {"/core/", "/autograd/", "/ops/", "/nn/", "/optim/", "/data/",
-                             "/train/", "/apps/", "/tests/", "/bench/"}) {
+                             "/train/", "/dist/", "/apps/", "/tests/", "/bench/"}) {
     if (const char* p = std::strstr(file, marker)) {
       shown = p + 1;
       break;
     }
   }
-  throw Error(fmt::format("{} ({}:{})", message, shown, line));
+  throw Error(message, fmt::format("{}:{}", shown, line));
+}
+
+std::string message_of(const std::exception& e) {
+  if (const auto* f = dynamic_cast<const Error*>(&e)) return f->message();
+  return e.what();
 }
 
 std::string escaped(std::string_view bytes, size_t max_chars) {

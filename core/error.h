@@ -1,5 +1,8 @@
-// Errors: FORGE_CHECK throws forge::Error naming the file, line and a message a
-// user can act on (what was expected, what was found). Library code never aborts.
+// Errors: FORGE_CHECK throws forge::Error with a message a user can act on
+// (what was expected, what was found) and the source file and line that threw
+// it. what() gives both ("message (train/recipe.cpp:92)"), for developers and
+// logs; a program shows users message() (attnforge: the location only with
+// ATTNFORGE_DEBUG=1). Library code never aborts.
 #pragma once
 
 #include <fmt/format.h>
@@ -13,8 +16,22 @@ namespace forge {
 
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message, std::string location = {})
+      : std::runtime_error(location.empty() ? message : message + " (" + location + ")"),
+        message_(message),
+        location_(std::move(location)) {}
+  // The message alone, and "file.cpp:line" (empty when not known).
+  const std::string& message() const { return message_; }
+  const std::string& location() const { return location_; }
+
+ private:
+  std::string message_, location_;
 };
+
+// What to show a user of an exception: a forge::Error's message without its
+// source location, any other's what(). Use it where one error's text goes
+// into another's message.
+std::string message_of(const std::exception& e);
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 

@@ -385,7 +385,7 @@ std::vector<PathfinderSample> read_pathfinder(const std::string& root, int64_t* 
       try {
         s.image = read_image(image_path.string(), max_image_pixels);
       } catch (const Error& e) {
-        FORGE_FAIL("{}: {}", where, e.what());
+        FORGE_FAIL("{}: {}", where, message_of(e));
       }
       FORGE_CHECK(s.image.channels == 1, "{}: the image {} has {} channels, expected 1 (gray)",
                   where, image_path.string(), s.image.channels);

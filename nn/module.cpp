@@ -178,7 +178,7 @@ LoadReport Module::load_state_dict(const std::map<std::string, Tensor>& state, b
   if (strict && !report.ok())
     FORGE_FAIL(
         "load_state_dict: the state dict does not match the module ({} missing, {} unexpected, {} "
-        "mismatched); fix the checkpoint or load with strict = false:\n{}",
+        "mismatched):\n{}",
         report.missing.size(), report.unexpected.size(), report.mismatched.size(), report.str());
   NoGradGuard no_grad;
   for (auto& [dst, src] : copies)

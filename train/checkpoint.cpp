@@ -459,7 +459,7 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
       for (const std::string& w : read_checkpoint(path_of(s)).warnings) warn(w);
       return true;
     } catch (const Error& e) {
-      why = e.what();
+      why = message_of(e);
       return false;
     }
   };
@@ -472,7 +472,7 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
       warn(fmt::format("{}: holds \"{}\", not a checkpoint name like step-00001234", p.string(),
                        escaped(text)));
     } catch (const Error& e) {
-      warn(e.what());
+      warn(message_of(e));
     }
     return std::nullopt;
   };
@@ -722,6 +722,68 @@ void CheckpointManager::prune() {
     fs::remove_all(doomed, ec);
     if (ec) warn(fmt::format("cannot delete old checkpoint {}: {}", doomed, ec.message()));
   }
+}
+
+CheckpointRef resolve_checkpoint(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  fs::path p = fs::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // a trailing '/'
+  constexpr const char* kAccepted =
+      "give a run directory, RUN/checkpoints/latest, RUN/checkpoints/best or "
+      "RUN/checkpoints/step-N";
+  FORGE_CHECK(fs::exists(p, ec), "{} {}: no such file or directory ({})", what, path, kAccepted);
+  const auto manager_of = [](const fs::path& run) {
+    return CheckpointManager(run.string(), 1, 0, "", "max", [](const std::string&) {});
+  };
+  const auto problems = [](const CheckpointManager& m) {
+    return m.warnings().empty() ? std::string()
+                                : fmt::format(" ({})", fmt::join(m.warnings(), "; "));
+  };
+  const std::string name = p.filename().string();
+  CheckpointRef ref;
+  if (!fs::is_directory(p, ec)) {
+    FORGE_CHECK((name == "latest" || name == "best") && p.parent_path().filename() == "checkpoints",
+                "{} {}: a file, not a checkpoint ({})", what, path, kAccepted);
+    const fs::path run = p.parent_path().parent_path();
+    const CheckpointManager m = manager_of(run);
+    if (name == "latest") {
+      FORGE_CHECK(m.latest(), "{} {}: names no readable checkpoint{}", what, path, problems(m));
+      ref.dir = *m.latest();
+      ref.step = m.latest_step();
+    } else {
+      // The pointer as written (the manager without a metric ranks nothing).
+      const std::string text = trim(io::read_file(p.string(), kMaxPointerBytes));
+      ref.step = parse_name(text);
+      FORGE_CHECK(ref.step, "{} {}: holds \"{}\", not a checkpoint name like step-00001234", what,
+                  path, escaped(text));
+      ref.dir = (p.parent_path() / text).string();
+      FORGE_CHECK(fs::is_directory(ref.dir, ec), "{} {}: names {}, which does not exist", what,
+                  path, ref.dir);
+    }
+    ref.run_dir = run.string();
+    ref.latest = m.latest_step() == ref.step;
+    return ref;
+  }
+  if (fs::exists(p / kFiles[0], ec)) {
+    ref.dir = p.string();
+    ref.step = parse_name(name);
+    if (ref.step && p.parent_path().filename() == "checkpoints") {
+      ref.run_dir = p.parent_path().parent_path().string();
+      ref.latest = manager_of(ref.run_dir).latest_step() == ref.step;
+    }
+    return ref;
+  }
+  const fs::path run = name == "checkpoints" ? p.parent_path() : p;
+  FORGE_CHECK(fs::is_directory(run / "checkpoints", ec),
+              "{} {}: neither a checkpoint (no {}) nor a run directory (no checkpoints/) ({})",
+              what, path, kFiles[0], kAccepted);
+  const CheckpointManager m = manager_of(run);
+  FORGE_CHECK(m.latest(), "{} {}: the run has no readable checkpoint{}", what, path, problems(m));
+  ref.dir = *m.latest();
+  ref.run_dir = run.string();
+  ref.step = m.latest_step();
+  ref.latest = true;
+  return ref;
 }
 
 }  // namespace forge::train

@@ -136,6 +136,24 @@ class CheckpointManager {
   std::optional<int64_t> best_on_disk_;  // what the `best` file names
 };
 
+// What a user may name for a checkpoint on the command line (eval, predict,
+// generate, export, --resume, model.init_from):
+//   RUN                          a run directory: its latest checkpoint
+//   RUN/checkpoints              the same
+//   RUN/checkpoints/latest|best  the checkpoint the pointer file names
+//   RUN/checkpoints/step-N       that checkpoint (any directory holding a
+//                                model.safetensors is taken as a checkpoint)
+struct CheckpointRef {
+  std::string dir;              // the checkpoint directory
+  std::string run_dir;          // the run it belongs to (empty for a loose checkpoint directory)
+  std::optional<int64_t> step;  // from its name step-N (none for a loose directory)
+  bool latest = false;          // whether it is the run's latest checkpoint
+};
+// Resolves `path` without reading the checkpoint's tensors; an error says
+// what was found there and what would be accepted. `what` starts the message
+// ("eval", "--resume").
+CheckpointRef resolve_checkpoint(const std::string& path, const std::string& what);
+
 // ---- test hooks (process-wide) ----
 // Makes the n-th checkpoint write step from now (counted across every
 // write_checkpoint and CheckpointManager::save: creating the temp directory,

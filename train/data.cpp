@@ -1,9 +1,14 @@
 // Recipe -> datasets (see data.h).
 #include "train/data.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/file_io.h"
+#include "core/safetensors.h"
 #include "data/fashion_mnist.h"
 #include "data/image_folder.h"
 #include "data/listops.h"
@@ -71,50 +76,91 @@ data::DatasetPtr image_folder(const Recipe& r, const std::string& split, bool ra
   return std::make_shared<data::ImageFolder>(o);
 }
 
+// Generated data (ListOps, Pathfinder) lives in one shared cache, one
+// directory per generator and settings: CACHE/<generator>-<XXH3 of the
+// settings>, with the settings in CACHE/.../settings.txt. Every run of the same
+// settings reads the one copy. It is built in a directory of its own and
+// renamed into place, so a directory there is complete, and processes that
+// generate it at once (data-parallel ranks, parallel runs) agree on one copy.
+std::string cached_generation(const std::string& generator, const std::string& settings,
+                              const std::function<void(const std::string&)>& write,
+                              const std::function<void(const std::string&)>& log) {
+  const fs::path dir = fs::path(data_cache_dir()) /
+                       fmt::format("{}-{}", generator, safetensors::checksum_hex(settings));
+  std::error_code ec;
+  if (fs::is_directory(dir, ec)) {
+    log(fmt::format("{}: generated data from the cache {}", generator, dir.string()));
+    return dir.string();
+  }
+  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  FORGE_CHECK(!ec, "data cache: cannot create {}: {} (set ATTNFORGE_CACHE to a writable folder)",
+              tmp.string(), ec.message());
+  log(fmt::format("{}: generating ({}) into the cache {}", generator, settings, dir.string()));
+  try {
+    write(tmp.string());
+    io::write_file_atomic((tmp / "settings.txt").string(), settings + "\n");
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) {  // another process put its copy there first: the same data
+    fs::remove_all(tmp, ec);
+    FORGE_CHECK(fs::is_directory(dir, ec), "data cache: cannot move {} to {}", tmp.string(),
+                dir.string());
+  }
+  return dir.string();
+}
+
 // ListOps: root/basic_<split>.tsv (LRA's names), generated when no root is given.
-std::string listops_file(const Recipe& r, const std::string& data_dir, const std::string& split,
+std::string listops_file(const Recipe& r, const std::string& split,
                          const std::function<void(const std::string&)>& log) {
   std::string root = r.string("data.root");
   if (root.empty()) {
-    root = (fs::path(data_dir) / "listops").string();
-    if (!fs::exists(fs::path(root) / "basic_test.tsv")) {
-      data::ListOpsGenConfig g;
-      g.num_train = r.integer("data.generate_train");
-      g.num_val = g.num_test = r.integer("data.generate_eval");
-      g.min_length = r.integer("data.generate_min_length");
-      g.max_length = r.integer("data.generate_max_length");
-      log(fmt::format("generating ListOps into {} ({} train, {} val, {} test; lengths in ({}, {}))",
-                      root, g.num_train, g.num_val, g.num_test, g.min_length, g.max_length));
-      const data::ListOpsSplits s = data::generate_listops(g, static_cast<uint64_t>(r.integer("seed")));
-      data::write_listops_splits(root, s);  // the test split last: its presence marks a complete set
-    }
+    data::ListOpsGenConfig g;
+    g.num_train = r.integer("data.generate_train");
+    g.num_val = g.num_test = r.integer("data.generate_eval");
+    g.min_length = r.integer("data.generate_min_length");
+    g.max_length = r.integer("data.generate_max_length");
+    const uint64_t seed = static_cast<uint64_t>(r.integer("seed"));
+    const std::string settings =
+        fmt::format("listops v1: {} train, {} val, {} test; lengths in ({}, {}); seed {}",
+                    g.num_train, g.num_val, g.num_test, g.min_length, g.max_length, seed);
+    root = cached_generation(
+        "listops", settings,
+        [&](const std::string& dir) {
+          data::write_listops_splits(dir, data::generate_listops(g, seed));
+        },
+        log);
   }
   return (fs::path(root) / ("basic_" + split + ".tsv")).string();
 }
 
 // Pathfinder: root/<split> in the LRA layout, generated when no root is given.
-std::string pathfinder_dir(const Recipe& r, const std::string& data_dir, const std::string& split,
+std::string pathfinder_dir(const Recipe& r, const std::string& split,
                            const std::function<void(const std::string&)>& log) {
   std::string root = r.string("data.root");
   if (root.empty()) {
-    root = (fs::path(data_dir) / "pathfinder").string();
     const std::vector<std::pair<std::string, int64_t>> splits = {
         {"train", r.integer("data.generate_train")},
         {"val", r.integer("data.generate_eval")},
         {"test", r.integer("data.generate_eval")}};
-    for (size_t i = 0; i < splits.size(); ++i) {
-      const fs::path dir = fs::path(root) / splits[i].first;
-      if (fs::exists(dir)) continue;
-      log(fmt::format("generating {} Pathfinder images into {}", splits[i].second, dir.string()));
-      const auto samples = data::generate_pathfinder(
-          data::PathfinderGenConfig{}, splits[i].second,
-          data::Rng::mix({static_cast<uint64_t>(r.integer("seed")), 77, i}));
-      // Written aside and renamed: a split directory that exists is complete.
-      const fs::path tmp = dir.string() + ".tmp";
-      fs::remove_all(tmp);
-      data::write_pathfinder(tmp.string(), samples);
-      fs::rename(tmp, dir);
-    }
+    const uint64_t seed = static_cast<uint64_t>(r.integer("seed"));
+    const std::string settings =
+        fmt::format("pathfinder v1: {} train, {} val, {} test; default generator; seed {}",
+                    splits[0].second, splits[1].second, splits[2].second, seed);
+    root = cached_generation(
+        "pathfinder", settings,
+        [&](const std::string& dir) {
+          for (size_t i = 0; i < splits.size(); ++i)
+            data::write_pathfinder(
+                (fs::path(dir) / splits[i].first).string(),
+                data::generate_pathfinder(data::PathfinderGenConfig{}, splits[i].second,
+                                          data::Rng::mix({seed, 77, i})));
+        },
+        log);
   }
   return (fs::path(root) / split).string();
 }
@@ -209,8 +255,17 @@ DataShape next_token_shape(const Recipe& r) {
   return shape;
 }
 
-TaskData build_data(const Recipe& r, const std::string& data_dir, const std::string& split_arg,
-                    bool open_train, const std::function<void(const std::string&)>& log) {
+std::string data_cache_dir() {
+  if (const char* c = std::getenv("ATTNFORGE_CACHE"); c && *c) return c;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    return (fs::path(x) / "attnforge").string();
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return (fs::path(h) / ".cache" / "attnforge").string();
+  return ".attnforge-cache";
+}
+
+TaskData build_data(const Recipe& r, const std::string& split_arg, bool open_train,
+                    const std::function<void(const std::string&)>& log) {
   TaskData t;
   const std::string& kind = r.string("data.dataset");
   const std::string train_split = r.string("data.train_split");
@@ -265,11 +320,12 @@ TaskData build_data(const Recipe& r, const std::string& data_dir, const std::str
     if (kind == "listops") {
       data::ListOpsOptions o;
       if (max_length > 0) o.max_length = max_length;
-      return std::make_shared<data::ListOps>(listops_file(r, data_dir, split, log), o);
+      return std::make_shared<data::ListOps>(listops_file(r, split, log), o);
     }
     if (kind == "text" || kind == "retrieval") {
       FORGE_CHECK(!r.string("data.root").empty(),
-                  "recipe: data.dataset {} needs data.root (a folder with <split>.tsv files)", kind);
+                  "recipe: data.dataset {} needs data.root (a folder with <split>.tsv files)",
+                  kind);
       data::TextOptions o;
       if (max_length > 0) o.max_length = max_length;
       const std::string file = (fs::path(r.string("data.root")) / (split + ".tsv")).string();
@@ -278,7 +334,7 @@ TaskData build_data(const Recipe& r, const std::string& data_dir, const std::str
     }
     if (kind == "pathfinder")
       return std::make_shared<data::PixelSequence>(std::make_shared<data::Pathfinder>(
-          pathfinder_dir(r, data_dir, split, log), r.integer("data.max_image_pixels")));
+          pathfinder_dir(r, split, log), r.integer("data.max_image_pixels")));
     FORGE_FAIL("recipe: data.dataset '{}' is not handled", kind);
   };
 
@@ -312,17 +368,23 @@ TaskData build_data(const Recipe& r, const std::string& data_dir, const std::str
   } else if (t.shape.images) {
     t.shape.channels = e.input.size(0);
     t.shape.image_size = e.input.size(1);
-    FORGE_CHECK(e.input.size(1) == e.input.size(2),
-                "data: images must be square, got {}x{}", e.input.size(1), e.input.size(2));
+    FORGE_CHECK(e.input.size(1) == e.input.size(2), "data: images must be square, got {}x{}",
+                e.input.size(1), e.input.size(2));
   } else {
     t.shape.pairs = e.input2.defined();
-    if (kind == "listops") t.shape.vocab_size = data::kListOpsVocabSize;
-    else if (kind == "text" || kind == "retrieval") t.shape.vocab_size = data::kByteVocabSize;
-    else t.shape.vocab_size = data::PixelSequence::kVocabSize;
+    if (kind == "listops")
+      t.shape.vocab_size = data::kListOpsVocabSize;
+    else if (kind == "text" || kind == "retrieval")
+      t.shape.vocab_size = data::kByteVocabSize;
+    else
+      t.shape.vocab_size = data::PixelSequence::kVocabSize;
     if (max_length <= 0) {
-      if (kind == "listops") max_length = 2000;
-      else if (kind == "text" || kind == "retrieval") max_length = 4000;
-      else max_length = e.input.size(0);  // pixels: H * W
+      if (kind == "listops")
+        max_length = 2000;
+      else if (kind == "text" || kind == "retrieval")
+        max_length = 4000;
+      else
+        max_length = e.input.size(0);  // pixels: H * W
     }
     t.shape.max_length = max_length;
   }
@@ -339,8 +401,9 @@ TaskData build_data(const Recipe& r, const std::string& data_dir, const std::str
 
 data::LoaderOptions loader_options(const Recipe& r, const TaskData& d, bool train) {
   data::LoaderOptions o;
-  o.batch_size = train || r.integer("loop.eval_batch_size") == 0 ? r.integer("loop.batch_size")
-                                                                 : r.integer("loop.eval_batch_size");
+  o.batch_size = train || r.integer("loop.eval_batch_size") == 0
+                     ? r.integer("loop.batch_size")
+                     : r.integer("loop.eval_batch_size");
   o.shuffle = train;
   o.drop_last = train;
   o.seed = static_cast<uint64_t>(r.integer("seed"));

@@ -1,7 +1,7 @@
 // The data of a recipe: the training and evaluation datasets the `data.*`
 // keys describe, and what they tell the model (classes, image size or
-// vocabulary and length). ListOps and Pathfinder generate their data into the
-// run directory when the recipe gives none.
+// vocabulary and length). ListOps and Pathfinder generate their data, when the
+// recipe gives none, once into a cache shared by every run (data_cache_dir()).
 #pragma once
 
 #include <functional>
@@ -21,10 +21,14 @@ struct TaskData {
   data::MixupOptions mixup;
 };
 
-// `split`: the evaluation split to open (empty: data.eval_split). `data_dir`:
-// where generated data goes. `log` receives one line per dataset.
-TaskData build_data(const Recipe& recipe, const std::string& data_dir, const std::string& split,
-                    bool open_train, const std::function<void(const std::string&)>& log);
+// `split`: the evaluation split to open (empty: data.eval_split). `log`
+// receives one line per dataset.
+TaskData build_data(const Recipe& recipe, const std::string& split, bool open_train,
+                    const std::function<void(const std::string&)>& log);
+
+// Where generated data is cached: $ATTNFORGE_CACHE, else
+// $XDG_CACHE_HOME/attnforge, else ~/.cache/attnforge.
+std::string data_cache_dir();
 
 // The shape of a next-token source (lm_text, copy, seq2seq_tsv) from the
 // recipe alone, without reading data (what generation needs); throws for the

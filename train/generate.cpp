@@ -22,15 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A checkpoint directory as given, or the latest checkpoint of a run directory.
-std::string checkpoint_dir(const std::string& path) {
-  FORGE_CHECK(fs::is_directory(path), "generate: {}: no such checkpoint or run directory", path);
-  if (!fs::is_directory(fs::path(path) / "checkpoints")) return path;
-  CheckpointManager m(path, 1, 0, "", "max", [](const std::string&) {});
-  FORGE_CHECK(m.latest(), "generate: the run {} has no readable checkpoint", path);
-  return *m.latest();
-}
-
 // How the data source writes tokens as text.
 struct Codec {
   std::string kind;  // data.dataset
@@ -76,7 +67,7 @@ struct Codec {
 GenerateResult generate(const GenerateRequest& q,
                         const std::function<void(std::string_view)>& emit) {
   GenerateResult result;
-  result.checkpoint = checkpoint_dir(q.checkpoint);
+  result.checkpoint = resolve_checkpoint(q.checkpoint, "generate").dir;
   const Checkpoint c = read_checkpoint(result.checkpoint);
   Recipe r = Recipe::from_yaml(c.recipe_yaml, result.checkpoint + "/model.safetensors (recipe)");
   for (const std::string& s : q.overrides) r.set(s);
@@ -94,7 +85,7 @@ GenerateResult generate(const GenerateRequest& q,
     task->module().load_state_dict(c.model);
   } catch (const Error& e) {
     FORGE_FAIL("generate: {}: the weights do not fit the recipe's model: {}", result.checkpoint,
-               e.what());
+               message_of(e));
   }
 
   const Codec codec{r.string("data.dataset"),

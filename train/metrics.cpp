@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -54,7 +55,80 @@ std::string read_text(const std::string& path) {
   return text;
 }
 
+// One CSV field: numbers in their shortest exact form, null (a non-finite
+// number) empty, text quoted when it holds a comma, a quote or a line break.
+std::string csv_field(const json::Value* v) {
+  if (!v || v->is_null()) return "";
+  if (v->is_string()) {
+    const std::string& t = v->as_string();
+    if (t.find_first_of(",\"\r\n") == std::string::npos) return t;
+    std::string q = "\"";
+    for (const char c : t) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  }
+  return json::dump(*v);
+}
+
+std::string csv_row(const std::vector<std::string>& columns, const json::Value& record) {
+  std::string row;
+  for (size_t i = 0; i < columns.size(); ++i) {
+    if (i) row += ',';
+    row += csv_field(record.find(columns[i]));
+  }
+  return row + "\n";
+}
+
 }  // namespace
+
+// metrics.csv: every record of metrics.jsonl as a row. Its columns are the
+// keys seen so far in order of first appearance; a record with a new key
+// rewrites the file (atomically, from metrics.jsonl) with the wider header,
+// which happens a few times per run (the first train and eval records). A
+// resumed run's CSV is rebuilt from the records it keeps.
+class MetricsLog::Csv {
+ public:
+  // `jsonl`: the metrics file, read back when the header widens.
+  Csv(std::string path, std::string jsonl) : path_(std::move(path)), jsonl_(std::move(jsonl)) {
+    rewrite();
+  }
+  ~Csv() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  // After the record was appended to metrics.jsonl.
+  void append(const json::Value& record) {
+    if (widen(record)) return rewrite();
+    const std::string row = csv_row(columns_, record);
+    io::write_all(fd_, row.data(), row.size(), path_);
+  }
+
+ private:
+  bool widen(const json::Value& r) {
+    bool wider = false;
+    for (const auto& [key, unused] : r.as_object())
+      if (std::find(columns_.begin(), columns_.end(), key) == columns_.end()) {
+        columns_.push_back(key);
+        wider = true;
+      }
+    return wider;
+  }
+  void rewrite() {
+    std::error_code ec;
+    const std::vector<json::Value> records =
+        fs::exists(jsonl_, ec) ? read_metrics(jsonl_) : std::vector<json::Value>{};
+    for (const json::Value& r : records) widen(r);
+    std::string text = fmt::format("{}\n", fmt::join(columns_, ","));
+    for (const json::Value& r : records) text += csv_row(columns_, r);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    io::write_file_atomic(path_, text);
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    FORGE_CHECK(fd_ >= 0, "{}: cannot open for writing: {}", path_, std::strerror(errno));
+  }
+
+  std::string path_, jsonl_;
+  std::vector<std::string> columns_;
+  int fd_ = -1;
+};
 
 MetricsLog::MetricsLog(const std::string& run_dir, std::optional<int64_t> resume_step)
     : path_((fs::path(run_dir) / "metrics.jsonl").string()) {
@@ -85,6 +159,7 @@ MetricsLog::MetricsLog(const std::string& run_dir, std::optional<int64_t> resume
   }
   fd_ = ::open(path_.c_str(), flags, 0644);
   FORGE_CHECK(fd_ >= 0, "{}: cannot open for writing: {}", path_, std::strerror(errno));
+  csv_ = std::make_unique<Csv>((fs::path(run_dir) / "metrics.csv").string(), path_);
 }
 
 MetricsLog::~MetricsLog() {
@@ -101,8 +176,10 @@ void MetricsLog::append(const json::Value& record) {
     const bool non_finite = v.is_number() && !std::isfinite(v.as_double());
     out.emplace_back(key, non_finite ? json::Value() : v);
   }
-  const std::string line = json::dump(json::Value(std::move(out))) + "\n";
+  const json::Value written(std::move(out));
+  const std::string line = json::dump(written) + "\n";
   io::write_all(fd_, line.data(), line.size(), path_);
+  csv_->append(written);
 }
 
 void MetricsLog::log(int64_t step, const std::string& split,

@@ -1,5 +1,7 @@
 // Metrics: RUN/metrics.jsonl, one JSON object per line, e.g.
 //   {"step": 1200, "split": "train", "loss": 0.412, "accuracy": 0.87, "lr": 0.0003}
+// and the same records as RUN/metrics.csv (one column per key, in order of
+// first appearance; a record without a key leaves its cell empty).
 // Each record is written with one write() as soon as it is logged, so a crash
 // loses at most a torn last line. Resuming at step S keeps the records with
 // step <= S (and drops a torn last line), so a resumed run's file equals an
@@ -8,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -38,8 +41,10 @@ class MetricsLog {
   const std::string& path() const { return path_; }
 
  private:
+  class Csv;
   std::string path_;
   int fd_ = -1;
+  std::unique_ptr<Csv> csv_;
 };
 
 // Every record of a metrics file, in file order. Blank lines are skipped; a

@@ -11,7 +11,8 @@ namespace forge::train {
 namespace {
 
 // model.attention.* -> the mechanism options shared by every layer.
-nn::AttentionConfig attention_config(const Recipe& r, const std::string& kind, int64_t local_heads) {
+nn::AttentionConfig attention_config(const Recipe& r, const std::string& kind,
+                                     int64_t local_heads) {
   nn::AttentionConfig a;
   a.kind = nn::mechanism_from_name(kind);
   a.heads = r.integer("model.heads");
@@ -55,7 +56,8 @@ nn::StackConfig stack_config(const Recipe& r) {
   s.depth = depth;
   const int64_t local_heads = r.integer("model.attention.local_heads");
   FORGE_CHECK(local_heads <= heads,
-              "recipe: model.attention.local_heads = {} exceeds model.heads = {}", local_heads, heads);
+              "recipe: model.attention.local_heads = {} exceeds model.heads = {}", local_heads,
+              heads);
   s.block.attention = attention_config(r, r.string("model.attention.kind"), local_heads);
   const auto kinds = r.string_list("model.attention.per_layer");
   const auto locals = r.int_list("model.attention.per_layer_local_heads");
@@ -79,8 +81,8 @@ nn::StackConfig stack_config(const Recipe& r) {
   }
   s.block.ff.mult = r.integer("model.mlp_ratio");
   s.block.ff.hidden = r.integer("model.mlp_dim");
-  s.block.ff.activation = r.string("model.activation") == "gelu" ? nn::Activation::gelu
-                                                                 : nn::Activation::relu;
+  s.block.ff.activation =
+      r.string("model.activation") == "gelu" ? nn::Activation::gelu : nn::Activation::relu;
   s.block.ff.glu = r.boolean("model.glu");
   s.block.ff.dropout = r.number("model.dropout");
   s.block.ff.chunks = r.integer("model.ff_chunks");
@@ -90,7 +92,7 @@ nn::StackConfig stack_config(const Recipe& r) {
   s.block.token_shifts = r.int_list("model.token_shifts");
   s.block.attend_axially = r.boolean("model.attend_axially");
   const std::string& level = r.string("model.checkpoint");
-  s.checkpoint = level == "C0" ? nn::CheckpointLevel::C0
+  s.checkpoint = level == "C0"   ? nn::CheckpointLevel::C0
                  : level == "C1" ? nn::CheckpointLevel::C1
                                  : nn::CheckpointLevel::C2;
   s.reversible = r.boolean("model.reversible");
@@ -336,7 +338,8 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
     c.dtype = dtype;
     return std::make_unique<EncoderDecoderTask>(c, gen);
   }
-  const int64_t classes = r.integer("model.classes") > 0 ? r.integer("model.classes") : shape.classes;
+  const int64_t classes =
+      r.integer("model.classes") > 0 ? r.integer("model.classes") : shape.classes;
   FORGE_CHECK(classes >= shape.classes,
               "recipe: model.classes = {} but the data has {} classes; set it to 0 (from the data) "
               "or at least {}",
@@ -381,10 +384,11 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
               "gives images; use data.dataset: pixels for images as pixel sequences, or "
               "model.type: vit");
   nn::SequenceClassifierConfig c;
-  c.vocab_size = r.integer("model.vocab_size") > 0 ? r.integer("model.vocab_size") : shape.vocab_size;
+  c.vocab_size =
+      r.integer("model.vocab_size") > 0 ? r.integer("model.vocab_size") : shape.vocab_size;
   FORGE_CHECK(c.vocab_size >= shape.vocab_size,
-              "recipe: model.vocab_size = {} is smaller than the data's vocabulary ({})", c.vocab_size,
-              shape.vocab_size);
+              "recipe: model.vocab_size = {} is smaller than the data's vocabulary ({})",
+              c.vocab_size, shape.vocab_size);
   c.max_len = r.integer("model.max_len") > 0 ? r.integer("model.max_len") : shape.max_length;
   FORGE_CHECK(c.max_len >= shape.max_length,
               "recipe: model.max_len = {} is shorter than the data's sequences (up to {} tokens); "
@@ -402,6 +406,34 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
   c.stack = stack_config(r);
   c.dtype = dtype;
   return std::make_unique<SequenceTask>(c, gen);
+}
+
+void resolve_sizes(Recipe& r, const DataShape& shape) {
+  // A key at 0 ("from the data" / "the default") becomes the value the model
+  // was built with; a key already set stays.
+  const auto fill = [&](const char* key, int64_t v) {
+    if (r.integer(key) == 0 && v > 0) r.set(fmt::format("{}={}", key, v));
+  };
+  const std::string& type = r.string("model.type");
+  const int64_t dim = r.integer("model.dim"), heads = r.integer("model.heads");
+  if (dim % heads == 0) fill("model.head_dim", dim / heads);
+  fill("model.mlp_dim", r.integer("model.mlp_ratio") * dim);
+  double eps = nn::LanguageModelConfig{}.norm_eps;
+  if (type == "vit") eps = nn::ViTConfig{}.norm_eps;
+  if (type == "sequence_classifier") eps = nn::SequenceClassifierConfig{}.norm_eps;
+  if (r.number("model.norm_eps") == 0) r.set(fmt::format("model.norm_eps={}", eps));
+  if (type == "vit" || type == "sequence_classifier") fill("model.classes", shape.classes);
+  if (type == "vit") fill("model.channels", shape.channels);
+  if (type != "vit") {
+    fill("model.vocab_size", shape.vocab_size);
+    fill("model.max_len", shape.max_length);
+  }
+  if (type == "encoder_decoder") {
+    fill("model.target_vocab_size", shape.target_vocab_size);
+    fill("model.target_max_len", shape.target_length);
+    fill("model.encoder_depth", r.integer("model.depth"));
+    fill("model.decoder_depth", r.integer("model.depth"));
+  }
 }
 
 }  // namespace forge::train

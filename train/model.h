@@ -30,9 +30,9 @@ struct DataShape {
   Task task = Task::classification;
   int64_t classes = 0;
   bool images = true;
-  int64_t channels = 0, image_size = 0;  // images
-  int64_t vocab_size = 0, max_length = 0;  // sequences (seq2seq: the source)
-  bool pairs = false;                      // examples are document pairs
+  int64_t channels = 0, image_size = 0;              // images
+  int64_t vocab_size = 0, max_length = 0;            // sequences (seq2seq: the source)
+  bool pairs = false;                                // examples are document pairs
   int64_t target_vocab_size = 0, target_length = 0;  // seq2seq: the decoder's
   bool byte_tokens = false;  // language models on bytes: bits per byte = loss / ln 2
 };
@@ -69,5 +69,12 @@ Placement placement(const Recipe& recipe, int local_rank = 0);
 // name the recipe key at fault.
 std::unique_ptr<TaskModel> build_model(const Recipe& recipe, const DataShape& shape, DType dtype,
                                        Generator* gen);
+
+// Writes into `recipe` the sizes build_model takes from the data or from the
+// model's defaults when their keys are 0 (classes, channels, vocabulary and
+// lengths; head_dim, mlp_dim, norm_eps; an encoder-decoder's depths), so the
+// recipe a run keeps says what was built. Call it after build_model has
+// checked the recipe against `shape`.
+void resolve_sizes(Recipe& recipe, const DataShape& shape);
 
 }  // namespace forge::train

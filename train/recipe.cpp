@@ -4,8 +4,10 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -16,14 +18,22 @@ namespace forge::train {
 
 const char* key_type_name(KeyType t) {
   switch (t) {
-    case KeyType::integer: return "integer";
-    case KeyType::number: return "number";
-    case KeyType::boolean: return "boolean";
-    case KeyType::string: return "string";
-    case KeyType::choice: return "choice";
-    case KeyType::int_list: return "list of integers";
-    case KeyType::number_list: return "list of numbers";
-    case KeyType::string_list: return "list of strings";
+    case KeyType::integer:
+      return "integer";
+    case KeyType::number:
+      return "number";
+    case KeyType::boolean:
+      return "boolean";
+    case KeyType::string:
+      return "string";
+    case KeyType::choice:
+      return "choice";
+    case KeyType::int_list:
+      return "list of integers";
+    case KeyType::number_list:
+      return "list of numbers";
+    case KeyType::string_list:
+      return "list of strings";
   }
   return "?";
 }
@@ -52,7 +62,8 @@ std::vector<std::string> children_of(const std::string& section) {
     const std::string rest = k.path.substr(prefix.size());
     const size_t dot = rest.find('.');
     const std::string child = dot == std::string::npos ? rest : rest.substr(0, dot) + ".*";
-    if (seen.insert(child).second) out.push_back(dot == std::string::npos ? child : rest.substr(0, dot));
+    if (seen.insert(child).second)
+      out.push_back(dot == std::string::npos ? child : rest.substr(0, dot));
   }
   return out;
 }
@@ -62,6 +73,51 @@ bool is_section(const std::string& path) {
   for (const KeySpec& k : recipe_schema())
     if (k.path.compare(0, prefix.size(), prefix) == 0) return true;
   return false;
+}
+
+// Levenshtein distance (insertions, deletions, substitutions) of a and b.
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// " Did you mean 'model.attention.kind'?" for an unknown key `path`: a key of
+// the same name in another section ("model.lr" -> "optimizer.lr"), else the
+// key or section closest in spelling (a typo: within a third of the name, at
+// most 3 edits); empty when nothing is close.
+std::string did_you_mean(const std::string& path) {
+  std::vector<std::string> candidates;
+  for (const KeySpec& k : recipe_schema()) {
+    candidates.push_back(k.path);
+    for (size_t dot = k.path.find('.'); dot != std::string::npos; dot = k.path.find('.', dot + 1))
+      candidates.push_back(k.path.substr(0, dot));
+  }
+  std::string best;
+  const std::string leaf = path.substr(path.rfind('.') + 1);
+  for (const KeySpec& k : recipe_schema())
+    if (k.path != path && (k.path == leaf || k.path.ends_with("." + leaf))) {
+      best = k.path;
+      break;
+    }
+  size_t best_d = std::min<size_t>(3, std::max<size_t>(1, path.size() / 3)) + 1;
+  for (const std::string& c : candidates) {
+    const size_t d = best.empty() ? edit_distance(path, c) : best_d;
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  return best.empty() ? std::string() : fmt::format(" Did you mean '{}'?", best);
 }
 
 std::string where(const std::string& what, const YAML::Node& node) {
@@ -135,7 +191,8 @@ json::Value convert_scalar(const KeySpec& key, KeyType type, const YAML::Node& n
     case KeyType::number:
     case KeyType::number_list: {
       double v = 0;
-      if (!YAML::convert<double>::decode(node, v) || !std::isfinite(v)) return bad("a finite number");
+      if (!YAML::convert<double>::decode(node, v) || !std::isfinite(v))
+        return bad("a finite number");
       in_range(v);
       return json::Value(v);
     }
@@ -150,7 +207,8 @@ json::Value convert_scalar(const KeySpec& key, KeyType type, const YAML::Node& n
       return json::Value(text);
     case KeyType::choice:
     case KeyType::string_list:
-      if (!key.choices.empty() && std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end())
+      if (!key.choices.empty() &&
+          std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end())
         FORGE_FAIL("recipe {}: '{}' = '{}' is not one of: {}", place, key.path, text,
                    fmt::join(key.choices, ", "));
       return json::Value(text);
@@ -206,25 +264,37 @@ json::Value convert(const KeySpec& key, const YAML::Node& node, const std::strin
 
 void emit_value(YAML::Emitter& e, const KeySpec& key, const json::Value& v) {
   switch (key.type) {
-    case KeyType::integer: e << v.as_int(); break;
+    case KeyType::integer:
+      e << v.as_int();
+      break;
     case KeyType::number: {
       // Shortest text that reads back to the same double.
       std::string t = fmt::format("{}", v.as_double());
-      if (t.find_first_of(".eE") == std::string::npos && t.find("inf") == std::string::npos) t += ".0";
+      if (t.find_first_of(".eE") == std::string::npos && t.find("inf") == std::string::npos)
+        t += ".0";
       e << t;
       break;
     }
-    case KeyType::boolean: e << v.as_bool(); break;
-    case KeyType::string: e << YAML::DoubleQuoted << v.as_string(); break;
-    case KeyType::choice: e << v.as_string(); break;
+    case KeyType::boolean:
+      e << v.as_bool();
+      break;
+    case KeyType::string:
+      e << YAML::DoubleQuoted << v.as_string();
+      break;
+    case KeyType::choice:
+      e << v.as_string();
+      break;
     case KeyType::int_list:
     case KeyType::number_list:
     case KeyType::string_list: {
       e << YAML::Flow << YAML::BeginSeq;
       for (const json::Value& item : v.as_array()) {
-        if (key.type == KeyType::int_list) e << item.as_int();
-        else if (key.type == KeyType::number_list) e << fmt::format("{}", item.as_double());
-        else e << item.as_string();
+        if (key.type == KeyType::int_list)
+          e << item.as_int();
+        else if (key.type == KeyType::number_list)
+          e << fmt::format("{}", item.as_double());
+        else
+          e << item.as_string();
       }
       e << YAML::EndSeq;
       break;
@@ -237,16 +307,23 @@ void walk(const YAML::Node& node, const std::string& section, const std::string&
   if (!node.IsMap())
     FORGE_FAIL("recipe {}: {} must be a mapping of keys (found '{}')", where(what, node),
                section.empty() ? "the recipe" : "'" + section + "'", scalar_text(node));
+  std::map<std::string, YAML::Mark> seen;  // keys of this mapping, where first given
   for (const auto& item : node) {
     const std::string name = item.first.Scalar();
     const std::string path = section.empty() ? name : section + "." + name;
     const std::string place = where(what, item.first);
+    // YAML forbids a key twice in one mapping; the parser keeps both, and the
+    // second would silently win.
+    const auto [first, fresh] = seen.emplace(name, item.first.Mark());
+    if (!fresh)
+      FORGE_FAIL("recipe {}: '{}' is given twice in one mapping (first at line {}); keep one",
+                 place, path, first->second.line + 1);
     if (const KeySpec* key = find_key(path)) {
       out.emplace_back(key, convert(*key, item.second, place));
     } else if (is_section(path)) {
       walk(item.second, path, what, out);
     } else {
-      FORGE_FAIL("recipe {}: unknown key '{}'; valid keys{}: {}", place, path,
+      FORGE_FAIL("recipe {}: unknown key '{}'.{} Valid keys{}: {}", place, path, did_you_mean(path),
                  section.empty() ? " at the top level" : " under '" + section + "'",
                  fmt::join(children_of(section), ", "));
     }
@@ -271,7 +348,8 @@ Recipe Recipe::from_yaml(const std::string& text, const std::string& what) {
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    FORGE_FAIL("recipe {}:{}:{}: not valid YAML: {}", what, e.mark.line + 1, e.mark.column + 1, e.msg);
+    FORGE_FAIL("recipe {}:{}:{}: not valid YAML: {}", what, e.mark.line + 1, e.mark.column + 1,
+               e.msg);
   }
   // An empty file would train the default model on the default data: surely
   // not what a user who gave this file meant.
@@ -309,10 +387,12 @@ void Recipe::set(const std::string& assignment) {
   const std::string text = assignment.substr(eq + 1);
   const KeySpec* key = find_key(path);
   if (!key) {
-    std::string section = path.substr(0, path.rfind('.') == std::string::npos ? 0 : path.rfind('.'));
+    std::string section =
+        path.substr(0, path.rfind('.') == std::string::npos ? 0 : path.rfind('.'));
     while (!section.empty() && !is_section(section))
       section = section.substr(0, section.rfind('.') == std::string::npos ? 0 : section.rfind('.'));
-    FORGE_FAIL("--set {}: unknown key '{}'; valid keys{}: {}", assignment, path,
+    FORGE_FAIL("--set {}: unknown key '{}'.{} Valid keys{}: {}", assignment, path,
+               did_you_mean(path),
                section.empty() ? " at the top level" : " under '" + section + "'",
                fmt::join(children_of(section), ", "));
   }
@@ -338,7 +418,8 @@ std::string Recipe::to_yaml() const {
     for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
     const std::vector<std::string> sections(parts.begin(), parts.end() - 1);
     size_t common = 0;
-    while (common < open.size() && common < sections.size() && open[common] == sections[common]) ++common;
+    while (common < open.size() && common < sections.size() && open[common] == sections[common])
+      ++common;
     for (size_t j = open.size(); j > common; --j) e << YAML::EndMap;
     open.resize(common);
     for (size_t j = common; j < sections.size(); ++j) {
@@ -353,14 +434,26 @@ std::string Recipe::to_yaml() const {
   return std::string(e.c_str()) + "\n";
 }
 
-const json::Value& Recipe::value(const std::string& path) const { return values_[key_index(path)]; }
+const json::Value& Recipe::value(const std::string& path) const {
+  return values_[key_index(path)];
+}
 
-bool Recipe::is_set(const std::string& path) const { return explicit_[key_index(path)]; }
+bool Recipe::is_set(const std::string& path) const {
+  return explicit_[key_index(path)];
+}
 
-int64_t Recipe::integer(const std::string& path) const { return value(path).as_int(); }
-double Recipe::number(const std::string& path) const { return value(path).as_double(); }
-bool Recipe::boolean(const std::string& path) const { return value(path).as_bool(); }
-const std::string& Recipe::string(const std::string& path) const { return value(path).as_string(); }
+int64_t Recipe::integer(const std::string& path) const {
+  return value(path).as_int();
+}
+double Recipe::number(const std::string& path) const {
+  return value(path).as_double();
+}
+bool Recipe::boolean(const std::string& path) const {
+  return value(path).as_bool();
+}
+const std::string& Recipe::string(const std::string& path) const {
+  return value(path).as_string();
+}
 
 std::vector<int64_t> Recipe::int_list(const std::string& path) const {
   std::vector<int64_t> out;
@@ -392,8 +485,10 @@ std::string recipe_reference_markdown() {
     const std::string sec = dot == std::string::npos ? "" : k.path.substr(0, dot);
     if (sec != section) {
       section = sec;
-      out += fmt::format("\n### {}\n\n| key | type | default | range / choices | meaning |\n|---|---|---|---|---|\n",
-                         sec.empty() ? "top level" : "`" + sec + "`");
+      out += fmt::format(
+          "\n### {}\n\n| key | type | default | range / choices | meaning "
+          "|\n|---|---|---|---|---|\n",
+          sec.empty() ? "top level" : "`" + sec + "`");
     }
     std::string range;
     if (!k.choices.empty()) {
@@ -403,7 +498,8 @@ std::string recipe_reference_markdown() {
                           std::isfinite(k.max) ? fmt::format("{}", k.max) : "inf");
     }
     std::string def = json::dump(k.default_value);
-    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", k.path, key_type_name(k.type), def, range, k.doc);
+    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", k.path, key_type_name(k.type), def,
+                       range, k.doc);
   }
   return out;
 }

@@ -91,8 +91,9 @@ class RunLog {
 // The entries a run writes at the top of its directory. A directory holding
 // only these (and what a killed atomic write of one leaves) and no checkpoint
 // is a start that stopped before its first checkpoint: a new start may take it over.
-constexpr const char* kRunEntries[] = {"recipe.yaml", "train.log", "metrics.jsonl", "curves.svg",
-                                       "checkpoints", "data",      "attention_maps"};
+constexpr const char* kRunEntries[] = {"recipe.yaml", "train.log",     "metrics.jsonl",
+                                       "metrics.csv", "curves.svg",    "checkpoints",
+                                       "data",        "attention_maps"};
 
 // What a killed atomic write of a run entry leaves (recipe.yaml.tmp-PID, ...).
 bool is_run_entry_temp(const std::string& name) {
@@ -162,7 +163,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Recipe& r, nn::Module& mo
   for (const std::string& prefix : r.string_list("optimizer.freeze")) {
     size_t frozen = 0;
     for (optim::ParamGroup& g : groups)
-      frozen += std::erase_if(g.params, [&](const auto& p) { return p.first.rfind(prefix, 0) == 0; });
+      frozen +=
+          std::erase_if(g.params, [&](const auto& p) { return p.first.rfind(prefix, 0) == 0; });
     FORGE_CHECK(frozen > 0,
                 "recipe: optimizer.freeze: no parameter name starts with '{}' (names look like "
                 "'transformer.layers.0.attn.to_q.weight')",
@@ -191,12 +193,29 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Recipe& r, nn::Module& mo
   return std::make_unique<optim::AdamW>(std::move(groups), lr, o);
 }
 
-optim::ScheduleConfig make_schedule(const Recipe& r, int64_t total_steps, int64_t steps_per_epoch) {
+// The schedule of a run of `total_steps`. A warmup longer than a decaying
+// schedule's run (a short trial: --set loop.steps=50) is cut to the run's
+// length, with a note saying so.
+optim::ScheduleConfig make_schedule(const Recipe& r, int64_t total_steps, int64_t steps_per_epoch,
+                                    std::vector<std::string>* notes) {
   optim::ScheduleConfig s;
   s.kind = optim::schedule_from_name(r.string("schedule.kind"));
   s.warmup_steps = r.integer("schedule.warmup_steps");
-  if (s.warmup_steps == 0 && r.number("schedule.warmup_epochs") > 0)
-    s.warmup_steps = static_cast<int64_t>(std::llround(r.number("schedule.warmup_epochs") * steps_per_epoch));
+  const char* warmup_key = "schedule.warmup_steps";
+  if (s.warmup_steps == 0 && r.number("schedule.warmup_epochs") > 0) {
+    s.warmup_steps =
+        static_cast<int64_t>(std::llround(r.number("schedule.warmup_epochs") * steps_per_epoch));
+    warmup_key = "schedule.warmup_epochs";
+  }
+  const bool decays =
+      s.kind == optim::ScheduleKind::cosine || s.kind == optim::ScheduleKind::linear_decay;
+  if (decays && s.warmup_steps > total_steps) {
+    notes->push_back(fmt::format(
+        "{} makes a warmup of {} steps, longer than this run's {} steps: the warmup is cut to {} "
+        "(the learning rate rises over the whole run)",
+        warmup_key, s.warmup_steps, total_steps, total_steps));
+    s.warmup_steps = total_steps;
+  }
   s.total_steps = total_steps;
   s.min_lr_ratio = r.number("schedule.min_lr_ratio");
   s.step_size = r.integer("schedule.step_size");
@@ -205,7 +224,7 @@ optim::ScheduleConfig make_schedule(const Recipe& r, int64_t total_steps, int64_
     s.validate();
   } catch (const Error& e) {
     FORGE_FAIL("recipe: the schedule section does not fit this run ({} steps, warmup {}): {}",
-               total_steps, s.warmup_steps, e.what());
+               total_steps, s.warmup_steps, message_of(e));
   }
   return s;
 }
@@ -366,7 +385,8 @@ void write_attention_maps(TaskModel& model, data::DataLoader& loader, const Plac
       for (int64_t i = 0; i < N * M; ++i)
         img.pixels[static_cast<size_t>(i)] =
             static_cast<uint8_t>(std::lround(peak > 0 ? 255.0 * q[i] / peak : 0.0));
-      data::write_png((fs::path(dir) / fmt::format("layer{:02}_head{:02}.png", layer, h)).string(), img);
+      data::write_png((fs::path(dir) / fmt::format("layer{:02}_head{:02}.png", layer, h)).string(),
+                      img);
       ++written;
     }
   }
@@ -390,11 +410,72 @@ int64_t completed_epochs(const data::DataLoader& loader) {
   return p.epoch + (p.batch >= loader.batches_per_epoch() ? 1 : 0);
 }
 
+// The run's optimizer steps: loop.steps, or loop.epochs of `batches_per_epoch`
+// (this process's loader; the same on every one) in steps of loop.accumulation.
+struct StepPlan {
+  int64_t steps_per_epoch = 0, total_steps = 0;
+};
+StepPlan plan_steps(const Recipe& r, int64_t examples, int64_t batches_per_epoch) {
+  StepPlan p;
+  const int64_t accum = r.integer("loop.accumulation");
+  p.steps_per_epoch = batches_per_epoch / accum;
+  FORGE_CHECK(p.steps_per_epoch > 0 || r.integer("loop.steps") > 0,
+              "recipe: one epoch of {} examples makes {} batches of loop.batch_size {}, fewer than "
+              "loop.accumulation {}; lower them or set loop.steps",
+              examples, batches_per_epoch, r.integer("loop.batch_size"), accum);
+  p.total_steps = r.integer("loop.steps") > 0 ? r.integer("loop.steps")
+                                              : r.integer("loop.epochs") * p.steps_per_epoch;
+  FORGE_CHECK(p.total_steps > 0, "recipe: nothing to train: loop.steps and loop.epochs are 0");
+  return p;
+}
+
+// runs/<name>-<N>, N one past the highest number of the runs of that name
+// there (1 for the first). Rank 0 looks; every process gets its answer.
+std::string next_run_dir(const Recipe& r, dist::Group& group) {
+  const std::string prefix = r.string("name") + "-";
+  int64_t n = 1;
+  if (group.root()) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("runs", ec)) {
+      const std::string f = e.path().filename().string();
+      if (f.size() <= prefix.size() || f.size() > prefix.size() + 9 ||
+          f.compare(0, prefix.size(), prefix) != 0)
+        continue;
+      const std::string digits = f.substr(prefix.size());
+      if (digits.find_first_not_of("0123456789") == std::string::npos)
+        n = std::max<int64_t>(n, std::stoll(digits) + 1);
+    }
+  }
+  group.broadcast(&n, sizeof n, 0, "the number of the new run directory");
+  return (fs::path("runs") / fmt::format("{}{}", prefix, n)).string();
+}
+
+// The metric a checkpoint's state records for ranking ("checkpoint_metric").
+std::optional<double> checkpoint_metric(const json::Value& state) {
+  const json::Value* m = state.is_object() ? state.find("checkpoint_metric") : nullptr;
+  const json::Value* v = m && m->is_object() ? m->find("value") : nullptr;
+  if (v && v->is_number()) return v->as_double();
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string default_run_dir(const Recipe& r) {
   if (!r.string("output.dir").empty()) return r.string("output.dir");
-  return (fs::path("runs") / r.string("name")).string();
+  return (fs::path("runs") / (r.string("name") + "-N")).string();
+}
+
+Recipe resolve_recipe(Recipe r, std::vector<std::string>* notes) {
+  placement(r);  // the device is there
+  const TaskData data = build_data(r, "", true, [](const std::string&) {});
+  const data::DataLoader loader(data.train, loader_options(r, data, true));
+  const StepPlan plan = plan_steps(r, data.train->size(), loader.batches_per_epoch());
+  Generator gen(static_cast<uint64_t>(r.integer("seed")));
+  const std::unique_ptr<TaskModel> task = build_model(r, data.shape, DType::f32, &gen);
+  make_optimizer(r, task->module());
+  make_schedule(r, plan.total_steps, std::max<int64_t>(plan.steps_per_epoch, 1), notes);
+  resolve_sizes(r, data.shape);
+  return r;
 }
 
 json::Value EvalResult::to_json() const {
@@ -426,8 +507,21 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   const bool root = group.root();
   const int world = group.size();
   const Placement place = placement(r, group.local_rank());
-  const std::string run_dir = opt.run_dir.empty() ? default_run_dir(r) : opt.run_dir;
-  bool from_checkpoint = false;
+  FORGE_CHECK(!(opt.resume && !opt.resume_from.empty()),
+              "TrainOptions: resume and resume_from exclude each other");
+  // The run directory: as given (--out, --resume, output.dir), or the next
+  // free runs/<name>-<N>.
+  std::string run_dir = opt.run_dir.empty() ? r.string("output.dir") : opt.run_dir;
+  if (run_dir.empty() && !opt.resume) run_dir = next_run_dir(r, group);
+  // A new run that continues from a chosen checkpoint of another (or the same) run.
+  std::optional<CheckpointRef> fork;
+  if (!opt.resume_from.empty()) {
+    fork = resolve_checkpoint(opt.resume_from, "--resume");
+    FORGE_CHECK(fork->step && !fork->run_dir.empty(),
+                "--resume {}: {} is not a checkpoint of a run (RUN/checkpoints/step-N)",
+                opt.resume_from, fork->dir);
+  }
+  bool from_checkpoint = fork.has_value();
   if (opt.resume) {
     FORGE_CHECK(fs::is_directory(run_dir), "--resume {}: no such run directory", run_dir);
     from_checkpoint = CheckpointManager::holds_checkpoint(run_dir);
@@ -446,11 +540,12 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
                           [&log](const std::string& w) { log->warn("{}", w); });
   // A resume refuses a damaged latest checkpoint rather than going back to an
   // older one (whose next save would delete the damaged one): the user decides.
-  if (from_checkpoint && ckpts.damaged_latest())
-    FORGE_FAIL("--resume {}: the latest checkpoint is damaged: {}. Nothing was changed. To resume "
-               "from the newest whole checkpoint before it, move it out of {}",
-               run_dir, *ckpts.damaged_latest(), ckpts.dir());
-  FORGE_CHECK(!from_checkpoint || ckpts.latest(),
+  if (from_checkpoint && !fork && ckpts.damaged_latest())
+    FORGE_FAIL(
+        "--resume {}: the latest checkpoint is damaged: {}. Nothing was changed. To resume "
+        "from the newest whole checkpoint before it, move it out of {}",
+        run_dir, *ckpts.damaged_latest(), ckpts.dir());
+  FORGE_CHECK(!from_checkpoint || fork || ckpts.latest(),
               "--resume {}: {} holds checkpoints but none can be read ({}). Nothing was changed",
               run_dir, ckpts.dir(), fmt::join(ckpts.warnings(), "; "));
   const DType dtype = place.dtype;
@@ -459,11 +554,10 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   autograd::set_check_nan(opt.check_nan || r.boolean("loop.check_nan"));
 
   // ---- data, model, optimizer ----
-  // Generated data is written into the run directory by rank 0 first; the
+  // Generated data is written into the shared cache by rank 0 first; the
   // others then read it.
   auto make_data = [&] {
-    return build_data(r, (fs::path(run_dir) / "data").string(), "", true,
-                      [&](const std::string& s) { log->info("{}", s); });
+    return build_data(r, "", true, [&](const std::string& s) { log->info("{}", s); });
   };
   TaskData data = root ? make_data() : TaskData{};
   group.barrier("rank 0's data preparation");
@@ -476,17 +570,12 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   data::DataLoader train_loader(data.train, sharded(loader_options(r, data, true)));
   data::DataLoader eval_loader(data.eval, sharded(loader_options(r, data, false)));
   const int64_t accum = r.integer("loop.accumulation");
-  const int64_t steps_per_epoch = train_loader.batches_per_epoch() / accum;
-  FORGE_CHECK(steps_per_epoch > 0 || r.integer("loop.steps") > 0,
-              "recipe: one epoch of {} examples makes {} batches of loop.batch_size {}, fewer than "
-              "loop.accumulation {}; lower them or set loop.steps",
-              data.train->size(), train_loader.batches_per_epoch(), r.integer("loop.batch_size"), accum);
-  const int64_t total_steps =
-      r.integer("loop.steps") > 0 ? r.integer("loop.steps") : r.integer("loop.epochs") * steps_per_epoch;
-  FORGE_CHECK(total_steps > 0, "recipe: nothing to train: loop.steps and loop.epochs are 0");
+  const StepPlan plan = plan_steps(r, data.train->size(), train_loader.batches_per_epoch());
+  const int64_t steps_per_epoch = plan.steps_per_epoch, total_steps = plan.total_steps;
 
   Generator gen(static_cast<uint64_t>(r.integer("seed")));
   std::unique_ptr<TaskModel> task = build_model(r, data.shape, dtype, &gen);
+  resolve_sizes(r, data.shape);  // what the run keeps says what was built
   nn::Module& model = task->module();
   model.to(place.device);  // before the optimizer, whose state lives beside the parameters
   model.set_generator(&gen);
@@ -497,7 +586,9 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   default_generator().set_batch_shard(gen.batch_shard());
   auto optimizer = make_optimizer(r, model);
   optim::GradScaler scaler(optim::GradScalerOptions{.enabled = place.loss_scaling});
-  const optim::ScheduleConfig schedule = make_schedule(r, total_steps, std::max<int64_t>(steps_per_epoch, 1));
+  std::vector<std::string> notes;  // said in the log once the run has started
+  const optim::ScheduleConfig schedule =
+      make_schedule(r, total_steps, std::max<int64_t>(steps_per_epoch, 1), &notes);
   const std::vector<Tensor> params = optimizer->parameters();  // for the gradient norm
   const double base_lr = r.number("optimizer.lr");
   const double clip = r.number("optimizer.clip_grad_norm");
@@ -512,18 +603,22 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   double elapsed_before = 0;
   EvalResult last_eval;
   int64_t resumed_world = world;
+  std::optional<Checkpoint> forked;  // copied into the new run directory once it starts
   if (from_checkpoint) {
-    const std::string latest = *ckpts.latest();
+    const std::string latest = fork ? fork->dir : *ckpts.latest();
     const Checkpoint c = read_checkpoint(latest);
+    for (const std::string& w : c.warnings) notes.push_back(w);
     try {
       model.load_state_dict(c.model);
       optimizer->load_state_dict(c.optimizer);
     } catch (const Error& e) {
-      FORGE_FAIL("--resume {}: checkpoint {} does not fit the run's recipe: {}", run_dir, latest,
-                 e.what());
+      FORGE_FAIL(
+          "--resume {}: checkpoint {} does not fit the run's recipe (a --set given with --resume "
+          "changed the model or the optimizer?): {}. Resume without it, or start a new run",
+          fork ? opt.resume_from : run_dir, latest, message_of(e));
     }
     RunStateExpect expect;
-    expect.step = *ckpts.latest_step();
+    expect.step = fork ? *fork->step : *ckpts.latest_step();
     expect.total_steps = total_steps;
     expect.batches_per_epoch = train_loader.batches_per_epoch();
     expect.accumulation = accum;
@@ -533,7 +628,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       try {
         scaler.set_state(*s.grad_scaler);
       } catch (const Error& e) {
-        FORGE_FAIL("{}: \"grad_scaler\": {}", state_file, e.what());
+        FORGE_FAIL("{}: \"grad_scaler\": {}", state_file, message_of(e));
       }
     }
     step = s.step;
@@ -545,7 +640,9 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     last_eval.loss = s.last_eval_loss;
     last_eval.accuracy = s.last_eval_accuracy;
     resumed_world = s.world_size;
+    if (fork) forked = c;
   }
+  const int64_t first_step = step;
 
   // ---- every check passed (on every process): the run directory is written from here on ----
   group.barrier("every process's checks of the recipe, the data and the checkpoint");
@@ -558,9 +655,24 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     // The recipe the run continues with: --set overrides given with --resume become the run's.
     io::write_file_atomic((fs::path(run_dir) / "recipe.yaml").string(), r.to_yaml());
     log.commit(run_dir);
+    if (forked) {
+      // The new run starts as a copy of the chosen checkpoint and the metrics
+      // up to it; the run it came from is left as it was.
+      ckpts.save(step, *forked, checkpoint_metric(forked->state));
+      const fs::path source_metrics = fs::path(fork->run_dir) / "metrics.jsonl";
+      std::error_code ec;
+      if (fs::exists(source_metrics, ec))
+        fs::copy_file(source_metrics, fs::path(run_dir) / "metrics.jsonl",
+                      fs::copy_options::overwrite_existing);
+    }
     metrics.emplace(run_dir, from_checkpoint ? std::optional<int64_t>(step) : std::nullopt);
   }
-  if (from_checkpoint) {
+  forked.reset();
+  for (const std::string& n : notes) log->warn("{}", n);
+  if (fork) {
+    log->info("new run {} continuing {} (step {} of {}); {} is left as it was", run_dir, fork->dir,
+              step, total_steps, fork->run_dir);
+  } else if (from_checkpoint) {
     log->info("resuming {} from {} (step {} of {}){}", run_dir, *ckpts.latest(), step, total_steps,
               resumed_world != world
                   ? fmt::format("; it was trained by {} processes, it continues with {}",
@@ -595,10 +707,12 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   }
 
   if (!place.note.empty()) log->warn("{}", place.note);
-  log->info("model: {} {} on {} ({} parameters), attention {}, {} steps ({} per epoch, batch {} x {} accumulation), {} threads",
-            r.string("model.type"), r.string("precision"), place.device.str(), model.num_parameters(),
-            r.string("model.attention.kind"), total_steps, steps_per_epoch,
-            r.integer("loop.batch_size"), accum, num_threads());
+  log->info(
+      "model: {} {} on {} ({} parameters), attention {}, {} steps ({} per epoch, batch {} x {} "
+      "accumulation), {} thread{}",
+      r.string("model.type"), r.string("precision"), place.device.str(), model.num_parameters(),
+      r.string("model.attention.kind"), total_steps, steps_per_epoch, r.integer("loop.batch_size"),
+      accum, num_threads(), num_threads() == 1 ? "" : "s");
 
   const auto run_start = Clock::now();
   // Rank 0 writes (atomically, as ever) while the others wait; the weights and
@@ -672,6 +786,20 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     int64_t buckets = 0, started_in_backward = 0;
     double comm_s = 0, exposed_s = 0;
   } comm;
+  // A non-finite loss or gradient norm stops the run: nothing is written, so
+  // the last checkpoint (if any) stays the run's latest.
+  const auto stop_non_finite = [&](const char* what, double value, const char* pass) {
+    const data::LoaderPosition at = train_loader.position();
+    const auto good = ckpts.latest();
+    FORGE_FAIL(
+        "step {} (epoch {}, batch {}): {} is {}; stopping. {}. Rerun with --check-nan to name the "
+        "first op whose {} produced it, or lower optimizer.lr",
+        step + 1, at.epoch, at.batch, what, value,
+        good ? fmt::format("The last good checkpoint is {} (attnforge train --resume {})", *good,
+                           run_dir)
+             : std::string("No checkpoint was written yet"),
+        pass);
+  };
   while (step < total_steps) {
     if (stop_now()) {
       if (last_ckpt_step != step) last_ckpt = save(std::nullopt);
@@ -701,14 +829,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
         loss = batch_loss(p, smoothing);
       }
       const double l = loss.item();
-      if (!std::isfinite(l)) {
-        const auto good = ckpts.latest();
-        FORGE_FAIL("step {} (epoch {}, batch {}): the loss is {}; stopping. {}. Rerun with "
-                   "--check-nan to name the first op that produced it, or lower optimizer.lr",
-                   step + 1, train_loader.position().epoch, train_loader.position().batch, l,
-                   good ? "The last good checkpoint is " + *good + " (attnforge train --resume " + run_dir + ")"
-                        : std::string("No checkpoint was written yet"));
-      }
+      if (!std::isfinite(l)) stop_non_finite("the loss", l, "forward");
       // The loss is this process's mean; the reducer averages the gradients
       // over the processes, so each mean is weighted by its share of what the
       // global batch's mean averages over (1 for classifiers' equal slices;
@@ -748,10 +869,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     double norm = 0;
     if (grads_finite) {
       norm = clip > 0 ? optim::clip_grad_norm(params, clip) : optim::grad_norm(params);
-      FORGE_CHECK(std::isfinite(norm),
-                  "step {}: the gradient norm is {}; stopping (the last good checkpoint is kept). "
-                  "Rerun with --check-nan to name the op whose backward produced it",
-                  step + 1, norm);
+      if (!std::isfinite(norm)) stop_non_finite("the gradient norm", norm, "backward");
     }
     if (place.loss_scaling) {
       if (!scaler.step(*optimizer)) {
@@ -774,9 +892,10 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     const bool last = step == total_steps;
     if (step % log_every == 0 || last) {
       const MemoryStats mem = memory_stats(place.device);
-      const double epoch_f = static_cast<double>(train_loader.position().epoch) +
-                             static_cast<double>(train_loader.position().batch) /
-                                 static_cast<double>(std::max<int64_t>(train_loader.batches_per_epoch(), 1));
+      const double epoch_f =
+          static_cast<double>(train_loader.position().epoch) +
+          static_cast<double>(train_loader.position().batch) /
+              static_cast<double>(std::max<int64_t>(train_loader.batches_per_epoch(), 1));
       json::Value rec;
       rec["step"] = step;
       rec["split"] = "train";
@@ -845,8 +964,14 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   if (root) write_plot(run_dir);
   if (root && result.status == TrainResult::Status::finished) {
     if (r.boolean("output.attention_maps"))
-      write_attention_maps(*task, eval_loader, place, (fs::path(run_dir) / "attention_maps").string(), *log);
-    log->info("done: {} steps in {}; eval accuracy {:.2f}%, loss {:.4f}; curves in {}{}", step,
+      write_attention_maps(*task, eval_loader, place,
+                           (fs::path(run_dir) / "attention_maps").string(), *log);
+    log->info("done: {} in {}; eval accuracy {:.2f}%, loss {:.4f}; curves in {}{}",
+              first_step == 0 ? fmt::format("{} steps", step)
+              : first_step == step
+                  ? fmt::format("nothing to train, the run had finished (step {} of {})", step,
+                                total_steps)
+                  : fmt::format("steps {} to {} of {}", first_step + 1, step, total_steps),
               format_duration(seconds_since(run_start)), 100 * last_eval.accuracy, last_eval.loss,
               (fs::path(run_dir) / "curves.svg").string(),
               skipped_steps ? fmt::format(" ({} steps skipped by the loss scaler)", skipped_steps)
@@ -857,19 +982,23 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   return result;
 }
 
-EvalResult evaluate_checkpoint(const std::string& dir, const std::string& split,
+EvalResult evaluate_checkpoint(const std::string& path, const std::string& split,
                                const std::vector<std::string>& overrides) {
   // Under mpirun each process evaluates its slice of every batch (run_eval).
   dist::Group& group = dist::Group::world();
+  const CheckpointRef ref = resolve_checkpoint(path, "eval");
+  const std::string& dir = ref.dir;
   const Checkpoint c = read_checkpoint(dir);
   Recipe r = Recipe::from_yaml(c.recipe_yaml, dir + "/model.safetensors (recipe)");
+  // The whole split, whatever subset the training run evaluated on, unless
+  // the command line asks for one.
+  r.set("data.limit_eval=0");
   for (const std::string& s : overrides) r.set(s);
   group.set_timeout(r.number("distributed.timeout_s"));
   const Placement place = placement(r, group.local_rank());
   ops::set_allow_tf32(r.boolean("allow_tf32"));
   apply_threads(r, group);
-  const fs::path run_dir = fs::path(dir).parent_path().parent_path();
-  TaskData data = build_data(r, (run_dir / "data").string(), split, false, [](const std::string&) {});
+  TaskData data = build_data(r, split, false, [](const std::string&) {});
   data::LoaderOptions lo = loader_options(r, data, false);
   lo.shard_index = group.rank();
   lo.shard_count = group.size();
@@ -880,7 +1009,7 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::string& split,
   try {
     task->module().load_state_dict(c.model);
   } catch (const Error& e) {
-    FORGE_FAIL("{}: the weights do not fit the recipe's model: {}", dir, e.what());
+    FORGE_FAIL("{}: the weights do not fit the recipe's model: {}", dir, message_of(e));
   }
   EvalResult e = *run_eval(*task, loader, place, r.number("loop.label_smoothing"), group);
   e.split = split.empty() ? r.string("data.eval_split") : split;
@@ -891,6 +1020,8 @@ EvalResult evaluate_checkpoint(const std::string& dir, const std::string& split,
     e.perplexity = rec.at("perplexity").as_double();
   }
   e.step = c.state.at("step").as_int();
+  e.checkpoint = dir;
+  e.run_dir = ref.run_dir;
   e.warnings = c.warnings;
   return e;
 }

@@ -34,15 +34,20 @@
 #include <vector>
 
 #include "core/json.h"
+#include "train/checkpoint.h"
 #include "train/recipe.h"
 
 namespace forge::train {
 
 struct TrainOptions {
-  std::string run_dir;   // empty: output.dir, or runs/<name>
-  bool resume = false;   // continue the run in run_dir from its latest checkpoint
+  std::string run_dir;  // empty: output.dir, or the next free runs/<name>-<N>
+  bool resume = false;  // continue the run in run_dir from its latest checkpoint
+  // A new run in run_dir (which must not hold one) continuing from this
+  // checkpoint (any form resolve_checkpoint accepts, of a run): the checkpoint
+  // and the metrics up to it are copied; its run is left as it was.
+  std::string resume_from;
   bool check_nan = false;
-  bool console = true;   // log to the console (tests turn it off)
+  bool console = true;  // log to the console (tests turn it off)
   // Polled before each optimizer step with the number of steps done; true
   // writes a checkpoint and stops (SIGINT / SIGTERM, tests). Polled before each
   // evaluation batch too: true there abandons the evaluation and stops without
@@ -63,8 +68,15 @@ struct TrainResult {
 // nothing is written).
 TrainResult train(Recipe recipe, const TrainOptions& options);
 
-// The run directory a recipe trains into when none is given.
+// The run directory a recipe trains into when none is given, for messages:
+// output.dir, or "runs/<name>-N" (train() picks N).
 std::string default_run_dir(const Recipe& recipe);
+
+// The recipe after every check a start makes before it writes anything (the
+// device, the data, the model, the optimizer, the schedule), with the sizes the
+// data and the model decide filled in (resolve_sizes): what --dump-config
+// prints. Adjustments a run would make (a warmup cut to the run) go to `notes`.
+Recipe resolve_recipe(Recipe recipe, std::vector<std::string>* notes);
 
 struct EvalResult {
   std::string split;
@@ -75,13 +87,16 @@ struct EvalResult {
   double loss = 0, accuracy = 0;
   std::optional<double> bits_per_byte, perplexity;  // next-token tasks (bits: byte tokens)
   int64_t step = 0;
+  std::string checkpoint, run_dir;    // what was evaluated (run_dir empty for a loose checkpoint)
   std::vector<std::string> warnings;  // about the checkpoint read (e.g. written without checksums)
   json::Value to_json() const;
 };
 
-// Loads a checkpoint directory (its recipe comes from its model.safetensors)
-// and evaluates it on `split` (empty: the recipe's data.eval_split).
-EvalResult evaluate_checkpoint(const std::string& checkpoint_dir, const std::string& split,
+// Loads a checkpoint (any form resolve_checkpoint accepts; its recipe comes
+// from its model.safetensors) and evaluates it on the whole of `split` (empty:
+// the recipe's data.eval_split); `overrides` are --set assignments applied to
+// that recipe (data.limit_eval=N evaluates a subset).
+EvalResult evaluate_checkpoint(const std::string& path, const std::string& split,
                                const std::vector<std::string>& overrides);
 
 }  // namespace forge::train

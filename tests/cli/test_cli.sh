@@ -5,7 +5,7 @@
 # trained from the demo recipe and generate from it, gradcheck, info.
 #   tests/cli/test_cli.sh PATH/TO/attnforge
 set -uo pipefail
-bin="$1"
+bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d "${TMPDIR:-/tmp}/attnforge_cli.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
@@ -65,12 +65,45 @@ expect 1 "no such run directory" -- "$bin" train --resume "$work/never_ran"
 mkdir -p "$work/killed_early"
 expect 1 "stopped before it started.*--out" -- "$bin" train --resume "$work/killed_early"
 # A failed start does not block its directory: fixed, it trains there.
-expect 1 "warmup" -- "$bin" train "$work/tiny.yaml" --set loop.steps=4 --out "$work/retry"
-expect 0 "done: 4 steps" -- "$bin" train "$work/tiny.yaml" --set loop.steps=4 \
-  --set schedule.warmup_steps=1 --out "$work/retry"
+expect 1 "not divisible" -- "$bin" train "$work/tiny.yaml" --set loop.steps=4 --set model.heads=3 \
+  --out "$work/retry"
+expect 0 "done: 4 steps" -- "$bin" train "$work/tiny.yaml" --set loop.steps=4 --out "$work/retry"
+# A warmup longer than a short trial run is cut to it, with a warning.
+expect 0 "warmup of 5 steps, longer than this run's 4 steps: the warmup is cut to 4" -- \
+  "$bin" train "$work/tiny.yaml" --set loop.steps=4 --out "$work/short"
 
-# ---- --dump-config: the resolved recipe, with the override ----
+# ---- small things a user meets first ----
+expect 0 "^attnforge [0-9]+[.][0-9]+[.][0-9]+ [(]" -- "$bin" --version
+expect 2 "bench: give what to time" -- "$bin" bench
+printf 'model:\n  attention:\n    knd: favor\n' >"$work/typo.yaml"
+expect 1 "Did you mean 'model.attention.kind'" -- "$bin" train "$work/typo.yaml"
+expect 1 "Did you mean 'optimizer.lr'" -- "$bin" train "$work/tiny.yaml" --set model.lr=1
+printf 'model:\n  dim: 64\n  dim: 32\n' >"$work/dup.yaml"
+expect 1 "'model.dim' is given twice in one mapping [(]first at line 2[)]" -- "$bin" train "$work/dup.yaml"
+# User-facing errors carry no source location; ATTNFORGE_DEBUG=1 adds it.
+out="$("$bin" train "$work/typo.yaml" 2>&1)"
+grep -qE '[(][a-z_]+/[a-z_]+[.](cpp|h):[0-9]+[)]' <<<"$out" && fail "a user error shows a source location: $out"
+expect 1 "[(]train/recipe[.]cpp:[0-9]+[)]" -- env ATTNFORGE_DEBUG=1 "$bin" train "$work/typo.yaml"
+
+# ---- --dump-config: every check a start makes, then the recipe resolved ----
 expect 0 "kind: linformer" -- "$bin" train "$work/tiny.yaml" --set model.attention.kind=linformer --dump-config
+dump="$("$bin" train "$work/tiny.yaml" --dump-config 2>&1)"
+for want in "classes: 10" "channels: 1" "head_dim: 16" "mlp_dim: 64" "norm_eps: 1e-06"; do
+  grep -q "$want" <<<"$dump" || fail "--dump-config does not resolve '$want': $dump"
+done
+expect 1 "model.dim = 32 is not divisible by model.heads = 5" -- \
+  "$bin" train "$work/tiny.yaml" --set model.heads=5 --dump-config
+expect 1 "model.patch_size = 5 does not divide model.image_size = 28" -- \
+  "$bin" train "$work/tiny.yaml" --set model.patch_size=5 --dump-config
+expect 1 "per_layer has 2 entries but model.depth is 1" -- \
+  "$bin" train "$work/tiny.yaml" --set "model.attention.per_layer=[softmax, linear]" --dump-config
+
+# ---- run directories: runs/<name>-<N> when none is given ----
+(cd "$work" && "$bin" train tiny.yaml --set loop.steps=2 --set schedule.warmup_steps=1 >versions.log 2>&1 &&
+  "$bin" train tiny.yaml --set loop.steps=2 --set schedule.warmup_steps=1 >>versions.log 2>&1) ||
+  fail "versioned runs: $(cat "$work/versions.log")"
+[ -f "$work/runs/cli-1/checkpoints/latest" ] && [ -f "$work/runs/cli-2/checkpoints/latest" ] ||
+  fail "two runs of one recipe did not go to runs/cli-1 and runs/cli-2: $(ls "$work/runs")"
 
 # ---- SIGINT writes a checkpoint; --resume finishes the run ----
 run="$work/run"
@@ -86,14 +119,34 @@ status=$?
 [ "$status" -eq 130 ] || fail "SIGINT: exit status $status, expected 130; log: $(cat "$work/train1.log")"
 grep -q "continue with: attnforge train --resume" "$work/train1.log" || fail "SIGINT: no resume hint"
 [ -f "$run/checkpoints/latest" ] || fail "SIGINT: no checkpoint written"
-expect 0 "done: 400 steps" -- "$bin" train --resume "$run"
+expect 0 "done: steps [0-9]+ to 400 of 400" -- "$bin" train --resume "$run"
 expect 1 "already holds a run" -- "$bin" train "$work/tiny.yaml" --out "$run"
 
-# ---- eval prints and writes JSON ----
+expect 0 "nothing to train, the run had finished [(]step 400 of 400[)]" -- "$bin" train --resume "$run"
+[ -f "$run/metrics.csv" ] && head -1 "$run/metrics.csv" | grep -q "^step,split,epoch,loss,accuracy,lr" ||
+  fail "no metrics.csv with a header: $(head -2 "$run/metrics.csv")"
+[ "$(grep -c ',eval,' "$run/metrics.csv")" -eq 2 ] || fail "metrics.csv: expected 2 eval rows"
+
+# ---- eval prints and writes JSON; it takes a run, latest, best or a step ----
 ckpt="$run/checkpoints/$(cat "$run/checkpoints/latest")"
 expect 0 '"accuracy"' -- "$bin" eval "$ckpt" --split test
 ls "$run"/eval-step-00000400-test.json >/dev/null 2>&1 || fail "eval wrote no JSON file"
-expect 1 "nope: not found" -- "$bin" eval "$work/nope"
+# The whole split, not the training run's data.limit_eval of 128, unless told.
+expect 0 '"examples": 10000' -- "$bin" eval "$run"
+expect 0 '"examples": 64' -- "$bin" eval "$run/checkpoints/latest" --set data.limit_eval=64
+expect 0 '"step": (200|400)' -- "$bin" eval "$run/checkpoints/best" --set data.limit_eval=64
+expect 0 '"step": 300' -- "$bin" eval "$run/checkpoints/step-00000300" --set data.limit_eval=64
+expect 1 "nope: no such file or directory" -- "$bin" eval "$work/nope"
+expect 1 "neither a checkpoint .* nor a run directory" -- "$bin" eval "$work"
+
+# ---- --resume from an older checkpoint: a new run from it, the old one kept ----
+expect 1 "not the latest checkpoint .* --out NEWDIR" -- "$bin" train --resume "$run/checkpoints/step-00000300"
+expect 0 "done: steps 301 to 400 of 400" -- "$bin" train --resume "$run/checkpoints/step-00000300" \
+  --out "$work/fork"
+cmp -s "$work/fork/checkpoints/step-00000400/model.safetensors" \
+  "$run/checkpoints/step-00000400/model.safetensors" ||
+  fail "the run continued from step 300 does not end with the original's weights"
+[ -d "$run/checkpoints/step-00000300" ] || fail "the fork changed the run it came from"
 
 # ---- a language model from the shipped demo recipe (shrunk), then generate ----
 lm="$work/lm"

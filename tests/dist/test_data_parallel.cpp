@@ -255,9 +255,9 @@ TEST_F(DataParallel, ShardedEvaluationEqualsOneProcess) {
   const std::string three = (fs::path(dir_) / "eval3.json").string();
   // 50 examples in batches of 12 split over 3 processes: slices of 4, and of
   // the last batch's 2 rows one process gets none.
-  const Job a = sh(attnforge(0, "eval " + ckpt + " --out " + one));
+  const Job a = sh(attnforge(0, "eval " + ckpt + " --set data.limit_eval=50 --out " + one));
   ASSERT_EQ(a.code, 0) << a.output;
-  const Job b = sh(attnforge(3, "eval " + ckpt + " --out " + three));
+  const Job b = sh(attnforge(3, "eval " + ckpt + " --set data.limit_eval=50 --out " + three));
   ASSERT_EQ(b.code, 0) << b.output;
   const json::Value x = json::parse(io::read_file(one), one);
   const json::Value y = json::parse(io::read_file(three), three);

@@ -5,6 +5,7 @@
 // come from. Each error names the datasets (their descriptions carry the paths).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -51,8 +52,8 @@ Recipe recipe(const std::string& dataset, const std::string& root) {
   return r;
 }
 
-TaskData build(const Recipe& r, const TempDir& dir) {
-  return build_data(r, dir.file("run_data"), "", true, [](const std::string&) {});
+TaskData build(const Recipe& r, const TempDir&) {
+  return build_data(r, "", true, [](const std::string&) {});
 }
 
 // Training images 32x32, evaluation images 28x28: the ViT's forward found it
@@ -121,6 +122,51 @@ TEST(DataChecks, ModelImageSizeMismatchNamesTheData) {
   expect_error([&] { build_model(r, t.shape, DType::f32, nullptr); },
                {"model.image_size = 32", "data.dataset fashion_mnist",
                 "data.root '" + dir.str() + "'", "28x28", "set model.image_size: 28"});
+}
+
+// Generated LRA data is made once into the shared cache, keyed by the
+// generator's settings: a second run of the same settings reads it (and says
+// so), other settings get their own copy, and no run directory holds data.
+TEST(DataCache, GeneratedDataIsMadeOnceAndKeyedByItsSettings) {
+  TempDir cache;
+  const char* before = std::getenv("ATTNFORGE_CACHE");
+  const std::string saved = before ? before : "";
+  ::setenv("ATTNFORGE_CACHE", cache.str().c_str(), 1);
+  for (const char* kind : {"listops", "pathfinder"}) {
+    SCOPED_TRACE(kind);
+    Recipe r;
+    r.set(std::string("data.dataset=") + kind);
+    r.set("data.generate_train=6");
+    r.set("data.generate_eval=4");
+    r.set("data.generate_min_length=5");
+    r.set("data.generate_max_length=40");
+    std::vector<std::string> said;
+    const auto log = [&](const std::string& s) { said.push_back(s); };
+    const TaskData first = build_data(r, "", true, log);
+    EXPECT_EQ(first.train->size(), 6);
+    const size_t dirs =
+        static_cast<size_t>(std::distance(fs::directory_iterator(cache.path()), {}));
+    said.clear();
+    const TaskData again = build_data(r, "", true, log);
+    EXPECT_EQ(again.eval->size(), 4);
+    ASSERT_FALSE(said.empty());
+    EXPECT_NE(said.front().find("from the cache " + cache.str()), std::string::npos)
+        << said.front();
+    EXPECT_EQ(static_cast<size_t>(std::distance(fs::directory_iterator(cache.path()), {})), dirs);
+    r.set("seed=7");
+    build_data(r, "", true, log);
+    EXPECT_EQ(static_cast<size_t>(std::distance(fs::directory_iterator(cache.path()), {})),
+              dirs + 1)
+        << "another seed must generate its own copy";
+  }
+  for (const auto& e : fs::directory_iterator(cache.path())) {
+    EXPECT_TRUE(fs::exists(e.path() / "settings.txt")) << e.path();
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << "leftover " << e.path();
+  }
+  if (before)
+    ::setenv("ATTNFORGE_CACHE", saved.c_str(), 1);
+  else
+    ::unsetenv("ATTNFORGE_CACHE");
 }
 
 }  // namespace

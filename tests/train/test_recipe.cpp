@@ -68,7 +68,8 @@ optimizer:
   EXPECT_EQ(r.integer("model.dim"), 64);
   EXPECT_FALSE(r.boolean("model.qkv_bias"));
   EXPECT_EQ(r.string("model.attention.kind"), "favor");
-  EXPECT_EQ(r.string_list("model.attention.per_layer"), (std::vector<std::string>{"softmax", "favor"}));
+  EXPECT_EQ(r.string_list("model.attention.per_layer"),
+            (std::vector<std::string>{"softmax", "favor"}));
   EXPECT_EQ(r.int_list("model.attention.per_layer_local_heads"), (std::vector<int64_t>{1, 0}));
   EXPECT_EQ(r.int_list("model.axial_shape"), (std::vector<int64_t>{8, 8}));
   EXPECT_EQ(r.number_list("data.mean"), (std::vector<double>{0.5}));
@@ -88,14 +89,16 @@ TEST(Recipe, SetOverridesScalarsAndLists) {
   r.set("model.reversible=true");
   EXPECT_EQ(r.integer("model.dim"), 128);
   EXPECT_EQ(r.string("model.attention.kind"), "linformer");
-  EXPECT_EQ(r.string_list("model.attention.per_layer"), (std::vector<std::string>{"local", "softmax"}));
+  EXPECT_EQ(r.string_list("model.attention.per_layer"),
+            (std::vector<std::string>{"local", "softmax"}));
   EXPECT_DOUBLE_EQ(r.number("optimizer.lr"), 0.05);
   EXPECT_EQ(r.string("data.root"), "/data/with spaces");
   EXPECT_TRUE(r.boolean("model.reversible"));
 }
 
 TEST(Recipe, ResolvedYamlReadsBackToTheSameRecipe) {
-  Recipe r = Recipe::from_yaml("name: a\nmodel: {dim: 96, attention: {kind: local, ts_a: 0.25}}\n", "r.yaml");
+  Recipe r = Recipe::from_yaml("name: a\nmodel: {dim: 96, attention: {kind: local, ts_a: 0.25}}\n",
+                               "r.yaml");
   r.set("optimizer.lr=1e-5");
   r.set("data.std=[0.25, 0.5]");
   r.set("data.root=yes");  // a string key keeps the word, not a boolean
@@ -120,9 +123,10 @@ TEST(RecipeErrors, EmptyRecipeIsRefused) {
 // Found by fuzzing: YAML's printer rewrote invalid UTF-8 (an overlong NUL
 // became a real one), so the recipe a run kept was not the one it ran.
 TEST(RecipeErrors, InvalidUtf8AndControlCharactersAreRefused) {
-  for (const std::string& bad : {std::string("name: a\xC0\x80\n"), std::string("name: \xFF\xFE\n"),
-                                std::string("name: \"a\\x01b\"\n"), std::string("data: {root: \"/d\\0\"}\n"),
-                                std::string("name: \xED\xA0\x80\n")}) {
+  for (const std::string& bad :
+       {std::string("name: a\xC0\x80\n"), std::string("name: \xFF\xFE\n"),
+        std::string("name: \"a\\x01b\"\n"), std::string("data: {root: \"/d\\0\"}\n"),
+        std::string("name: \xED\xA0\x80\n")}) {
     SCOPED_TRACE(bad);
     EXPECT_HAS(error_of(bad), "invalid UTF-8 or a control character");
   }
@@ -185,11 +189,13 @@ TEST(RecipeErrors, IntegerGivenText) {
 }
 
 TEST(RecipeErrors, IntegerGivenAFraction) {
-  EXPECT_HAS(error_of("loop:\n  batch_size: 12.5\n"), "'loop.batch_size' expects an integer, found '12.5'");
+  EXPECT_HAS(error_of("loop:\n  batch_size: 12.5\n"),
+             "'loop.batch_size' expects an integer, found '12.5'");
 }
 
 TEST(RecipeErrors, NumberGivenText) {
-  EXPECT_HAS(error_of("optimizer:\n  lr: fast\n"), "'optimizer.lr' expects a finite number, found 'fast'");
+  EXPECT_HAS(error_of("optimizer:\n  lr: fast\n"),
+             "'optimizer.lr' expects a finite number, found 'fast'");
 }
 
 TEST(RecipeErrors, NumberGivenInfinity) {
@@ -197,7 +203,8 @@ TEST(RecipeErrors, NumberGivenInfinity) {
 }
 
 TEST(RecipeErrors, BooleanGivenText) {
-  EXPECT_HAS(error_of("model:\n  reversible: maybe\n"), "'model.reversible' expects true or false, found 'maybe'");
+  EXPECT_HAS(error_of("model:\n  reversible: maybe\n"),
+             "'model.reversible' expects true or false, found 'maybe'");
 }
 
 TEST(RecipeErrors, ChoiceNotAmongTheValidOnes) {
@@ -236,14 +243,16 @@ TEST(RecipeErrors, ListWhereAScalarBelongs) {
 }
 
 TEST(RecipeErrors, ScalarWhereAListBelongs) {
-  EXPECT_HAS(error_of("model:\n  attention:\n    per_layer: softmax\n"),
-             "'model.attention.per_layer' expects a list of strings such as [a, b], found 'softmax'");
+  EXPECT_HAS(
+      error_of("model:\n  attention:\n    per_layer: softmax\n"),
+      "'model.attention.per_layer' expects a list of strings such as [a, b], found 'softmax'");
 }
 
 TEST(RecipeErrors, BadElementInAList) {
   EXPECT_HAS(error_of("model:\n  attention:\n    per_layer: [softmax, sofmax]\n"),
              "'model.attention.per_layer' = 'sofmax' is not one of");
-  EXPECT_HAS(error_of("data:\n  mean: [0.5, x]\n"), "'data.mean' expects a finite number, found 'x'");
+  EXPECT_HAS(error_of("data:\n  mean: [0.5, x]\n"),
+             "'data.mean' expects a finite number, found 'x'");
 }
 
 TEST(RecipeErrors, NotYaml) {
@@ -270,9 +279,10 @@ TEST(RecipeErrors, SetErrorsNameTheKey) {
   EXPECT_HAS(set_error_of("model.dimm=3"), "under 'model'");
   EXPECT_HAS(set_error_of("model.attention.kindd=x"), "under 'model.attention'");
   EXPECT_HAS(set_error_of("optimizer.lr"), "expected key=value");
-  EXPECT_HAS(set_error_of("optimizer.lr=abc"), "'optimizer.lr' expects a finite number, found 'abc'");
+  EXPECT_HAS(set_error_of("optimizer.lr=abc"),
+             "'optimizer.lr' expects a finite number, found 'abc'");
   EXPECT_HAS(set_error_of("loop.steps=-1"), "'loop.steps' = -1 is out of range");
-  EXPECT_HAS(set_error_of("nope=1"), "valid keys at the top level");
+  EXPECT_HAS(set_error_of("nope=1"), "Valid keys at the top level");
 }
 
 TEST(RecipeReference, ListsEveryKey) {
@@ -324,8 +334,8 @@ TEST(ShippedRecipes, EveryRecipeReadsAndBuildsItsModel) {
       shape.classes = kind == "listops" ? 10 : 2;
       shape.vocab_size = kind == "listops" ? 16 : kind == "text" || kind == "retrieval" ? 257 : 256;
       shape.max_length = r.integer("data.max_length") > 0 ? r.integer("data.max_length")
-                         : kind == "pathfinder"            ? 1024
-                                                           : 784;
+                         : kind == "pathfinder"           ? 1024
+                                                          : 784;
       shape.pairs = kind == "retrieval";
     }
     Generator gen(0);

@@ -30,8 +30,8 @@ namespace fs = std::filesystem;
 using forge::testing::snapshot;
 
 std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() /
-                     ("attnforge_trainer_" + name + "_" + std::to_string(::getpid()));
+  const fs::path p =
+      fs::temp_directory_path() / ("attnforge_trainer_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   return p.string();
 }
@@ -104,7 +104,8 @@ std::map<std::string, Tensor> final_weights(const std::string& run_dir) {
   return read_checkpoint(*m.latest()).model;
 }
 
-void expect_bit_equal(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
+void expect_bit_equal(const std::map<std::string, Tensor>& a,
+                      const std::map<std::string, Tensor>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, t] : a) {
     const Tensor& u = b.at(name);
@@ -157,9 +158,15 @@ TEST(Trainer, TinyRecipeLearns) {
   EXPECT_TRUE(fs::exists(fs::path(dir) / "train.log"));
   EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "latest"));
   EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "best"));
-  // The recipe travels in the checkpoint.
+  // The recipe travels in the checkpoint, with the sizes the data and the
+  // model's defaults decided written in.
+  Recipe resolved = tiny_recipe();
+  for (const char* s : {"model.classes=10", "model.channels=1", "model.head_dim=16",
+                        "model.mlp_dim=64", "model.norm_eps=1e-6"})
+    resolved.set(s);
   const Checkpoint c = read_checkpoint(r.last_checkpoint);
-  EXPECT_EQ(c.recipe_yaml, tiny_recipe().to_yaml());
+  EXPECT_EQ(c.recipe_yaml, resolved.to_yaml());
+  EXPECT_EQ(forge::testing::read_file(fs::path(dir) / "recipe.yaml"), resolved.to_yaml());
   fs::remove_all(dir);
 }
 
@@ -185,7 +192,8 @@ TEST(Trainer, InterruptedAndResumedRunIsBitIdenticalToAnUninterruptedOne) {
   EXPECT_EQ(first.steps, 23);
   TrainOptions resume = quiet(b);
   resume.resume = true;
-  const TrainResult second = train(Recipe::from_file((fs::path(b) / "recipe.yaml").string()), resume);
+  const TrainResult second =
+      train(Recipe::from_file((fs::path(b) / "recipe.yaml").string()), resume);
   EXPECT_EQ(second.status, TrainResult::Status::finished);
   EXPECT_EQ(second.steps, 40);
 
@@ -201,12 +209,18 @@ TEST(Trainer, InterruptedAndResumedRunIsBitIdenticalToAnUninterruptedOne) {
   fs::remove_all(b);
 }
 
-TEST(Trainer, DivergingRunStopsWithAClearMessageAndKeepsItsCheckpoints) {
+// The tiny recipe at a learning rate that makes it diverge within a few steps.
+Recipe diverging_recipe() {
   Recipe r = tiny_recipe();
   r.set("optimizer.lr=1e6");
   r.set("optimizer.clip_grad_norm=0");
   r.set("schedule.kind=constant");
   r.set("schedule.warmup_steps=0");
+  return r;
+}
+
+TEST(Trainer, DivergingRunStopsWithAClearMessageAndKeepsItsCheckpoints) {
+  Recipe r = diverging_recipe();
   r.set("checkpoint.every=1");
   r.set("loop.eval_every=1");
   r.set("data.limit_eval=32");
@@ -227,8 +241,36 @@ TEST(Trainer, DivergingRunStopsWithAClearMessageAndKeepsItsCheckpoints) {
                 m.find("the gradient norm is") != std::string::npos)
         << m;
     EXPECT_NE(m.find("--check-nan"), std::string::npos) << m;
+    // Both paths (the loss and the gradient norm) name the place and the checkpoint.
+    EXPECT_NE(m.find("(epoch 0, batch "), std::string::npos) << m;
+    EXPECT_NE(m.find("The last good checkpoint is " + dir), std::string::npos) << m;
   }
   EXPECT_EQ(snapshot((fs::path(dir) / "checkpoints").string()), before);
+  fs::remove_all(dir);
+}
+
+// Before the first checkpoint, the stop says there is none (it claimed one).
+TEST(Trainer, DivergingBeforeTheFirstCheckpointSaysThereIsNone) {
+  const Recipe r = diverging_recipe();
+  const std::string dir = fresh_dir("diverges_early");
+  testing::expect_error([&] { train(r, quiet(dir)); }, {"No checkpoint was written yet", "step "});
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "checkpoints" / "latest"));
+  fs::remove_all(dir);
+}
+
+// A warmup longer than the run (a short trial of a long recipe) is cut to the
+// run's length with a warning, not refused.
+TEST(Trainer, AWarmupLongerThanTheRunIsCutToIt) {
+  Recipe r = tiny_recipe();
+  r.set("loop.epochs=0");
+  r.set("loop.steps=4");
+  r.set("schedule.warmup_steps=40");
+  const std::string dir = fresh_dir("warmup_cut");
+  EXPECT_EQ(train(r, quiet(dir)).steps, 4);
+  const std::string log = forge::testing::read_file(fs::path(dir) / "train.log");
+  EXPECT_NE(log.find("warmup of 40 steps, longer than this run's 4 steps: the warmup is cut to 4"),
+            std::string::npos)
+      << log;
   fs::remove_all(dir);
 }
 
@@ -329,7 +371,7 @@ Recipe short_recipe(int64_t steps) {
 TEST(RunLifecycle, AFailedStartNeverBlocksItsDirectory) {
   const testing::TempDir tmp;
   const std::vector<std::pair<std::string, std::vector<std::string>>> bad = {
-      {"schedule.warmup_steps=40", {"schedule", "warmup"}},  // cosine needs warmup <= steps
+      {"optimizer.freeze=[nothing]", {"optimizer.freeze", "nothing"}},  // no such parameter
       {"data.root=" + (tmp.path() / "no_such_data").string(), {"no_such_data"}},
       {"model.heads=5", {"model.heads"}},            // 32 is not divisible by 5
       {"model.patch_size=5", {"model.patch_size"}},  // 28 is not divisible by 5
@@ -462,11 +504,16 @@ TEST(Trainer, EvalOfTheLastCheckpointReproducesTheLastEvaluation) {
   r.set("loop.epochs=1");
   const std::string dir = fresh_dir("eval");
   const TrainResult t = train(r, quiet(dir));
-  const EvalResult e = evaluate_checkpoint(t.last_checkpoint, "", {});
+  // The run evaluated on data.limit_eval = 256 examples; eval does too when told.
+  const EvalResult e = evaluate_checkpoint(t.last_checkpoint, "", {"data.limit_eval=256"});
   EXPECT_EQ(e.accuracy, t.eval_accuracy);
   EXPECT_EQ(e.loss, t.eval_loss);
   EXPECT_EQ(e.examples, 256);
   EXPECT_EQ(e.step, t.steps);
+  // Untold, the whole split; the run directory names its latest checkpoint.
+  const EvalResult whole = evaluate_checkpoint(dir, "", {});
+  EXPECT_EQ(whole.examples, 10000);
+  EXPECT_EQ(whole.checkpoint, t.last_checkpoint);
   fs::remove_all(dir);
 }
 
@@ -518,7 +565,8 @@ TEST(Trainer, FrozenParametersDoNotMove) {
     train(r, quiet(fresh_dir("freeze_bad")));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("optimizer.freeze: no parameter name starts with 'nothing.like.this'"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "optimizer.freeze: no parameter name starts with 'nothing.like.this'"),
               std::string::npos)
         << e.what();
   }
@@ -537,8 +585,8 @@ TEST(Trainer, AttentionMapsAreWrittenPerLayerAndHead) {
   // depth 2 x heads 2; 16 patches + CLS = 17 tokens.
   for (int layer = 0; layer < 2; ++layer)
     for (int head = 0; head < 2; ++head) {
-      const fs::path png = fs::path(dir) / "attention_maps" /
-                           fmt::format("layer{:02}_head{:02}.png", layer, head);
+      const fs::path png =
+          fs::path(dir) / "attention_maps" / fmt::format("layer{:02}_head{:02}.png", layer, head);
       ASSERT_TRUE(fs::exists(png)) << png;
       const data::Image img = data::read_image(png.string());
       EXPECT_EQ(img.height, 17);
@@ -565,7 +613,8 @@ TEST(ShippedRecipes, EveryRecipeTrainsAFewSteps) {
         img.height = 30 + i;
         img.width = 36;
         img.channels = 3;
-        img.pixels.assign(static_cast<size_t>(img.height * img.width * 3), static_cast<uint8_t>(60 * c + 5 * i));
+        img.pixels.assign(static_cast<size_t>(img.height * img.width * 3),
+                          static_cast<uint8_t>(60 * c + 5 * i));
         data::write_png((dir / fmt::format("{}.png", i)).string(), img);
       }
     }
@@ -590,16 +639,17 @@ TEST(ShippedRecipes, EveryRecipeTrainsAFewSteps) {
     if (e.path().extension() != ".yaml") continue;
     SCOPED_TRACE(e.path().string());
     Recipe r = Recipe::from_file(e.path().string());
-    for (const char* s : {"model.dim=32", "model.depth=1", "model.heads=2", "model.mlp_dim=32",
-                          "loop.epochs=0", "loop.steps=3", "loop.batch_size=4",
-                          "loop.eval_batch_size=8", "loop.accumulation=1", "loop.eval_every=0",
-                          "schedule.warmup_steps=1", "schedule.warmup_epochs=0",
-                          "data.limit_train=64", "data.limit_eval=16", "data.generate_train=24",
-                          "data.generate_eval=8", "threads=2"})
+    for (const char* s :
+         {"model.dim=32", "model.depth=1", "model.heads=2", "model.mlp_dim=32", "loop.epochs=0",
+          "loop.steps=3", "loop.batch_size=4", "loop.eval_batch_size=8", "loop.accumulation=1",
+          "loop.eval_every=0", "schedule.warmup_steps=1", "schedule.warmup_epochs=0",
+          "data.limit_train=64", "data.limit_eval=16", "data.generate_train=24",
+          "data.generate_eval=8", "threads=2"})
       r.set(s);
     if (r.string("schedule.kind") == "constant") r.set("schedule.warmup_steps=0");
     const std::string& kind = r.string("data.dataset");
-    if (kind == "image_folder" || (kind == "pixels" && r.string("data.pixel_source") == "image_folder"))
+    if (kind == "image_folder" ||
+        (kind == "pixels" && r.string("data.pixel_source") == "image_folder"))
       r.set("data.root=" + (tmp.path() / "images").string());
     if (kind == "image_folder") r.set("model.image_size=32");
     if (kind == "text") r.set("data.root=" + (tmp.path() / "text").string());
@@ -616,7 +666,8 @@ TEST(ShippedRecipes, EveryRecipeTrainsAFewSteps) {
       for (const char* s : {"model.encoder_depth=1", "model.decoder_depth=1"}) r.set(s);
     if (!r.int_list("model.attention.per_layer_local_heads").empty())
       r.set("model.attention.per_layer_local_heads=[1]");
-    const TrainResult t = train(r, quiet((tmp.path() / ("run_" + e.path().stem().string())).string()));
+    const TrainResult t =
+        train(r, quiet((tmp.path() / ("run_" + e.path().stem().string())).string()));
     EXPECT_EQ(t.steps, 3);
     EXPECT_TRUE(std::isfinite(t.eval_loss));
     ++count;
