@@ -3,6 +3,7 @@
 //   attnforge train RECIPE.yaml [--set key=value]... [--out DIR] [--dump-config] [--check-nan]
 //   attnforge train --resume RUN_OR_CHECKPOINT [--out NEW_DIR] [--set key=value]... [--check-nan]
 //   attnforge eval CHECKPOINT [--split NAME] [--out FILE] [--set key=value]...
+//   attnforge predict CKPT INPUT... [--top-k K] [--batch-size N] [--out FILE] [--set key=value]...
 //   attnforge generate CKPT [--prompt TEXT | --prompt-file F] [--source TEXT] [--length N] ...
 //   attnforge gradcheck [OP...] [--list]
 //   attnforge bench attention [options of bench_attention]
@@ -44,6 +45,8 @@
 #include "ops/attention/registry.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"
+#include "train/plot.h"
+#include "train/predict.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -74,6 +77,7 @@ usage: attnforge COMMAND [options]      (attnforge COMMAND --help for each)
 commands:
   train      train a recipe, or continue a run (--resume RUN_DIR)
   eval       evaluate a checkpoint on a split
+  predict    run a trained classifier on new inputs (images, IDX, TSV) -> JSON lines
   generate   continue a text with a language model, or decode a source with an encoder-decoder
   gradcheck  check every attention op's backward against finite differences (f64)
   bench      time the attention mechanisms (bench attention ...)
@@ -111,7 +115,9 @@ SIGINT (Ctrl-C) or SIGTERM write a checkpoint and stop; --resume continues.
 constexpr const char* kEvalHelp = R"(usage: attnforge eval CHECKPOINT [options]
 
 Evaluates a checkpoint with the recipe stored in it on the whole split, prints
-the result as JSON and writes it to a file. CHECKPOINT is a run directory (its
+the result as JSON (loss, accuracy; for classifiers also top-5 accuracy, the
+accuracy of each class and the confusion matrix) and writes it to a file, with
+the confusion matrix as a picture beside it (FILE-confusion.svg). CHECKPOINT is a run directory (its
 latest checkpoint), RUN/checkpoints/latest, RUN/checkpoints/best or a
 checkpoint directory (RUN/checkpoints/step-00001000).
 
@@ -121,6 +127,24 @@ options:
   --set KEY=VALUE  override a recipe key (e.g. data.root, loop.eval_batch_size;
                    data.limit_eval=N evaluates the first N examples only)
   --help           this text
+)";
+
+constexpr const char* kPredictHelp = R"(usage: attnforge predict CHECKPOINT INPUT... [options]
+
+Runs a trained classifier on new inputs and writes one JSON line per example:
+its top classes (id, name, probability), logits and probabilities. CHECKPOINT
+is a run directory, RUN/checkpoints/latest|best or a checkpoint directory.
+INPUT: for an image model, PNG or JPEG files, or IDX files of u8 images
+[N, H, W]; for a sequence classifier, TSV files (one example a line, the text
+in the last column, the last two for document pairs). Inputs are prepared as
+evaluation prepares its data (the checkpoint's recipe and card say how).
+
+options:
+  --top-k K          classes listed per example (default 5)
+  --batch-size N     examples per forward (default: the recipe's eval batch size)
+  --out FILE         write the JSON lines there instead of stdout
+  --set KEY=VALUE    override a recipe key (e.g. device=cpu, threads=2)
+  --help             this text
 )";
 
 constexpr const char* kGenerateHelp = R"(usage: attnforge generate CHECKPOINT [options]
@@ -338,6 +362,18 @@ int cmd_eval(const std::vector<std::string>& args) {
   }
   forge::io::write_file_atomic(out, text);
   std::fprintf(stderr, "wrote %s\n", out.c_str());
+  if (!r.confusion.empty()) {
+    // The confusion matrix as a picture beside the JSON: FILE.json -> FILE-confusion.svg.
+    fs::path svg(out);
+    svg.replace_filename(svg.stem().string() + "-confusion.svg");
+    forge::io::write_file_atomic(
+        svg.string(),
+        forge::train::render_confusion_svg(r.confusion, r.class_names,
+                                           fmt::format("{} on {} (step {}): accuracy {:.2f}%",
+                                                       fs::path(r.checkpoint).filename().string(),
+                                                       r.split, r.step, 100 * r.accuracy)));
+    std::fprintf(stderr, "wrote %s\n", svg.string().c_str());
+  }
   return 0;
 }
 
@@ -413,6 +449,48 @@ int cmd_generate(const std::vector<std::string>& args) {
                r.seconds > 0 ? static_cast<double>(r.generated) / r.seconds : 0.0,
                r.recurrent ? "recurrent state"
                            : fmt::format("a sliding window of {} tokens", r.positions).c_str());
+  return 0;
+}
+
+int cmd_predict(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kPredictHelp, stdout);
+    return 0;
+  }
+  forge::train::PredictRequest q;
+  std::string out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--top-k")
+      q.top_k = number_of<int64_t>(args, i);
+    else if (a == "--batch-size")
+      q.batch_size = number_of<int64_t>(args, i);
+    else if (a == "--out")
+      out = value_of(args, i);
+    else if (a == "--set")
+      q.overrides.push_back(value_of(args, i));
+    else if (!a.empty() && a[0] == '-')
+      throw UsageError(fmt::format("predict: unknown option {}", a));
+    else if (q.checkpoint.empty())
+      q.checkpoint = a;
+    else
+      q.inputs.push_back(a);
+  }
+  if (q.checkpoint.empty() || q.inputs.empty())
+    throw UsageError("predict: give a checkpoint (or run directory) and at least one input file");
+  if (q.top_k < 1) throw UsageError("predict: --top-k must be 1 or more");
+  // Every line is known before anything is written: a bad input leaves no
+  // half-written --out file.
+  std::string text;
+  const auto r = forge::train::predict(
+      q, [&](const forge::json::Value& rec) { text += forge::json::dump(rec) + "\n"; });
+  if (out.empty())
+    std::fputs(text.c_str(), stdout);
+  else
+    forge::io::write_file_atomic(out, text);
+  std::fprintf(stderr, "%s: %lld examples in %.2f s%s\n", r.checkpoint.c_str(),
+               static_cast<long long>(r.examples), r.seconds,
+               out.empty() ? "" : (", written to " + out).c_str());
   return 0;
 }
 
@@ -544,6 +622,7 @@ int run_command(const std::string& cmd, const std::vector<std::string>& args) {
   if (cmd == "train") return cmd_train(args);
   if (cmd == "eval") return cmd_eval(args);
   if (cmd == "generate") return cmd_generate(args);
+  if (cmd == "predict") return cmd_predict(args);
   if (cmd == "gradcheck") return cmd_gradcheck(args);
   if (cmd == "bench") return cmd_bench(args);
   if (cmd == "info") return cmd_info(args);
@@ -583,7 +662,7 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     // Every rank reads the same command line: rank 0 says it.
     if (!group || group->root()) {
-      const bool known = cmd == "train" || cmd == "eval" || cmd == "generate" ||
+      const bool known = cmd == "train" || cmd == "eval" || cmd == "generate" || cmd == "predict" ||
                          cmd == "gradcheck" || cmd == "bench" || cmd == "info";
       std::fprintf(stderr, "attnforge: %s\n(attnforge %s--help for the options)\n", e.what(),
                    known ? (cmd + " ").c_str() : "");

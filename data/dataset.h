@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "data/random.h"
@@ -36,6 +37,9 @@ class Dataset {
   // null when the caller wants the deterministic (evaluation) view.
   virtual Example get(int64_t i, Rng* rng) const = 0;
   virtual int64_t num_classes() const = 0;
+  // The classes' names by id, for people and for checkpoints' model cards;
+  // empty when the source has none (its classes are plain numbers).
+  virtual std::vector<std::string> class_names() const { return {}; }
   // One line for logs: "Fashion-MNIST train: 60000 images 1x28x28 from /usr/share/...".
   virtual std::string describe() const = 0;
 };

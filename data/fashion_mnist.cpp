@@ -125,7 +125,7 @@ std::string FashionMnist::describe() const {
                      aug);
 }
 
-const std::array<const char*, 10>& FashionMnist::class_names() {
+const std::array<const char*, 10>& FashionMnist::label_names() {
   static const std::array<const char*, 10> names = {
       "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
       "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};

@@ -42,7 +42,10 @@ class FashionMnist : public Dataset {
   int64_t width() const { return width_; }
   int64_t label(int64_t i) const;
   const uint8_t* pixels(int64_t i) const;                   // the raw H*W bytes of image i
-  static const std::array<const char*, 10>& class_names();  // "T-shirt/top", ...
+  static const std::array<const char*, 10>& label_names();  // "T-shirt/top", ...
+  std::vector<std::string> class_names() const override {
+    return {label_names().begin(), label_names().end()};
+  }
 
  private:
   FashionMnistOptions options_;

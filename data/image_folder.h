@@ -41,7 +41,7 @@ class ImageFolder : public Dataset {
   std::string describe() const override;
 
   const ImageFolderOptions& options() const { return options_; }
-  const std::vector<std::string>& class_names() const { return class_names_; }
+  std::vector<std::string> class_names() const override { return class_names_; }
   std::string path(int64_t i) const;  // root/<class>/<file> of example i
   int64_t label(int64_t i) const;
   // Examples per class, indexed by class id.

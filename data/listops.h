@@ -117,6 +117,9 @@ class ListOps : public Dataset {
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
   Example get(int64_t i, Rng* rng) const override;
   int64_t num_classes() const override { return kListOpsNumClasses; }
+  std::vector<std::string> class_names() const override {
+    return {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};  // the expression's value
+  }
   std::string describe() const override;
 
   int64_t vocab_size() const { return kListOpsVocabSize; }

@@ -93,6 +93,7 @@ class Pathfinder : public Dataset {
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
   Example get(int64_t i, Rng* rng) const override;
   int64_t num_classes() const override { return 2; }
+  std::vector<std::string> class_names() const override { return {"disconnected", "connected"}; }
   std::string describe() const override;
 
   int64_t height() const { return height_; }

@@ -25,6 +25,10 @@ class PixelSequence : public Dataset {
   // Augmentation: `rng` goes to the wrapped dataset unchanged.
   Example get(int64_t i, Rng* rng) const override;
   int64_t num_classes() const override { return images_->num_classes(); }
+  std::vector<std::string> class_names() const override { return images_->class_names(); }
+  // The tokens of an unnormalised f32 [C, H, W] image (C = 1 or 3, values in
+  // [0, 1]): i64 [H * W], round(255 * gray) with gray = ITU-R 601 luma for RGB.
+  static Tensor tokens(const Tensor& image);
   std::string describe() const override;
 
   const Dataset& images() const { return *images_; }

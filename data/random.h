@@ -27,11 +27,11 @@ class Rng {
   uint64_t next_u64();
   double uniform();  // [0, 1), 53 random bits
   double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
-  int64_t randint(int64_t n);              // uniform in [0, n), unbiased; n > 0
+  int64_t randint(int64_t n);               // uniform in [0, n), unbiased; n > 0
   int64_t randint(int64_t lo, int64_t hi);  // uniform in [lo, hi]
   bool bernoulli(double p) { return uniform() < p; }
-  double normal();                 // standard normal (Box-Muller, one value per call)
-  double gamma(double shape);      // Gamma(shape, 1), Marsaglia-Tsang; shape > 0
+  double normal();                  // standard normal (Box-Muller, one value per call)
+  double gamma(double shape);       // Gamma(shape, 1), Marsaglia-Tsang; shape > 0
   double beta(double a, double b);  // Beta(a, b) from two gammas
 
   template <typename T>

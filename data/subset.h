@@ -2,8 +2,9 @@
 // limit_eval, for quick runs and tests).
 #pragma once
 
-#include <algorithm>
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "core/error.h"
 #include "data/dataset.h"
@@ -19,6 +20,7 @@ class Subset : public Dataset {
   int64_t size() const override { return count_; }
   Example get(int64_t i, Rng* rng) const override { return base_->get(i, rng); }
   int64_t num_classes() const override { return base_->num_classes(); }
+  std::vector<std::string> class_names() const override { return base_->class_names(); }
   std::string describe() const override {
     return fmt::format("the first {} of {}", count_, base_->describe());
   }

@@ -173,6 +173,13 @@ std::vector<double> resolve_stat(const std::vector<double>& given,
 
 }  // namespace
 
+std::vector<double> effective_mean(const ImageTransformOptions& o) {
+  return resolve_stat(o.mean, kImageNetMean, o.grayscale);
+}
+std::vector<double> effective_std(const ImageTransformOptions& o) {
+  return resolve_stat(o.std, kImageNetStd, o.grayscale);
+}
+
 void check_image_transform_options(const ImageTransformOptions& o) {
   FORGE_CHECK(o.size > 0, "image transform: size must be positive, got {}", o.size);
   FORGE_CHECK(o.scale_min > 0 && o.scale_min <= o.scale_max,
@@ -370,8 +377,7 @@ Tensor transform_image(const Image& input, const ImageTransformOptions& options,
   }
   Tensor out = Tensor::empty({channels, size, size});
   resample(image.pixels.data(), s, ys, xs, 1.0f / 255.0f, out.data<float>());
-  normalize_(out, resolve_stat(options.mean, kImageNetMean, options.grayscale),
-             resolve_stat(options.std, kImageNetStd, options.grayscale));
+  normalize_(out, effective_mean(options), effective_std(options));
   return out;
 }
 

@@ -43,6 +43,11 @@ struct ImageTransformOptions {
   bool grayscale = false;
 };
 
+// What transform_image normalises with: the options' mean / std, or the
+// ImageNet statistics when they give none.
+std::vector<double> effective_mean(const ImageTransformOptions& options);
+std::vector<double> effective_std(const ImageTransformOptions& options);
+
 // Throws forge::Error naming the first invalid field.
 void check_image_transform_options(const ImageTransformOptions& options);
 

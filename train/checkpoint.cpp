@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/safetensors.h"
+#include "core/version.h"
 
 namespace forge::train {
 
@@ -241,7 +242,8 @@ void write_tensors(const fs::path& path, const std::map<std::string, Tensor>& te
 
 void write_checkpoint_impl(const std::string& dir_arg, const std::map<std::string, Tensor>& model,
                            const std::map<std::string, Tensor>& optimizer,
-                           const std::string& recipe_yaml, const json::Value& state) {
+                           const std::string& recipe_yaml, const json::Value& card,
+                           const json::Value& state) {
   FORGE_CHECK(state.is_null() || state.is_object(),
               "write_checkpoint {}: the state must be a JSON object, found {}", dir_arg,
               json::type_name(state.type()));
@@ -269,7 +271,10 @@ void write_checkpoint_impl(const std::string& dir_arg, const std::map<std::strin
     // model.safetensors is then a function of the weights and the recipe alone
     // (two runs that train the same weights write the same file), while
     // state.json holds wall times.
-    write_tensors(tmp / kFiles[0], model, {{"format", kCheckpointFormat}, {"recipe", recipe_yaml}});
+    std::map<std::string, std::string> model_meta = {{"format", kCheckpointFormat},
+                                                     {"recipe", recipe_yaml}};
+    if (!card.is_null()) model_meta["card"] = json::dump(card);
+    write_tensors(tmp / kFiles[0], model, model_meta);
     write_tensors(tmp / kFiles[1], optimizer,
                   {{"format", kCheckpointFormat},
                    {kStateChecksumKey, safetensors::checksum_hex(state_text)}});
@@ -293,9 +298,21 @@ void check_format(const safetensors::File& f, const std::string& path) {
               "{}: __metadata__ has no \"format\" (expected \"{}\"): not an attnforge checkpoint "
               "file",
               path, kCheckpointFormat);
-  FORGE_CHECK(it->second == kCheckpointFormat,
-              "{}: format tag is \"{}\", expected \"{}\" (written by another version?)", path,
-              it->second, kCheckpointFormat);
+  constexpr std::string_view prefix = "attnforge-checkpoint-";
+  const std::string& tag = it->second;
+  int version = 0;
+  if (tag.starts_with(prefix)) {
+    const std::string_view digits = std::string_view(tag).substr(prefix.size());
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), version);
+    if (ec != std::errc() || end != digits.data() + digits.size()) version = 0;
+  }
+  FORGE_CHECK(version >= 1,
+              "{}: format tag is \"{}\", expected \"{}\": not an attnforge checkpoint", path,
+              escaped(tag), kCheckpointFormat);
+  FORGE_CHECK(version <= kCheckpointFormatVersion,
+              "{}: checkpoint format {} was written by a newer attnforge; this one ({}) reads "
+              "formats 1 to {}: upgrade attnforge to read it",
+              path, version, forge::version(), kCheckpointFormatVersion);
 }
 
 struct ChecksumPresence {
@@ -352,7 +369,7 @@ void set_checkpoint_rename_exchange(bool enabled) {
 }
 
 void write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
-  write_checkpoint_impl(dir, ckpt.model, ckpt.optimizer, ckpt.recipe_yaml, ckpt.state);
+  write_checkpoint_impl(dir, ckpt.model, ckpt.optimizer, ckpt.recipe_yaml, ckpt.card, ckpt.state);
 }
 
 Checkpoint read_checkpoint(const std::string& dir) {
@@ -393,6 +410,8 @@ Checkpoint read_checkpoint(const std::string& dir) {
               "{}: __metadata__ has no \"recipe\" (every checkpoint stores its resolved recipe)",
               model_path);
   c.recipe_yaml = recipe->second;
+  if (const auto card = model.metadata.find("card"); card != model.metadata.end())
+    c.card = json::parse(card->second, model_path + " (__metadata__ card)");
 
   const std::string optimizer_path = (fs::path(dir) / kFiles[1]).string();
   safetensors::File optimizer = safetensors::load(optimizer_path);
@@ -642,7 +661,7 @@ std::string CheckpointManager::save(int64_t step_number, const Checkpoint& ckpt,
                   [](const auto& kv) { return kv.first == "checkpoint_metric"; });
   }
   const std::string path = path_of(step_number);
-  write_checkpoint_impl(path, ckpt.model, ckpt.optimizer, ckpt.recipe_yaml, state);
+  write_checkpoint_impl(path, ckpt.model, ckpt.optimizer, ckpt.recipe_yaml, ckpt.card, state);
 
   // Whole on disk: record it, then commit it through `latest`.
   std::erase(abandoned_, step_number);

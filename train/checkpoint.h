@@ -2,8 +2,9 @@
 // instant leaves either the previous or the new checkpoint whole.
 //
 //   DIR/model.safetensors      the model state dict; __metadata__ holds
-//                              "format": kCheckpointFormat and "recipe": the
-//                              resolved recipe YAML
+//                              "format": kCheckpointFormat, "recipe": the
+//                              resolved recipe YAML and "card": the model card
+//                              (train/card.h) as JSON
 //   DIR/optimizer.safetensors  the optimizer state dict ("format" as above)
 //   DIR/state.json             a JSON object the trainer fills (step, epoch,
 //                              RNG states, data position, counters, metrics)
@@ -40,12 +41,18 @@
 
 namespace forge::train {
 
-inline constexpr const char* kCheckpointFormat = "attnforge-checkpoint-1";
+// The format this build writes. It reads this one and every older one
+// (format 1 has no card); a newer one is refused with a message saying so.
+//   1  model / optimizer / state, recipe in the model's __metadata__
+//   2  + the model card ("card") in the model's __metadata__ and in state.json
+inline constexpr const char* kCheckpointFormat = "attnforge-checkpoint-2";
+inline constexpr int kCheckpointFormatVersion = 2;
 
 struct Checkpoint {
   std::map<std::string, Tensor> model;
   std::map<std::string, Tensor> optimizer;
   std::string recipe_yaml;
+  json::Value card;   // the model card (null: none, as format 1 wrote)
   json::Value state;  // an object (null is written as {})
   // Set by read_checkpoint for the caller to log: what it could not verify
   // (a checkpoint written without checksums). Not written.

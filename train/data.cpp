@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -52,6 +53,27 @@ data::DatasetPtr fashion_mnist(const Recipe& r, const std::string& split, bool t
   return std::make_shared<data::FashionMnist>(o);
 }
 
+// image_folder's transforms (train and eval); `raw`: grayscale values in [0, 1]
+// for pixel sequences.
+data::ImageTransformOptions image_folder_transform(const Recipe& r, bool raw) {
+  data::ImageTransformOptions t;
+  t.size = r.integer("model.image_size");
+  t.scale_min = r.number("data.train_scale_min");
+  t.hflip = r.number("data.hflip_prob");
+  t.crop_pct = r.number("data.crop_pct");
+  t.mean = r.number_list("data.mean");
+  t.std = r.number_list("data.std");
+  if (raw) {
+    t.grayscale = true;
+    t.mean = {0.0};
+    t.std = {1.0};
+  } else if (!r.boolean("data.normalize")) {
+    t.mean = {0.0};
+    t.std = {1.0};
+  }
+  return t;
+}
+
 data::DatasetPtr image_folder(const Recipe& r, const std::string& split, bool raw) {
   FORGE_CHECK(!r.string("data.root").empty(),
               "recipe: data.dataset image_folder needs data.root (a folder with one sub-folder per "
@@ -59,20 +81,7 @@ data::DatasetPtr image_folder(const Recipe& r, const std::string& split, bool ra
   data::ImageFolderOptions o;
   o.root = (fs::path(r.string("data.root")) / split).string();
   o.max_image_pixels = r.integer("data.max_image_pixels");
-  o.transform.size = r.integer("model.image_size");
-  o.transform.scale_min = r.number("data.train_scale_min");
-  o.transform.hflip = r.number("data.hflip_prob");
-  o.transform.crop_pct = r.number("data.crop_pct");
-  o.transform.mean = r.number_list("data.mean");
-  o.transform.std = r.number_list("data.std");
-  if (raw) {  // pixel sequences: grayscale values in [0, 1]
-    o.transform.grayscale = true;
-    o.transform.mean = {0.0};
-    o.transform.std = {1.0};
-  } else if (!r.boolean("data.normalize")) {
-    o.transform.mean = {0.0};
-    o.transform.std = {1.0};
-  }
+  o.transform = image_folder_transform(r, raw);
   return std::make_shared<data::ImageFolder>(o);
 }
 
@@ -253,6 +262,39 @@ DataShape next_token_shape(const Recipe& r) {
         kind);
   }
   return shape;
+}
+
+data::ImageTransformOptions eval_image_transform(const Recipe& r) {
+  const std::string& kind = r.string("data.dataset");
+  const bool raw = kind == "pixels" || kind == "pathfinder";
+  const std::string source = kind == "pixels" ? r.string("data.pixel_source") : kind;
+  data::ImageTransformOptions t;
+  if (source == "image_folder") {
+    t = image_folder_transform(r, raw);
+    if (raw) t.size = std::llround(std::sqrt(static_cast<double>(r.integer("model.max_len"))));
+  } else {
+    FORGE_CHECK(source == "fashion_mnist" || source == "pathfinder",
+                "recipe: data.dataset {} does not take images", kind);
+    // Fashion-MNIST and Pathfinder images are used as they are: gray, their
+    // own size (a picture of another size is resized to it), scaled to [0, 1]
+    // and, for Fashion-MNIST, normalised.
+    const data::FashionMnistOptions defaults;
+    t.size = r.integer("model.image_size");
+    if (raw) {  // a sequence of side * side pixels
+      const int64_t n = r.integer("model.max_len");
+      t.size = std::llround(std::sqrt(static_cast<double>(n)));
+      FORGE_CHECK(n > 0 && t.size * t.size == n,
+                  "recipe: model.max_len = {} is not the pixel count of a square image", n);
+    }
+    t.crop_pct = 1.0;
+    t.grayscale = true;
+    const auto mean = r.number_list("data.mean"), std = r.number_list("data.std");
+    const bool normalise = source == "fashion_mnist" && !raw && r.boolean("data.normalize");
+    t.mean = {normalise ? (mean.empty() ? defaults.mean : mean[0]) : 0.0};
+    t.std = {normalise ? (std.empty() ? defaults.std : std[0]) : 1.0};
+  }
+  t.train = false;
+  return t;
 }
 
 std::string data_cache_dir() {

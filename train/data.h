@@ -10,6 +10,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/mixup.h"
+#include "data/transforms.h"
 #include "train/model.h"
 #include "train/recipe.h"
 
@@ -25,6 +26,12 @@ struct TaskData {
 // receives one line per dataset.
 TaskData build_data(const Recipe& recipe, const std::string& split, bool open_train,
                     const std::function<void(const std::string&)>& log);
+
+// The transform evaluation applies to a decoded picture for the recipe's image
+// source (image_folder; Fashion-MNIST and Pathfinder pictures, resized to
+// their size when another); for pixel sequences, unnormalised gray in [0, 1].
+// What predict applies to image files.
+data::ImageTransformOptions eval_image_transform(const Recipe& recipe);
 
 // Where generated data is cached: $ATTNFORGE_CACHE, else
 // $XDG_CACHE_HOME/attnforge, else ~/.cache/attnforge.

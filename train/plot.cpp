@@ -129,9 +129,9 @@ void draw_panel(std::string& svg, const std::vector<json::Value>& records, const
   }
   const Axis xa = make_axis(xlo, xhi, true), ya = make_axis(ylo, yhi, false);
 
-  // The plot area inside the panel: room for the panel title, tick labels
-  // and the axis names.
-  const double left = x0 + 64, top = y0 + 28, right = x0 + w - 16, bottom = y0 + h - 44;
+  // The plot area inside the panel: room for the panel title and the legend
+  // above it (so the legend never covers data), tick labels and axis names.
+  const double left = x0 + 64, top = y0 + 44, right = x0 + w - 16, bottom = y0 + h - 44;
   const auto px = [&](double v) { return left + xa.frac(v) * (right - left); };
   const auto py = [&](double v) { return bottom - ya.frac(v) * (bottom - top); };
 
@@ -192,22 +192,17 @@ void draw_panel(std::string& svg, const std::vector<json::Value>& records, const
       }
     }
   }
-  // The legend, top right, on a light box so that curves under it stay readable.
-  if (!shown.empty()) {
-    svg += fmt::format(
-        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"74\" height=\"{:.1f}\" fill=\"white\" "
-        "fill-opacity=\"0.85\" stroke=\"#ccc\"/>\n",
-        right - 78, top + 4, 16.0 * static_cast<double>(shown.size()) + 4);
-  }
-  double legend_y = top + 18;
+  // The legend, in one row between the panel's title and its plot area,
+  // right-aligned: outside the data, whatever the curves do.
+  double legend_x = right - 60.0 * static_cast<double>(shown.size());
   for (const Series* s : shown) {
     svg += fmt::format(
-        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
-        "stroke-width=\"1.5\"{}/>\n"
+        "<line class=\"legend\" x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
+        "stroke=\"{}\" stroke-width=\"1.5\"{}/>\n"
         "<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n",
-        right - 70, legend_y - 4, right - 48, legend_y - 4, s->color,
-        s->dashed ? " stroke-dasharray=\"6 3\"" : "", right - 42, legend_y, s->split);
-    legend_y += 16;
+        legend_x, top - 10, legend_x + 22, top - 10, s->color,
+        s->dashed ? " stroke-dasharray=\"6 3\"" : "", legend_x + 27, top - 6, s->split);
+    legend_x += 60;
   }
   if (shown.empty()) {
     svg += fmt::format(
@@ -230,8 +225,72 @@ std::string render_svg(const std::vector<json::Value>& records, const PlotOption
       "<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n"
       "<text x=\"{2:.1f}\" y=\"22\" text-anchor=\"middle\" font-size=\"16\">{3}</text>\n",
       options.width, options.height, w / 2, escape(options.title));
-  draw_panel(svg, records, options.loss_field, 0, 32, w / 2, h - 32);
-  draw_panel(svg, records, options.accuracy_field, w / 2, 32, w / 2, h - 32);
+  draw_panel(svg, records, options.loss_field, 0, 32, w / 3, h - 32);
+  draw_panel(svg, records, options.accuracy_field, w / 3, 32, w / 3, h - 32);
+  draw_panel(svg, records, options.lr_field, 2 * w / 3, 32, w / 3, h - 32);
+  svg += "</svg>\n";
+  return svg;
+}
+
+std::string render_confusion_svg(const std::vector<std::vector<int64_t>>& confusion,
+                                 const std::vector<std::string>& names, const std::string& title) {
+  const auto C = static_cast<int64_t>(confusion.size());
+  FORGE_CHECK(C > 0, "render_confusion_svg: no classes");
+  // Cells shrink with the classes so that the image stays readable: counts
+  // are written into cells of 24 pixels or more.
+  const double cell = std::clamp(560.0 / static_cast<double>(C), 2.0, 48.0);
+  const double label = C <= 60 ? 110 : 20, left = label + 10, top = 40 + label;
+  const double side = cell * static_cast<double>(C);
+  const double width = left + side + 20, height = top + side + 40;
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" "
+      "viewBox=\"0 0 {0:.0f} {1:.0f}\" font-family=\"sans-serif\" font-size=\"11\">\n"
+      "<rect width=\"{0:.0f}\" height=\"{1:.0f}\" fill=\"white\"/>\n"
+      "<text x=\"{2:.1f}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{3}</text>\n",
+      width, height, width / 2, escape(title));
+  const auto name = [&](int64_t c) {
+    return static_cast<size_t>(c) < names.size() ? names[static_cast<size_t>(c)]
+                                                 : std::to_string(c);
+  };
+  for (int64_t i = 0; i < C; ++i) {
+    int64_t total = 0;
+    for (int64_t n : confusion[static_cast<size_t>(i)]) total += n;
+    for (int64_t j = 0; j < C; ++j) {
+      const int64_t n = confusion[static_cast<size_t>(i)][static_cast<size_t>(j)];
+      // The share of the true class's examples: white (0) to dark blue (1).
+      const double f = total > 0 ? static_cast<double>(n) / static_cast<double>(total) : 0.0;
+      const auto channel = [&](double full) {
+        return static_cast<int>(std::lround(255 - f * (255 - full)));
+      };
+      svg += fmt::format(
+          "<rect data-cell=\"{} {}\" data-count=\"{}\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" "
+          "height=\"{:.1f}\" fill=\"rgb({},{},{})\"/>\n",
+          i, j, n, left + cell * static_cast<double>(j), top + cell * static_cast<double>(i), cell,
+          cell, channel(8), channel(48), channel(107));
+      if (cell >= 24 && n > 0)
+        svg += fmt::format(
+            "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"{}\">{}</text>\n",
+            left + cell * (static_cast<double>(j) + 0.5),
+            top + cell * (static_cast<double>(i) + 0.5) + 4, f > 0.5 ? "white" : "black", n);
+    }
+    if (C <= 60) {
+      svg +=
+          fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 4,
+                      top + cell * (static_cast<double>(i) + 0.5) + 4, escape(name(i)));
+      const double x = left + cell * (static_cast<double>(i) + 0.5) + 4;
+      svg += fmt::format(
+          "<text x=\"{0:.1f}\" y=\"{1:.1f}\" transform=\"rotate(-60 {0:.1f} "
+          "{1:.1f})\">{2}</text>\n",
+          x, top - 4, escape(name(i)));
+    }
+  }
+  svg += fmt::format(
+      "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
+      "stroke=\"#333\"/>\n"
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">predicted class (columns); true "
+      "class "
+      "(rows); colour: share of the row</text>\n",
+      left, top, side, side, left + side / 2, top + side + 24);
   svg += "</svg>\n";
   return svg;
 }

@@ -149,7 +149,8 @@ RunState parse_run_state(const json::Value& state, const std::string& file,
                          const RunStateExpect& expect) {
   const Reader r(state, file, "");
   r.only({"step", "epoch", "loader", "generator", "default_generator", "window", "schedule",
-          "elapsed_s", "world_size", "last_eval", "grad_scaler", "checkpoint_metric"});
+          "elapsed_s", "world_size", "last_eval", "grad_scaler", "checkpoint_metric", "card",
+          "attnforge"});
   RunState s;
   s.step = r.integer("step", 0, kMaxInt);
   FORGE_CHECK(s.step == expect.step,

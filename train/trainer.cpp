@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/threading.h"
+#include "core/version.h"
 #include "data/image_io.h"
 #include "data/lm_text.h"
 #include "dist/group.h"
@@ -31,6 +32,7 @@
 #include "optim/lamb.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
+#include "train/card.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/metrics.h"
@@ -248,6 +250,39 @@ int64_t count_correct(const Tensor& logits_any_device, const Tensor& labels_any_
   return correct;
 }
 
+// What an evaluation of a classifier counts beyond top-1: top-5 hits and the
+// confusion matrix (rows the true class, columns the predicted one).
+struct ClassCounts {
+  int64_t classes = 0;
+  int64_t top5 = 0;
+  std::vector<int64_t> confusion;  // classes x classes, row-major
+};
+
+void count_classes(const Tensor& logits_any_device, const Tensor& labels_any_device,
+                   ClassCounts& c) {
+  const Tensor logits = logits_any_device.to(Device::cpu());
+  const Tensor labels = labels_any_device.to(Device::cpu());
+  const int64_t B = logits.size(0), C = logits.size(1);
+  if (c.classes == 0) {
+    c.classes = C;
+    c.confusion.assign(static_cast<size_t>(C * C), 0);
+  }
+  const int64_t* y = labels.data<int64_t>();
+  FORGE_DISPATCH_FLOAT(logits.dtype(), "count_classes", [&] {
+    const scalar_t* p = logits.data<scalar_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      const scalar_t* row = p + b * C;
+      int64_t best = 0, above = 0;  // the argmax (first of ties); classes ranked above the label
+      for (int64_t k = 0; k < C; ++k) {
+        if (row[k] > row[best]) best = k;
+        above += row[k] > row[y[b]] || (row[k] == row[y[b]] && k < y[b]);
+      }
+      c.top5 += above < 5;
+      ++c.confusion[static_cast<size_t>(y[b] * C + best)];
+    }
+  });
+}
+
 Tensor to_dtype(const Tensor& t, DType dtype) {
   return t.defined() && is_floating(t.dtype()) && t.dtype() != dtype ? t.to(dtype) : t;
 }
@@ -320,7 +355,8 @@ std::string token_metrics_text(const json::Value& rec) {
 // accuracy is the one process's exactly and the loss up to summation order.
 std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
                                    const Placement& place, double smoothing, dist::Group& group,
-                                   const std::function<bool()>& stop = {}) {
+                                   const std::function<bool()>& stop = {},
+                                   bool class_counts = false) {
   nn::Module& m = model.module();
   const bool was_training = m.is_training();
   m.eval();
@@ -329,6 +365,7 @@ std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0, rows = 0;
+  ClassCounts counts;
   const int64_t epoch = 0;
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
     if (stop && stop()) {
@@ -341,10 +378,26 @@ std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
     if (p.rows() == 0) continue;
     loss_sum += batch_loss(p, smoothing).item() * static_cast<double>(p.rows());
     correct += count_correct(p.logits, p.labels);
+    if (class_counts) count_classes(p.logits, p.labels, counts);
     rows += p.rows();
     r.examples += b.size;
   }
   m.train(was_training);
+  if (class_counts) {
+    // Every process must add arrays of one size, also one whose slices were all empty.
+    double classes = static_cast<double>(counts.classes);
+    group.max(std::span<double>(&classes, 1), "the evaluation's classes");
+    const auto C = static_cast<int64_t>(classes);
+    if (counts.classes == 0) counts.confusion.assign(static_cast<size_t>(C * C), 0);
+    std::vector<double> sums(counts.confusion.begin(), counts.confusion.end());
+    sums.push_back(static_cast<double>(counts.top5));
+    group.sum(std::span<double>(sums), "the evaluation's class counts");
+    r.top5_accuracy = sums.back();  // a count until divided by every process's rows below
+    r.confusion.assign(static_cast<size_t>(C), std::vector<int64_t>(static_cast<size_t>(C)));
+    for (int64_t i = 0; i < C * C; ++i)
+      r.confusion[static_cast<size_t>(i / C)][static_cast<size_t>(i % C)] =
+          static_cast<int64_t>(sums[static_cast<size_t>(i)]);
+  }
   double totals[] = {loss_sum, static_cast<double>(correct), static_cast<double>(rows),
                      static_cast<double>(r.examples)};
   group.sum(totals, "the evaluation's sums");
@@ -355,6 +408,7 @@ std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
   r.predictions = rows;
   r.loss = loss_sum / static_cast<double>(std::max<int64_t>(rows, 1));
   r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(rows, 1));
+  if (r.top5_accuracy) *r.top5_accuracy /= static_cast<double>(std::max<int64_t>(rows, 1));
   return r;
 }
 
@@ -488,6 +542,28 @@ json::Value EvalResult::to_json() const {
   if (predictions != examples) v["tokens"] = predictions;
   if (bits_per_byte) v["bits_per_byte"] = *bits_per_byte;
   if (perplexity) v["perplexity"] = *perplexity;
+  if (top5_accuracy) v["top5_accuracy"] = *top5_accuracy;
+  if (!confusion.empty()) {
+    json::Array per_class, matrix;
+    for (size_t c = 0; c < confusion.size(); ++c) {
+      int64_t total = 0;
+      json::Array row;
+      for (int64_t n : confusion[c]) {
+        total += n;
+        row.emplace_back(n);
+      }
+      json::Value e;
+      e["class"] = static_cast<int64_t>(c);
+      if (c < class_names.size()) e["name"] = class_names[c];
+      e["examples"] = total;
+      e["accuracy"] =
+          total > 0 ? static_cast<double>(confusion[c][c]) / static_cast<double>(total) : 0.0;
+      per_class.push_back(std::move(e));
+      matrix.emplace_back(std::move(row));
+    }
+    v["per_class"] = json::Value(std::move(per_class));
+    v["confusion"] = json::Value(std::move(matrix));  // rows: true class; columns: predicted
+  }
   return v;
 }
 
@@ -576,6 +652,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   Generator gen(static_cast<uint64_t>(r.integer("seed")));
   std::unique_ptr<TaskModel> task = build_model(r, data.shape, dtype, &gen);
   resolve_sizes(r, data.shape);  // what the run keeps says what was built
+  const json::Value card = model_card(r, data);
   nn::Module& model = task->module();
   model.to(place.device);  // before the optimizer, whose state lives beside the parameters
   model.set_generator(&gen);
@@ -726,6 +803,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     c.model = model.state_dict();
     c.optimizer = optimizer->state_dict();
     c.recipe_yaml = r.to_yaml();
+    c.card = card;
     RunState s;
     s.step = step;
     s.loader = train_loader.position();
@@ -740,6 +818,9 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     s.last_eval_accuracy = last_eval.accuracy;
     if (place.loss_scaling) s.grad_scaler = scaler.state();
     c.state = s.to_json();
+    c.state["card"] = card;
+    c.state["attnforge"]["version"] = forge::version();
+    c.state["attnforge"]["commit"] = forge::git_commit();
     const std::string path = ckpts.save(step, c, metric);
     log->info("checkpoint {}", path);
     group.barrier("rank 0's checkpoint write");
@@ -1011,7 +1092,9 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
   } catch (const Error& e) {
     FORGE_FAIL("{}: the weights do not fit the recipe's model: {}", dir, message_of(e));
   }
-  EvalResult e = *run_eval(*task, loader, place, r.number("loop.label_smoothing"), group);
+  EvalResult e = *run_eval(*task, loader, place, r.number("loop.label_smoothing"), group, {},
+                           data.shape.task == Task::classification);
+  e.class_names = data.eval->class_names();
   e.split = split.empty() ? r.string("data.eval_split") : split;
   if (data.shape.task != Task::classification) {
     json::Value rec;

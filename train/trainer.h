@@ -86,6 +86,11 @@ struct EvalResult {
   int64_t predictions = 0;
   double loss = 0, accuracy = 0;
   std::optional<double> bits_per_byte, perplexity;  // next-token tasks (bits: byte tokens)
+  // Classifiers (evaluate_checkpoint): top-5 accuracy, and the confusion matrix
+  // (rows: the true class, columns: the predicted one) with the classes' names.
+  std::optional<double> top5_accuracy;
+  std::vector<std::vector<int64_t>> confusion;
+  std::vector<std::string> class_names;
   int64_t step = 0;
   std::string checkpoint, run_dir;    // what was evaluated (run_dir empty for a loose checkpoint)
   std::vector<std::string> warnings;  // about the checkpoint read (e.g. written without checksums)

@@ -139,6 +139,54 @@ expect 0 '"step": 300' -- "$bin" eval "$run/checkpoints/step-00000300" --set dat
 expect 1 "nope: no such file or directory" -- "$bin" eval "$work/nope"
 expect 1 "neither a checkpoint .* nor a run directory" -- "$bin" eval "$work"
 
+# Classifiers also get top-5, per-class accuracy and the confusion matrix (JSON and SVG).
+expect 0 '"top5_accuracy"' -- "$bin" eval "$run" --set data.limit_eval=200 --out "$work/ev.json"
+grep -q '"per_class"' "$work/ev.json" && grep -q '"name": "Ankle boot"' "$work/ev.json" ||
+  fail "eval: no per-class accuracy with class names"
+grep -q 'data-cell="9 9"' "$work/ev-confusion.svg" 2>/dev/null || fail "eval: no confusion matrix SVG"
+
+# ---- predict: new inputs through a trained model ----
+fmnist=/usr/share/datasets/fashion-mnist
+"$bin" predict "$run" "$fmnist/t10k-images-idx3-ubyte.gz" --out "$work/pred.jsonl" 2>"$work/pred.log" ||
+  fail "predict on an IDX file: $(cat "$work/pred.log")"
+"$bin" eval "$run" --out "$work/ev_all.json" >/dev/null 2>&1
+python3 - "$work/pred.jsonl" "$fmnist/t10k-labels-idx1-ubyte.gz" "$work/ev_all.json" <<'PY' || fail "predict disagrees with eval"
+import gzip, json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+labels = gzip.open(sys.argv[2]).read()[8:]
+acc = sum(r["top_k"][0]["class"] == labels[i] for i, r in enumerate(rows)) / len(rows)
+want = json.load(open(sys.argv[3]))["accuracy"]
+assert len(rows) == 10000 and rows[3]["input"].endswith("#3"), (len(rows), rows[3]["input"])
+assert len(rows[0]["top_k"]) == 5 and len(rows[0]["probabilities"]) == 10
+assert abs(sum(rows[0]["probabilities"]) - 1) < 1e-9
+assert acc == want, (acc, want)
+PY
+# A PNG (gray 28x28, written here with zlib) goes through the same path.
+python3 - "$work/shirt.png" <<'PY'
+import struct, sys, zlib
+w = h = 28
+raw = b"".join(b"\x00" + bytes((x * 9 + y * 5) % 256 for x in range(w)) for y in range(h))
+def chunk(t, d): return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+open(sys.argv[1], "wb").write(png + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+PY
+expect 0 '"input":"[^"]*shirt.png","top_k":\[\{"class":[0-9],"name":"[^"]+","probability"' -- \
+  "$bin" predict "$run" "$work/shirt.png" --top-k 2
+expect 1 "takes pictures" -- "$bin" predict "$run" "$work/tiny.yaml"
+expect 1 "no such file" -- "$bin" predict "$run" "$work/nothing.png"
+# A sequence classifier (ListOps, generated into the cache) on a TSV of expressions.
+lo="$work/listops"
+expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/lra/listops.yaml" --set data.generate_train=64 \
+  --set data.generate_eval=16 --set data.generate_min_length=5 --set data.generate_max_length=40 \
+  --set model.dim=16 --set model.depth=1 --set model.heads=2 --set loop.steps=2 --set loop.batch_size=8 \
+  --set schedule.warmup_steps=1 --set threads=2 --out "$lo"
+printf '7\t[MAX 2 9 [MIN 4 7 ] 0 ]\n\n[SM 1 2 3 ]\n' >"$work/exprs.tsv"
+out="$("$bin" predict "$lo" "$work/exprs.tsv" --top-k 3 2>&1)"
+[ "$(grep -c '"top_k"' <<<"$out")" -eq 2 ] && grep -q 'exprs.tsv:3"' <<<"$out" ||
+  fail "predict on a TSV of ListOps expressions: $out"
+printf '[MAX 2 bogus ]\n' >"$work/bad_exprs.tsv"
+expect 1 "bad_exprs.tsv:1" -- "$bin" predict "$lo" "$work/bad_exprs.tsv"
+
 # ---- --resume from an older checkpoint: a new run from it, the old one kept ----
 expect 1 "not the latest checkpoint .* --out NEWDIR" -- "$bin" train --resume "$run/checkpoints/step-00000300"
 expect 0 "done: steps 301 to 400 of 400" -- "$bin" train --resume "$run/checkpoints/step-00000300" \

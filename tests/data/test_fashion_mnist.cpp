@@ -115,7 +115,7 @@ TEST_F(FashionMnistFiles, ReadsGzipFilesExactly) {
   }
   EXPECT_NE(data.describe().find("Fashion-MNIST train: 5 images 1x28x28"), std::string::npos)
       << data.describe();
-  EXPECT_EQ(std::string(FashionMnist::class_names()[9]), "Ankle boot");
+  EXPECT_EQ(std::string(FashionMnist::label_names()[9]), "Ankle boot");
 }
 
 TEST_F(FashionMnistFiles, NormalisesWithTheGivenMeanAndStd) {

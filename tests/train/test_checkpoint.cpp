@@ -445,6 +445,25 @@ TEST_F(CorruptCheckpoint, MissingSafetensors) {
                   "optimizer.safetensors", {"missing"});
 }
 
+// Format 2 carries the model card in model.safetensors' __metadata__; a
+// format-1 checkpoint (no card) still reads, with no card.
+TEST_F(CorruptCheckpoint, TheCardTravelsAndFormatOneStillReads) {
+  Checkpoint c = make_checkpoint(6);
+  c.card["task"] = "classification";
+  c.card["classes"] = json::Value(json::Array{json::Value("cat"), json::Value("dog")});
+  const fs::path dir = root_ / "card";
+  write_checkpoint(dir.string(), c);
+  const Checkpoint back = read_checkpoint(dir.string());
+  EXPECT_EQ(json::dump(back.card), json::dump(c.card));
+  EXPECT_EQ(safetensors::load((dir / "model.safetensors").string()).metadata.at("format"),
+            "attnforge-checkpoint-2");
+  safetensors::save((dir / "model.safetensors").string(), c.model,
+                    {{"format", "attnforge-checkpoint-1"}, {"recipe", c.recipe_yaml}});
+  const Checkpoint old = read_checkpoint(dir.string());
+  EXPECT_TRUE(old.card.is_null());
+  EXPECT_EQ(old.recipe_yaml, c.recipe_yaml);
+}
+
 TEST_F(CorruptCheckpoint, WrongOrMissingTags) {
   const Checkpoint c = make_checkpoint(5);
   expect_rejected(
@@ -453,6 +472,13 @@ TEST_F(CorruptCheckpoint, WrongOrMissingTags) {
                           {{"format", "attnforge-checkpoint-0"}, {"recipe", c.recipe_yaml}});
       },
       "model.safetensors", {"attnforge-checkpoint-0", kCheckpointFormat});
+  // A format from a newer attnforge is named as such, not as damage.
+  expect_rejected(
+      [&](const fs::path& d) {
+        safetensors::save((d / "model.safetensors").string(), c.model,
+                          {{"format", "attnforge-checkpoint-9"}, {"recipe", c.recipe_yaml}});
+      },
+      "model.safetensors", {"checkpoint format 9", "newer attnforge", "formats 1 to 2", "upgrade"});
   expect_rejected(
       [&](const fs::path& d) {
         safetensors::save((d / "model.safetensors").string(), c.model, {{"recipe", "x"}});

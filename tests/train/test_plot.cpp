@@ -85,7 +85,9 @@ TEST(Plot, SeriesPointsAndMarkers) {
   EXPECT_EQ(polyline_points(svg, "accuracy train"), 10);
   EXPECT_EQ(polyline_points(svg, "accuracy eval"), -1);
   EXPECT_NE(svg.find(">training curves</text>"), std::string::npos);
-  EXPECT_EQ(count(svg, ">train</text>"), 2u);  // the legends
+  EXPECT_EQ(count(svg, ">train</text>"), 3u);       // the legends (loss, accuracy, lr)
+  EXPECT_EQ(polyline_points(svg, "lr train"), -1);  // one lr point: a marker
+  EXPECT_EQ(count(svg, "<circle data-series=\"lr train\""), 1u);
   EXPECT_EQ(count(svg, ">eval</text>"), 1u);
   EXPECT_EQ(svg.find("no data"), std::string::npos);
   // Steps 0..900: ticks every 200; accuracy 0..0.9 every 0.2; loss 0.65..2.0 every 0.5.
@@ -110,7 +112,7 @@ TEST(Plot, PointsStayInsideThePanels) {
   int n = 0;
   while (in >> x >> y) {
     EXPECT_GE(x, 0);
-    EXPECT_LE(x, 300);  // the loss panel is the left half
+    EXPECT_LE(x, 200);  // the loss panel is the left third
     EXPECT_GE(y, 32);
     EXPECT_LE(y, 300);
     ++n;
@@ -121,7 +123,7 @@ TEST(Plot, PointsStayInsideThePanels) {
 TEST(Plot, EmptyAndSinglePoint) {
   const std::string empty = render_svg({});
   expect_well_formed(empty);
-  EXPECT_EQ(count(empty, "no data"), 2u);
+  EXPECT_EQ(count(empty, "no data"), 3u);
   EXPECT_EQ(count(empty, "<polyline"), 0u);
 
   const std::string one = render_svg({record(0, "eval", {{"loss", 0.7}, {"accuracy", 1.0}})});
@@ -129,14 +131,62 @@ TEST(Plot, EmptyAndSinglePoint) {
   EXPECT_EQ(count(one, "<polyline"), 0u);
   EXPECT_EQ(count(one, "<circle data-series=\"loss eval\""), 1u);
   EXPECT_EQ(count(one, "<circle data-series=\"accuracy eval\""), 1u);
-  EXPECT_EQ(count(one, "no data"), 0u);
+  EXPECT_EQ(count(one, "no data"), 1u);  // no learning rate
 
   // A lone train point (a flat range) and NaN everywhere else.
   const std::string flat = render_svg(
       {record(5, "train", {{"loss", 1.0}}), record(6, "train", {{"loss", std::nan("")}})});
   expect_well_formed(flat);
   EXPECT_EQ(count(flat, "<circle data-series=\"loss train\""), 1u);
-  EXPECT_EQ(count(flat, "no data"), 1u);  // the accuracy panel
+  EXPECT_EQ(count(flat, "no data"), 2u);  // the accuracy and lr panels
+}
+
+// The legend sits between a panel's title and its plot area: above every
+// point, so it covers no data wherever the curves go (it used to sit in the
+// top right corner, over a rising curve's last points).
+TEST(Plot, TheLegendCoversNoData) {
+  std::vector<json::Value> records;
+  for (int64_t s = 0; s <= 10; ++s)
+    records.push_back(record(
+        s, "train", {{"loss", 1.0}, {"accuracy", 0.1 * static_cast<double>(s)}, {"lr", 0.1}}));
+  records.push_back(record(10, "eval", {{"accuracy", 1.0}}));
+  const std::string svg = render_svg(records);
+  expect_well_formed(svg);
+  double lowest_legend = 0, highest_point = 1e9;
+  for (size_t p = svg.find("<line class=\"legend\""); p != std::string::npos;
+       p = svg.find("<line class=\"legend\"", p + 1))
+    lowest_legend = std::max(lowest_legend, std::stod(svg.substr(svg.find("y1=\"", p) + 4)));
+  for (size_t p = svg.find("cy=\""); p != std::string::npos; p = svg.find("cy=\"", p + 1))
+    highest_point = std::min(highest_point, std::stod(svg.substr(p + 4)));
+  for (size_t p = svg.find("points=\""); p != std::string::npos; p = svg.find("points=\"", p + 1)) {
+    std::string pts = svg.substr(p + 8, svg.find('"', p + 8) - p - 8);
+    for (char& c : pts)
+      if (c == ',') c = ' ';
+    std::istringstream in(pts);
+    for (double x, y; in >> x >> y;) highest_point = std::min(highest_point, y);
+  }
+  EXPECT_GT(lowest_legend, 0);
+  EXPECT_LT(lowest_legend + 6, highest_point) << "a legend reaches into the data";
+}
+
+TEST(Plot, ConfusionMatrixHeatMap) {
+  const std::vector<std::vector<int64_t>> m = {{8, 2, 0}, {1, 9, 0}, {0, 0, 0}};
+  const std::string svg = render_confusion_svg(m, {"cat", "dog <x>"}, "eval");
+  expect_well_formed(svg);
+  EXPECT_EQ(count(svg, "<rect data-cell="), 9u);
+  // A full row is dark, an empty one (no examples) white; counts are written.
+  const auto fill_of = [&](const std::string& cell) {
+    const size_t p = svg.find("data-cell=\"" + cell + "\"");
+    const size_t f = svg.find("fill=\"", p) + 6;
+    return svg.substr(f, svg.find('"', f) - f);
+  };
+  EXPECT_EQ(fill_of("2 2"), "rgb(255,255,255)");
+  EXPECT_EQ(fill_of("0 1"), fill_of("0 1"));
+  EXPECT_NE(fill_of("1 1"), fill_of("0 0"));  // 90% and 80% of their rows
+  EXPECT_NE(svg.find(">9</text>"), std::string::npos);
+  EXPECT_NE(svg.find("dog &lt;x&gt;"), std::string::npos);
+  EXPECT_NE(svg.find(">2</text>"), std::string::npos);  // class 2 has no name: its id
+  EXPECT_THROW(render_confusion_svg({}, {}, "x"), Error);
 }
 
 TEST(Plot, OptionsAndEscaping) {

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "core/version.h"
 #include "data/image_io.h"
 #include "tests/test_util.h"
 #include "train/checkpoint.h"
@@ -166,6 +167,15 @@ TEST(Trainer, TinyRecipeLearns) {
     resolved.set(s);
   const Checkpoint c = read_checkpoint(r.last_checkpoint);
   EXPECT_EQ(c.recipe_yaml, resolved.to_yaml());
+  // And the model card: the input's normalisation and the class names, in
+  // model.safetensors and in state.json, with the version that wrote it.
+  const json::Value& in = c.card.at("input");
+  EXPECT_EQ(in.at("kind").as_string(), "image");
+  EXPECT_EQ(in.at("mean").as_array().at(0).as_double(), 0.286);
+  EXPECT_EQ(in.at("std").as_array().at(0).as_double(), 0.353);
+  EXPECT_EQ(c.card.at("classes").as_array().at(9).as_string(), "Ankle boot");
+  EXPECT_EQ(json::dump(c.state.at("card")), json::dump(c.card));
+  EXPECT_EQ(c.state.at("attnforge").at("version").as_string(), forge::version());
   EXPECT_EQ(forge::testing::read_file(fs::path(dir) / "recipe.yaml"), resolved.to_yaml());
   fs::remove_all(dir);
 }

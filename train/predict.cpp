@@ -1,0 +1,279 @@
+// attnforge predict (see predict.h).
+#include "train/predict.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "autograd/grad_mode.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "data/idx.h"
+#include "data/image_io.h"
+#include "data/listops.h"
+#include "data/loader.h"
+#include "data/pixel_sequence.h"
+#include "data/text.h"
+#include "ops/ops.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/model.h"
+
+namespace forge::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The examples to predict, held in memory (label 0: unknown).
+class Inputs : public data::Dataset {
+ public:
+  int64_t size() const override { return static_cast<int64_t>(examples_.size()); }
+  data::Example get(int64_t i, data::Rng*) const override {
+    return examples_[static_cast<size_t>(i)];
+  }
+  int64_t num_classes() const override { return classes_; }
+  std::string describe() const override {
+    return fmt::format("{} inputs to predict", examples_.size());
+  }
+
+  int64_t classes_ = 0;
+  std::vector<data::Example> examples_;
+  std::vector<std::string> names_;  // what each example is called in the output
+};
+
+bool has_extension(const std::string& path, std::initializer_list<const char*> exts) {
+  std::string e = fs::path(path).extension().string();
+  for (char& c : e) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* x : exts)
+    if (e == x) return true;
+  return false;
+}
+
+// An IDX file by its content: 00 00 08 (u8), and 3 dims, or gzip.
+bool looks_like_idx(const std::string& path) {
+  char head[4] = {};
+  std::ifstream(path, std::ios::binary).read(head, 4);
+  return (head[0] == 0 && head[1] == 0 && head[2] == 8) ||
+         (static_cast<unsigned char>(head[0]) == 0x1f &&
+          static_cast<unsigned char>(head[1]) == 0x8b && !has_extension(path, {".tsv", ".txt"}));
+}
+
+// What the model takes and how a picture or a text line becomes it.
+struct Preparer {
+  bool images = false;  // [C, S, S] pictures; else token sequences
+  bool pixels = false;  // token sequences of pixels
+  bool pairs = false;
+  std::string kind;  // data.dataset
+  int64_t max_length = 0;
+  data::ImageTransformOptions transform;
+
+  Tensor picture(const data::Image& img) const {
+    const Tensor x = data::transform_image(img, transform, nullptr);
+    return pixels ? data::PixelSequence::tokens(x) : x;
+  }
+  Tensor text(const std::string& s, const std::string& where) const {
+    if (kind == "listops") {
+      const std::vector<uint8_t> ids = data::listops_tokenize(s, where);
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()), max_length);
+      Tensor t = Tensor::empty({n}, DType::i64);
+      for (int64_t i = 0; i < n; ++i) t.data<int64_t>()[i] = ids[static_cast<size_t>(i)];
+      return t;
+    }
+    return data::byte_tokens(s, max_length);
+  }
+};
+
+void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels, Inputs& out) {
+  std::error_code ec;
+  FORGE_CHECK(fs::is_regular_file(path, ec), "predict: input {}: no such file", path);
+  const auto add = [&](data::Example e, std::string name) {
+    out.examples_.push_back(std::move(e));
+    out.names_.push_back(std::move(name));
+  };
+  if (p.images || p.pixels) {
+    if (looks_like_idx(path)) {
+      const data::IdxArray a = data::read_idx(path);
+      FORGE_CHECK(a.dims.size() == 3,
+                  "predict: {}: an IDX file of images is [N, H, W]; this one is {} dimensional",
+                  path, a.dims.size());
+      const int64_t n = a.dims[0], h = a.dims[1], w = a.dims[2];
+      for (int64_t i = 0; i < n; ++i) {
+        data::Image img;
+        img.height = h;
+        img.width = w;
+        img.channels = 1;
+        img.pixels.assign(a.data.begin() + i * h * w, a.data.begin() + (i + 1) * h * w);
+        data::Example e;
+        e.input = p.picture(img);
+        add(std::move(e), fmt::format("{}#{}", path, i));
+      }
+      return;
+    }
+    FORGE_CHECK(has_extension(path, {".png", ".jpg", ".jpeg"}),
+                "predict: input {}: the model takes pictures: give PNG or JPEG files, or IDX "
+                "files of u8 images [N, H, W]",
+                path);
+    data::Example e;
+    e.input = p.picture(data::read_image(path, max_pixels));
+    add(std::move(e), path);
+    return;
+  }
+  FORGE_CHECK(!has_extension(path, {".png", ".jpg", ".jpeg"}) && !looks_like_idx(path),
+              "predict: input {}: the model takes token sequences: give TSV files (one example a "
+              "line, the text in the last column)",
+              path);
+  std::istringstream lines(io::read_file(path, size_t{1} << 30));
+  std::string line;
+  for (int64_t number = 1; std::getline(lines, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    std::vector<std::string> cols;
+    for (size_t b = 0;;) {
+      const size_t t = line.find('\t', b);
+      cols.push_back(line.substr(b, t == std::string::npos ? std::string::npos : t - b));
+      if (t == std::string::npos) break;
+      b = t + 1;
+    }
+    const std::string where = fmt::format("{}:{}", path, number);
+    data::Example e;
+    if (p.pairs) {
+      FORGE_CHECK(cols.size() >= 2,
+                  "predict: {}: the model compares document pairs: give two tab-separated texts "
+                  "(the last two columns)",
+                  where);
+      e.input = p.text(cols[cols.size() - 2], where);
+      e.input2 = p.text(cols.back(), where);
+    } else {
+      e.input = p.text(cols.back(), where);
+    }
+    FORGE_CHECK(e.input.numel() > 0, "predict: {}: the text makes no tokens", where);
+    add(std::move(e), where);
+  }
+}
+
+}  // namespace
+
+PredictResult predict(const PredictRequest& q,
+                      const std::function<void(const json::Value&)>& emit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  PredictResult result;
+  const CheckpointRef ref = resolve_checkpoint(q.checkpoint, "predict");
+  result.checkpoint = ref.dir;
+  const Checkpoint c = read_checkpoint(ref.dir);
+  Recipe r = Recipe::from_yaml(c.recipe_yaml, ref.dir + "/model.safetensors (recipe)");
+  for (const std::string& s : q.overrides) r.set(s);
+  const std::string& type = r.string("model.type");
+  FORGE_CHECK(type == "vit" || type == "sequence_classifier",
+              "predict: {} holds a {} model; predict runs classifiers (vit, sequence_classifier); "
+              "a language model or an encoder-decoder continues a text with attnforge generate",
+              ref.dir, type);
+  FORGE_CHECK(!q.inputs.empty(), "predict: give at least one input file");
+  FORGE_CHECK(q.top_k >= 1, "predict: --top-k must be 1 or more, got {}", q.top_k);
+
+  // What the model was built for: the resolved recipe says it; a checkpoint
+  // written before recipes were resolved asks the data.
+  DataShape shape;
+  const std::string& kind = r.string("data.dataset");
+  shape.images = type == "vit";
+  shape.classes = r.integer("model.classes");
+  shape.channels = r.integer("model.channels");
+  shape.image_size = r.integer("model.image_size");
+  shape.vocab_size = r.integer("model.vocab_size");
+  shape.max_length = r.integer("model.max_len");
+  shape.pairs = r.boolean("model.dual_encoder");
+  if (shape.classes == 0 || (shape.images ? shape.channels == 0 : shape.max_length == 0)) {
+    shape = build_data(r, "", false, [](const std::string&) {}).shape;
+    resolve_sizes(r, shape);
+  }
+  if (!shape.images && r.integer("data.max_length") > 0)
+    shape.max_length = std::min(shape.max_length, r.integer("data.max_length"));
+
+  Preparer prep;
+  prep.images = shape.images;
+  prep.pixels = kind == "pixels" || kind == "pathfinder";
+  prep.pairs = shape.pairs;
+  prep.kind = kind;
+  prep.max_length = shape.max_length;
+  if (prep.images || prep.pixels) prep.transform = eval_image_transform(r);
+  auto inputs = std::make_shared<Inputs>();
+  inputs->classes_ = shape.classes;
+  for (const std::string& path : q.inputs)
+    read_inputs(path, prep, r.integer("data.max_image_pixels"), *inputs);
+  FORGE_CHECK(!inputs->examples_.empty(), "predict: the inputs hold no example");
+
+  const Placement place = placement(r);
+  Generator gen(static_cast<uint64_t>(r.integer("seed")));
+  std::unique_ptr<TaskModel> task = build_model(r, shape, place.dtype, &gen);
+  task->module().to(place.device);
+  try {
+    task->module().load_state_dict(c.model);
+  } catch (const Error& e) {
+    FORGE_FAIL("predict: {}: the weights do not fit the recipe's model: {}", ref.dir,
+               message_of(e));
+  }
+  task->module().eval();
+  NoGradGuard no_grad;
+
+  TaskData data;
+  data.eval = inputs;
+  data.shape = shape;
+  data::LoaderOptions lo = loader_options(r, data, false);
+  if (q.batch_size > 0) lo.batch_size = q.batch_size;
+  lo.workers = 0;
+  data::DataLoader loader(inputs, lo);
+  std::vector<std::string> names;
+  if (c.card.is_object())
+    if (const json::Value* cls = c.card.find("classes"); cls && cls->is_array())
+      for (const json::Value& n : cls->as_array()) names.push_back(n.as_string());
+  int64_t row = 0;
+  for (int64_t bi = 0; bi < loader.batches_per_epoch(); ++bi) {
+    data::Batch b = loader.build(0, bi);
+    if (b.input.defined() && is_floating(b.input.dtype())) b.input = b.input.to(place.dtype);
+    for (Tensor* t : {&b.input, &b.mask, &b.input2, &b.mask2})
+      if (t->defined()) *t = t->to(place.device);
+    const Tensor logits = task->forward(b).to(Device::cpu()).to(DType::f64);  // (B, C)
+    const int64_t B = logits.size(0), C = logits.size(1);
+    const double* z = logits.data<double>();
+    for (int64_t i = 0; i < B; ++i, ++row) {
+      const double* zi = z + i * C;
+      double peak = zi[0];
+      for (int64_t k = 1; k < C; ++k) peak = std::max(peak, zi[k]);
+      double sum = 0;
+      for (int64_t k = 0; k < C; ++k) sum += std::exp(zi[k] - peak);
+      json::Array lz, pz;
+      std::vector<int64_t> order(static_cast<size_t>(C));
+      for (int64_t k = 0; k < C; ++k) {
+        lz.emplace_back(zi[k]);
+        pz.emplace_back(std::exp(zi[k] - peak) / sum);
+        order[static_cast<size_t>(k)] = k;
+      }
+      const int64_t top = std::min(q.top_k, C);
+      std::partial_sort(
+          order.begin(), order.begin() + top, order.end(),
+          [&](int64_t a, int64_t b2) { return zi[a] > zi[b2] || (zi[a] == zi[b2] && a < b2); });
+      json::Array best;
+      for (int64_t k = 0; k < top; ++k) {
+        const int64_t id = order[static_cast<size_t>(k)];
+        json::Value e;
+        e["class"] = id;
+        if (static_cast<size_t>(id) < names.size()) e["name"] = names[static_cast<size_t>(id)];
+        e["probability"] = std::exp(zi[id] - peak) / sum;
+        best.push_back(std::move(e));
+      }
+      json::Value rec;
+      rec["input"] = inputs->names_[static_cast<size_t>(row)];
+      rec["top_k"] = json::Value(std::move(best));
+      rec["logits"] = json::Value(std::move(lz));
+      rec["probabilities"] = json::Value(std::move(pz));
+      emit(rec);
+    }
+  }
+  result.examples = row;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace forge::train

@@ -1,0 +1,46 @@
+// Running a trained classifier on new inputs (attnforge predict): a checkpoint
+// (any form resolve_checkpoint accepts) and input files in, one JSON record
+// per example out, in input order:
+//   {"input": "shirt.png", "top_k": [{"class": 6, "name": "Shirt", "probability": 0.91}, ...],
+//    "logits": [...], "probabilities": [...]}
+// Inputs, by what the model takes (its checkpoint's recipe and card say):
+//   images (vit; pixel-sequence classifiers)  PNG or JPEG files, one example
+//       each ("input" is the path), or IDX files of u8 images [N, H, W] (MNIST's
+//       format; "input" is "path#i"); prepared as evaluation prepares its
+//       images (eval_image_transform, then the pixel tokens for sequences)
+//   token sequences (sequence_classifier)  TSV files, one example a line: the
+//       last column is the text (the last two for document pairs; a line with
+//       one column is all text); "input" is "path:line". Tokenised as the
+//       training data was (ListOps tokens; bytes + 1 for text and retrieval)
+// Examples go through the model in batches, as evaluation runs them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+
+namespace forge::train {
+
+struct PredictRequest {
+  std::string checkpoint;
+  std::vector<std::string> inputs;
+  int64_t top_k = 5;                   // classes listed per example (at most the number of classes)
+  int64_t batch_size = 0;              // 0: the recipe's evaluation batch size
+  std::vector<std::string> overrides;  // --set assignments to the checkpoint's recipe
+};
+
+struct PredictResult {
+  std::string checkpoint;  // the checkpoint directory used
+  int64_t examples = 0;
+  double seconds = 0;
+};
+
+// Calls `emit` once per example, in input order; throws forge::Error naming the
+// file (and line or index) of an input it cannot use, before any model runs.
+PredictResult predict(const PredictRequest& request,
+                      const std::function<void(const json::Value&)>& emit);
+
+}  // namespace forge::train
