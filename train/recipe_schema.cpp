@@ -144,6 +144,13 @@ std::vector<KeySpec> build_schema() {
   s.boolean("dual_encoder", false, "sequence_classifier: two documents through one encoder, classified from [u, v, u*v, u-v] (LRA retrieval).");
   s.integer("mlp_head_dim", 0, 0, kInf, "dual encoder: hidden width of the classifier MLP; 0: dim.");
 
+  s.string("init_from", "",
+           "Fine-tuning: start from these weights instead of a random initialisation: a "
+           "checkpoint (a run directory, RUN/checkpoints/best, a step directory) or a .safetensors "
+           "state dict with attnforge's or timm's ViT names. Tensors of another shape: the ViT "
+           "position embedding is interpolated to this image size, a head for other classes "
+           "starts fresh; the log reports what was missing, ignored or resized.");
+
   s.section = "model.attention.";
   s.choice("kind", "softmax", kMechanisms, "Attention mechanism of every layer (see docs/ATTENTION.md).");
   s.string_list("per_layer", kMechanisms, "Optional mechanism per layer (length depth); overrides kind layer by layer.");

@@ -35,6 +35,7 @@
 #include "train/card.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/init_from.h"
 #include "train/metrics.h"
 #include "train/model.h"
 #include "train/plot.h"
@@ -526,6 +527,8 @@ Recipe resolve_recipe(Recipe r, std::vector<std::string>* notes) {
   const StepPlan plan = plan_steps(r, data.train->size(), loader.batches_per_epoch());
   Generator gen(static_cast<uint64_t>(r.integer("seed")));
   const std::unique_ptr<TaskModel> task = build_model(r, data.shape, DType::f32, &gen);
+  if (!r.string("model.init_from").empty())
+    notes->push_back(init_from(task->module(), r.string("model.init_from")).summary());
   make_optimizer(r, task->module());
   make_schedule(r, plan.total_steps, std::max<int64_t>(plan.steps_per_epoch, 1), notes);
   resolve_sizes(r, data.shape);
@@ -661,6 +664,10 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   // are its rows of the masks one process would draw for the whole batch.
   gen.set_batch_shard({static_cast<uint64_t>(group.rank()), static_cast<uint64_t>(world)});
   default_generator().set_batch_shard(gen.batch_shard());
+  // Fine-tuning: the weights from model.init_from (a resume has its own).
+  std::optional<InitReport> init;
+  if (!r.string("model.init_from").empty() && !from_checkpoint)
+    init = init_from(model, r.string("model.init_from"));
   auto optimizer = make_optimizer(r, model);
   optim::GradScaler scaler(optim::GradScalerOptions{.enabled = place.loss_scaling});
   std::vector<std::string> notes;  // said in the log once the run has started
@@ -746,6 +753,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   }
   forked.reset();
   for (const std::string& n : notes) log->warn("{}", n);
+  if (init) log->info("{}", init->summary());
   if (fork) {
     log->info("new run {} continuing {} (step {} of {}); {} is left as it was", run_dir, fork->dir,
               step, total_steps, fork->run_dir);

@@ -196,6 +196,27 @@ cmp -s "$work/fork/checkpoints/step-00000400/model.safetensors" \
   fail "the run continued from step 300 does not end with the original's weights"
 [ -d "$run/checkpoints/step-00000300" ] || fail "the fork changed the run it came from"
 
+# ---- fine-tuning: model.init_from a checkpoint, with a frozen patch embedding ----
+expect 0 "init_from .*step-00000[0-9]+: 24 tensors loaded" -- "$bin" train "$work/tiny.yaml" \
+  --set model.init_from="$run/checkpoints/best" --set "optimizer.freeze=[patch_embed]" \
+  --set loop.steps=20 --set loop.eval_every=20 --set schedule.warmup_steps=1 --out "$work/finetune"
+# It starts where the source ended: far above the 10% a fresh model starts at.
+python3 - "$work/finetune/metrics.jsonl" <<'PY' || fail "the fine-tuned run did not start from the weights"
+import json, sys
+evals = [r for r in map(json.loads, open(sys.argv[1])) if r["split"] == "eval"]
+assert evals and evals[-1]["accuracy"] > 0.5, evals
+PY
+cmp -s <(python3 -c "
+import json, struct, sys
+for p in sys.argv[1:]:
+    f = open(p, 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
+    o = h['patch_embed.proj.weight']['data_offsets']; f.seek(8 + n + o[0]); print(f.read(o[1] - o[0]).hex())
+" "$run/checkpoints/$(cat "$run/checkpoints/best")/model.safetensors" \
+  "$work/finetune/checkpoints/step-00000020/model.safetensors" | uniq | wc -l) <(echo 1) ||
+  fail "optimizer.freeze: the frozen patch embedding moved during fine-tuning"
+expect 1 "model.init_from .*no such file or directory" -- "$bin" train "$work/tiny.yaml" \
+  --set model.init_from="$work/nowhere" --dump-config
+
 # ---- a language model from the shipped demo recipe (shrunk), then generate ----
 lm="$work/lm"
 expect 0 "bpb" -- "$bin" train "$src/recipes/lm/fortunes_tiny.yaml" --set loop.steps=30 \
