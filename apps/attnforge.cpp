@@ -4,6 +4,7 @@
 //   attnforge train --resume RUN_OR_CHECKPOINT [--out NEW_DIR] [--set key=value]... [--check-nan]
 //   attnforge eval CHECKPOINT [--split NAME] [--out FILE] [--set key=value]...
 //   attnforge predict CKPT INPUT... [--top-k K] [--batch-size N] [--out FILE] [--set key=value]...
+//   attnforge attention-maps CKPT INPUT [--index I] [--out DIR] [--set key=value]...
 //   attnforge generate CKPT [--prompt TEXT | --prompt-file F] [--source TEXT] [--length N] ...
 //   attnforge gradcheck [OP...] [--list]
 //   attnforge bench attention [options of bench_attention]
@@ -43,6 +44,7 @@
 #include "dist/group.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/registry.h"
+#include "train/attention_maps.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"
 #include "train/plot.h"
@@ -78,6 +80,7 @@ commands:
   train      train a recipe, or continue a run (--resume RUN_DIR)
   eval       evaluate a checkpoint on a split
   predict    run a trained classifier on new inputs (images, IDX, TSV) -> JSON lines
+  attention-maps  draw a classifier's attention (per layer and head, rollout for ViTs) on one input
   generate   continue a text with a language model, or decode a source with an encoder-decoder
   gradcheck  check every attention op's backward against finite differences (f64)
   bench      time the attention mechanisms (bench attention ...)
@@ -145,6 +148,23 @@ options:
   --out FILE         write the JSON lines there instead of stdout
   --set KEY=VALUE    override a recipe key (e.g. device=cpu, threads=2)
   --help             this text
+)";
+
+constexpr const char* kAttentionMapsHelp =
+    R"(usage: attnforge attention-maps CHECKPOINT INPUT [options]
+
+Draws the attention of a trained classifier on one input: for every layer and
+head, its attention matrix coloured (layerLL_headHH.png); for a ViT, also the
+picture beside where each head looks from the class token (..._image.png),
+and the attention rollout over all layers (rollout.png). INPUT is a picture
+(PNG, JPEG, or an IDX file with --index) or a TSV line, as predict takes.
+Mechanisms without explicit maps (efficient, linear, favor) draw none.
+
+options:
+  --index I        the example of INPUT to draw (default 0)
+  --out DIR        where to write (default: <run dir>/attention_maps-<checkpoint>-<I>)
+  --set KEY=VALUE  override a recipe key
+  --help           this text
 )";
 
 constexpr const char* kGenerateHelp = R"(usage: attnforge generate CHECKPOINT [options]
@@ -494,6 +514,58 @@ int cmd_predict(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_attention_maps(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kAttentionMapsHelp, stdout);
+    return 0;
+  }
+  std::string ckpt, input, out;
+  int64_t index = 0;
+  std::vector<std::string> sets;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--index")
+      index = number_of<int64_t>(args, i);
+    else if (a == "--out")
+      out = value_of(args, i);
+    else if (a == "--set")
+      sets.push_back(value_of(args, i));
+    else if (!a.empty() && a[0] == '-')
+      throw UsageError(fmt::format("attention-maps: unknown option {}", a));
+    else if (ckpt.empty())
+      ckpt = a;
+    else if (input.empty())
+      input = a;
+    else
+      throw UsageError(fmt::format("attention-maps: one input expected, got a second: {}", a));
+  }
+  if (ckpt.empty() || input.empty())
+    throw UsageError("attention-maps: give a checkpoint (or run directory) and an input file");
+  const auto model = forge::train::load_classifier(ckpt, sets, "attention-maps");
+  auto inputs = forge::train::prepare_inputs(model, {input});
+  if (index < 0 || index >= static_cast<int64_t>(inputs.examples.size()))
+    throw std::runtime_error(fmt::format("attention-maps: --index {}: {} holds {} example(s)",
+                                         index, input, inputs.examples.size()));
+  inputs.examples = {inputs.examples[static_cast<size_t>(index)]};
+  inputs.names = {inputs.names[static_cast<size_t>(index)]};
+  if (out.empty()) {
+    const fs::path dir(model.checkpoint);
+    out = (dir.parent_path().parent_path() /
+           fmt::format("attention_maps-{}-{}", dir.filename().string(), index))
+              .string();
+  }
+  forge::train::AttentionMapsResult r;
+  forge::train::for_each_batch(model, inputs, 1, [&](const forge::data::Batch& b, int64_t) {
+    r = forge::train::draw_attention_maps(*model.task, b, forge::train::vit_layout(model.recipe),
+                                          out);
+  });
+  std::fprintf(stderr, "%s: %zu images of %lld layer(s) (%lld with explicit maps)%s in %s\n",
+               inputs.names[0].c_str(), r.files.size(), static_cast<long long>(r.layers),
+               static_cast<long long>(r.layers_with_maps), r.rollout ? ", rollout included" : "",
+               out.c_str());
+  return 0;
+}
+
 int cmd_gradcheck(const std::vector<std::string>& args) {
   if (wants_help(args)) {
     std::fputs(kGradcheckHelp, stdout);
@@ -623,6 +695,7 @@ int run_command(const std::string& cmd, const std::vector<std::string>& args) {
   if (cmd == "eval") return cmd_eval(args);
   if (cmd == "generate") return cmd_generate(args);
   if (cmd == "predict") return cmd_predict(args);
+  if (cmd == "attention-maps") return cmd_attention_maps(args);
   if (cmd == "gradcheck") return cmd_gradcheck(args);
   if (cmd == "bench") return cmd_bench(args);
   if (cmd == "info") return cmd_info(args);
@@ -663,7 +736,8 @@ int main(int argc, char** argv) {
     // Every rank reads the same command line: rank 0 says it.
     if (!group || group->root()) {
       const bool known = cmd == "train" || cmd == "eval" || cmd == "generate" || cmd == "predict" ||
-                         cmd == "gradcheck" || cmd == "bench" || cmd == "info";
+                         cmd == "attention-maps" || cmd == "gradcheck" || cmd == "bench" ||
+                         cmd == "info";
       std::fprintf(stderr, "attnforge: %s\n(attnforge %s--help for the options)\n", e.what(),
                    known ? (cmd + " ").c_str() : "");
     }

@@ -27,21 +27,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The examples to predict, held in memory (label 0: unknown).
+// Prepared examples as a dataset (label 0: unknown), for the loader's collation.
 class Inputs : public data::Dataset {
  public:
-  int64_t size() const override { return static_cast<int64_t>(examples_.size()); }
+  Inputs(const PreparedInputs& in, int64_t classes) : in_(in), classes_(classes) {}
+  int64_t size() const override { return static_cast<int64_t>(in_.examples.size()); }
   data::Example get(int64_t i, data::Rng*) const override {
-    return examples_[static_cast<size_t>(i)];
+    return in_.examples[static_cast<size_t>(i)];
   }
   int64_t num_classes() const override { return classes_; }
-  std::string describe() const override {
-    return fmt::format("{} inputs to predict", examples_.size());
-  }
+  std::string describe() const override { return fmt::format("{} inputs", in_.examples.size()); }
 
-  int64_t classes_ = 0;
-  std::vector<data::Example> examples_;
-  std::vector<std::string> names_;  // what each example is called in the output
+ private:
+  const PreparedInputs& in_;
+  int64_t classes_;
 };
 
 bool has_extension(const std::string& path, std::initializer_list<const char*> exts) {
@@ -86,12 +85,13 @@ struct Preparer {
   }
 };
 
-void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels, Inputs& out) {
+void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels,
+                 PreparedInputs& out) {
   std::error_code ec;
   FORGE_CHECK(fs::is_regular_file(path, ec), "predict: input {}: no such file", path);
   const auto add = [&](data::Example e, std::string name) {
-    out.examples_.push_back(std::move(e));
-    out.names_.push_back(std::move(name));
+    out.examples.push_back(std::move(e));
+    out.names.push_back(std::move(name));
   };
   if (p.images || p.pixels) {
     if (looks_like_idx(path)) {
@@ -156,27 +156,23 @@ void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels,
 
 }  // namespace
 
-PredictResult predict(const PredictRequest& q,
-                      const std::function<void(const json::Value&)>& emit) {
-  const auto t0 = std::chrono::steady_clock::now();
-  PredictResult result;
-  const CheckpointRef ref = resolve_checkpoint(q.checkpoint, "predict");
-  result.checkpoint = ref.dir;
+Classifier load_classifier(const std::string& checkpoint, const std::vector<std::string>& overrides,
+                           const std::string& what) {
+  Classifier m;
+  const CheckpointRef ref = resolve_checkpoint(checkpoint, what);
+  m.checkpoint = ref.dir;
   const Checkpoint c = read_checkpoint(ref.dir);
-  Recipe r = Recipe::from_yaml(c.recipe_yaml, ref.dir + "/model.safetensors (recipe)");
-  for (const std::string& s : q.overrides) r.set(s);
+  m.recipe = Recipe::from_yaml(c.recipe_yaml, ref.dir + "/model.safetensors (recipe)");
+  Recipe& r = m.recipe;
+  for (const std::string& s : overrides) r.set(s);
   const std::string& type = r.string("model.type");
   FORGE_CHECK(type == "vit" || type == "sequence_classifier",
-              "predict: {} holds a {} model; predict runs classifiers (vit, sequence_classifier); "
-              "a language model or an encoder-decoder continues a text with attnforge generate",
-              ref.dir, type);
-  FORGE_CHECK(!q.inputs.empty(), "predict: give at least one input file");
-  FORGE_CHECK(q.top_k >= 1, "predict: --top-k must be 1 or more, got {}", q.top_k);
-
+              "{}: {} holds a {} model; {} runs classifiers (vit, sequence_classifier); a language "
+              "model or an encoder-decoder continues a text with attnforge generate",
+              what, ref.dir, type, what);
   // What the model was built for: the resolved recipe says it; a checkpoint
   // written before recipes were resolved asks the data.
-  DataShape shape;
-  const std::string& kind = r.string("data.dataset");
+  DataShape& shape = m.shape;
   shape.images = type == "vit";
   shape.classes = r.integer("model.classes");
   shape.channels = r.integer("model.channels");
@@ -190,54 +186,75 @@ PredictResult predict(const PredictRequest& q,
   }
   if (!shape.images && r.integer("data.max_length") > 0)
     shape.max_length = std::min(shape.max_length, r.integer("data.max_length"));
-
-  Preparer prep;
-  prep.images = shape.images;
-  prep.pixels = kind == "pixels" || kind == "pathfinder";
-  prep.pairs = shape.pairs;
-  prep.kind = kind;
-  prep.max_length = shape.max_length;
-  if (prep.images || prep.pixels) prep.transform = eval_image_transform(r);
-  auto inputs = std::make_shared<Inputs>();
-  inputs->classes_ = shape.classes;
-  for (const std::string& path : q.inputs)
-    read_inputs(path, prep, r.integer("data.max_image_pixels"), *inputs);
-  FORGE_CHECK(!inputs->examples_.empty(), "predict: the inputs hold no example");
-
-  const Placement place = placement(r);
+  m.place = placement(r);
   Generator gen(static_cast<uint64_t>(r.integer("seed")));
-  std::unique_ptr<TaskModel> task = build_model(r, shape, place.dtype, &gen);
-  task->module().to(place.device);
+  m.task = build_model(r, shape, m.place.dtype, &gen);
+  m.task->module().to(m.place.device);
   try {
-    task->module().load_state_dict(c.model);
+    m.task->module().load_state_dict(c.model);
   } catch (const Error& e) {
-    FORGE_FAIL("predict: {}: the weights do not fit the recipe's model: {}", ref.dir,
+    FORGE_FAIL("{}: {}: the weights do not fit the recipe's model: {}", what, ref.dir,
                message_of(e));
   }
-  task->module().eval();
-  NoGradGuard no_grad;
-
-  TaskData data;
-  data.eval = inputs;
-  data.shape = shape;
-  data::LoaderOptions lo = loader_options(r, data, false);
-  if (q.batch_size > 0) lo.batch_size = q.batch_size;
-  lo.workers = 0;
-  data::DataLoader loader(inputs, lo);
-  std::vector<std::string> names;
+  m.task->module().eval();
   if (c.card.is_object())
     if (const json::Value* cls = c.card.find("classes"); cls && cls->is_array())
-      for (const json::Value& n : cls->as_array()) names.push_back(n.as_string());
-  int64_t row = 0;
+      for (const json::Value& n : cls->as_array()) m.class_names.push_back(n.as_string());
+  return m;
+}
+
+PreparedInputs prepare_inputs(const Classifier& m, const std::vector<std::string>& paths) {
+  const Recipe& r = m.recipe;
+  const std::string& kind = r.string("data.dataset");
+  Preparer prep;
+  prep.images = m.shape.images;
+  prep.pixels = kind == "pixels" || kind == "pathfinder";
+  prep.pairs = m.shape.pairs;
+  prep.kind = kind;
+  prep.max_length = m.shape.max_length;
+  if (prep.images || prep.pixels) prep.transform = eval_image_transform(r);
+  PreparedInputs out;
+  for (const std::string& path : paths)
+    read_inputs(path, prep, r.integer("data.max_image_pixels"), out);
+  FORGE_CHECK(!out.examples.empty(), "the inputs {} hold no example", fmt::join(paths, ", "));
+  return out;
+}
+
+void for_each_batch(const Classifier& m, const PreparedInputs& inputs, int64_t batch_size,
+                    const std::function<void(const data::Batch&, int64_t first)>& run) {
+  TaskData data;
+  data.eval = std::make_shared<Inputs>(inputs, m.shape.classes);
+  data.shape = m.shape;
+  data::LoaderOptions lo = loader_options(m.recipe, data, false);
+  if (batch_size > 0) lo.batch_size = batch_size;
+  lo.workers = 0;
+  data::DataLoader loader(data.eval, lo);
+  NoGradGuard no_grad;
+  int64_t first = 0;
   for (int64_t bi = 0; bi < loader.batches_per_epoch(); ++bi) {
     data::Batch b = loader.build(0, bi);
-    if (b.input.defined() && is_floating(b.input.dtype())) b.input = b.input.to(place.dtype);
+    if (b.input.defined() && is_floating(b.input.dtype())) b.input = b.input.to(m.place.dtype);
     for (Tensor* t : {&b.input, &b.mask, &b.input2, &b.mask2})
-      if (t->defined()) *t = t->to(place.device);
-    const Tensor logits = task->forward(b).to(Device::cpu()).to(DType::f64);  // (B, C)
+      if (t->defined()) *t = t->to(m.place.device);
+    run(b, first);
+    first += b.size;
+  }
+}
+
+PredictResult predict(const PredictRequest& q,
+                      const std::function<void(const json::Value&)>& emit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FORGE_CHECK(!q.inputs.empty(), "predict: give at least one input file");
+  FORGE_CHECK(q.top_k >= 1, "predict: --top-k must be 1 or more, got {}", q.top_k);
+  const Classifier m = load_classifier(q.checkpoint, q.overrides, "predict");
+  const PreparedInputs inputs = prepare_inputs(m, q.inputs);
+  PredictResult result;
+  result.checkpoint = m.checkpoint;
+  for_each_batch(m, inputs, q.batch_size, [&](const data::Batch& b, int64_t first) {
+    const Tensor logits = m.task->forward(b).to(Device::cpu()).to(DType::f64);  // (B, C)
     const int64_t B = logits.size(0), C = logits.size(1);
     const double* z = logits.data<double>();
-    for (int64_t i = 0; i < B; ++i, ++row) {
+    for (int64_t i = 0; i < B; ++i) {
       const double* zi = z + i * C;
       double peak = zi[0];
       for (int64_t k = 1; k < C; ++k) peak = std::max(peak, zi[k]);
@@ -251,27 +268,28 @@ PredictResult predict(const PredictRequest& q,
         order[static_cast<size_t>(k)] = k;
       }
       const int64_t top = std::min(q.top_k, C);
-      std::partial_sort(
-          order.begin(), order.begin() + top, order.end(),
-          [&](int64_t a, int64_t b2) { return zi[a] > zi[b2] || (zi[a] == zi[b2] && a < b2); });
+      std::partial_sort(order.begin(), order.begin() + top, order.end(), [&](int64_t a, int64_t c) {
+        return zi[a] > zi[c] || (zi[a] == zi[c] && a < c);
+      });
       json::Array best;
       for (int64_t k = 0; k < top; ++k) {
         const int64_t id = order[static_cast<size_t>(k)];
         json::Value e;
         e["class"] = id;
-        if (static_cast<size_t>(id) < names.size()) e["name"] = names[static_cast<size_t>(id)];
+        if (static_cast<size_t>(id) < m.class_names.size())
+          e["name"] = m.class_names[static_cast<size_t>(id)];
         e["probability"] = std::exp(zi[id] - peak) / sum;
         best.push_back(std::move(e));
       }
       json::Value rec;
-      rec["input"] = inputs->names_[static_cast<size_t>(row)];
+      rec["input"] = inputs.names[static_cast<size_t>(first + i)];
       rec["top_k"] = json::Value(std::move(best));
       rec["logits"] = json::Value(std::move(lz));
       rec["probabilities"] = json::Value(std::move(pz));
       emit(rec);
     }
-  }
-  result.examples = row;
+    result.examples += B;
+  });
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }

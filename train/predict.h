@@ -21,8 +21,38 @@
 #include <vector>
 
 #include "core/json.h"
+#include "data/dataset.h"
+#include "train/model.h"
+#include "train/recipe.h"
 
 namespace forge::train {
+
+// A classifier loaded from a checkpoint for inference (eval mode), with what
+// preparing its inputs needs.
+struct Classifier {
+  std::string checkpoint;  // the checkpoint directory
+  Recipe recipe;           // its recipe, with the overrides applied
+  DataShape shape;
+  Placement place;
+  std::vector<std::string> class_names;  // from the card (empty: none)
+  std::unique_ptr<TaskModel> task;
+};
+// `what` starts error messages ("predict", "attention-maps").
+Classifier load_classifier(const std::string& checkpoint, const std::vector<std::string>& overrides,
+                           const std::string& what);
+
+// Input files made into examples as evaluation prepares its data (see the top
+// of this file), each with its name.
+struct PreparedInputs {
+  std::vector<data::Example> examples;
+  std::vector<std::string> names;
+};
+PreparedInputs prepare_inputs(const Classifier& model, const std::vector<std::string>& paths);
+
+// The batches of `inputs` (collated and placed as evaluation's): calls `run`
+// with each batch and the index of its first example.
+void for_each_batch(const Classifier& model, const PreparedInputs& inputs, int64_t batch_size,
+                    const std::function<void(const data::Batch&, int64_t first)>& run);
 
 struct PredictRequest {
   std::string checkpoint;

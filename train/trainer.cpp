@@ -32,6 +32,7 @@
 #include "optim/lamb.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
+#include "train/attention_maps.h"
 #include "train/card.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -414,39 +415,17 @@ std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
 }
 
 void write_attention_maps(TaskModel& model, data::DataLoader& loader, const Placement& place,
-                          const std::string& dir, spdlog::logger& log) {
+                          const Recipe& r, const std::string& dir, spdlog::logger& log) {
   nn::Module& m = model.module();
   m.eval();
-  NoGradGuard no_grad;
   const data::Batch b = cast_batch(loader.build(0, 0), place.dtype, place.device);
-  const std::vector<Tensor> maps = model.attention_maps(b);
+  const AttentionMapsResult maps = draw_attention_maps(model, b, vit_layout(r), dir);
   m.train();
-  fs::create_directories(dir);
-  int64_t written = 0;
-  for (size_t layer = 0; layer < maps.size(); ++layer) {
-    if (!maps[layer].defined()) continue;
-    const Tensor a = maps[layer].to(Device::cpu()).to(DType::f64);  // (1, H, N, M)
-    const int64_t H = a.size(1), N = a.size(2), M = a.size(3);
-    const double* p = a.data<double>();
-    for (int64_t h = 0; h < H; ++h) {
-      const double* q = p + h * N * M;
-      double peak = 0;
-      for (int64_t i = 0; i < N * M; ++i) peak = std::max(peak, q[i]);
-      data::Image img;
-      img.height = N;
-      img.width = M;
-      img.channels = 1;
-      img.pixels.resize(static_cast<size_t>(N * M));
-      for (int64_t i = 0; i < N * M; ++i)
-        img.pixels[static_cast<size_t>(i)] =
-            static_cast<uint8_t>(std::lround(peak > 0 ? 255.0 * q[i] / peak : 0.0));
-      data::write_png((fs::path(dir) / fmt::format("layer{:02}_head{:02}.png", layer, h)).string(),
-                      img);
-      ++written;
-    }
-  }
-  log.info("attention maps: {} images (layer x head, rows = queries) in {}{}", written, dir,
-           written == 0 ? " (no layer has a mechanism with explicit maps)" : "");
+  log.info("attention maps of the first evaluation example: {} images in {}{}", maps.files.size(),
+           dir,
+           maps.layers_with_maps == 0 ? " (no layer has a mechanism with explicit maps)"
+           : maps.rollout             ? ", attention rollout included"
+                                      : "");
 }
 
 // The recipe's threads, or every core of the host shared evenly by the
@@ -1053,7 +1032,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   if (root) write_plot(run_dir);
   if (root && result.status == TrainResult::Status::finished) {
     if (r.boolean("output.attention_maps"))
-      write_attention_maps(*task, eval_loader, place,
+      write_attention_maps(*task, eval_loader, place, r,
                            (fs::path(run_dir) / "attention_maps").string(), *log);
     log->info("done: {} in {}; eval accuracy {:.2f}%, loss {:.4f}; curves in {}{}",
               first_step == 0 ? fmt::format("{} steps", step)

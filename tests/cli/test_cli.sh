@@ -187,6 +187,14 @@ out="$("$bin" predict "$lo" "$work/exprs.tsv" --top-k 3 2>&1)"
 printf '[MAX 2 bogus ]\n' >"$work/bad_exprs.tsv"
 expect 1 "bad_exprs.tsv:1" -- "$bin" predict "$lo" "$work/bad_exprs.tsv"
 
+# ---- attention maps of a checkpoint on one input ----
+expect 0 "#2: 5 images of 1 layer[(]s[)] [(]1 with explicit maps[)], rollout included" -- \
+  "$bin" attention-maps "$run" "$fmnist/t10k-images-idx3-ubyte.gz" --index 2 --out "$work/maps"
+[ -f "$work/maps/rollout.png" ] && [ -f "$work/maps/layer00_head01_image.png" ] ||
+  fail "attention-maps: missing images: $(ls "$work/maps")"
+expect 1 "--index 10000: .* holds 10000 example" -- \
+  "$bin" attention-maps "$run" "$fmnist/t10k-images-idx3-ubyte.gz" --index 10000
+
 # ---- --resume from an older checkpoint: a new run from it, the old one kept ----
 expect 1 "not the latest checkpoint .* --out NEWDIR" -- "$bin" train --resume "$run/checkpoints/step-00000300"
 expect 0 "done: steps 301 to 400 of 400" -- "$bin" train --resume "$run/checkpoints/step-00000300" \

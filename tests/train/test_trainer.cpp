@@ -592,19 +592,26 @@ TEST(Trainer, AttentionMapsAreWrittenPerLayerAndHead) {
   r.set("output.attention_maps=true");
   const std::string dir = fresh_dir("maps");
   train(r, quiet(dir));
-  // depth 2 x heads 2; 16 patches + CLS = 17 tokens.
+  // depth 2 x heads 2; 16 patches + CLS = 17 tokens, drawn in blocks of
+  // 512 / 17 = 30 pixels, coloured; the picture beside the class token's row.
   for (int layer = 0; layer < 2; ++layer)
     for (int head = 0; head < 2; ++head) {
       const fs::path png =
           fs::path(dir) / "attention_maps" / fmt::format("layer{:02}_head{:02}.png", layer, head);
       ASSERT_TRUE(fs::exists(png)) << png;
       const data::Image img = data::read_image(png.string());
-      EXPECT_EQ(img.height, 17);
-      EXPECT_EQ(img.width, 17);
-      EXPECT_EQ(img.channels, 1);
-      // Each map is scaled to its maximum: some pixel is 255.
-      EXPECT_EQ(*std::max_element(img.pixels.begin(), img.pixels.end()), 255);
+      EXPECT_EQ(img.height, 17 * 30);
+      EXPECT_EQ(img.width, 17 * 30);
+      EXPECT_EQ(img.channels, 3);
+      // Each map is scaled to its maximum: some cell has the colour map's top (253, 231, 37).
+      bool top = false;
+      for (size_t i = 0; i + 2 < img.pixels.size(); i += 3)
+        top = top || (img.pixels[i] == 253 && img.pixels[i + 1] == 231 && img.pixels[i + 2] == 37);
+      EXPECT_TRUE(top) << png;
+      EXPECT_TRUE(fs::exists(fs::path(dir) / "attention_maps" /
+                             fmt::format("layer{:02}_head{:02}_image.png", layer, head)));
     }
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "attention_maps" / "rollout.png"));
   fs::remove_all(dir);
 }
 
