@@ -22,13 +22,13 @@ build: configure
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
-# The default recipe (a small ViT on Fashion-MNIST) into runs/fmnist_tiny-<time>;
-# RECIPE=... and ARGS="--set key=value ..." choose another.
+# The default recipe (a small ViT on Fashion-MNIST) into runs/fmnist_tiny-<N>
+# (the next free N); RECIPE=... and ARGS="--set key=value ..." choose another.
 RECIPE ?= recipes/vit/fmnist_tiny.yaml
 ARGS   ?=
 train: configure
 	cmake --build $(BUILD) -j$(JOBS) --target attnforge
-	$(BUILD)/apps/attnforge train $(RECIPE) --out runs/$(basename $(notdir $(RECIPE)))-$$(date +%Y%m%d-%H%M%S) $(ARGS)
+	$(BUILD)/apps/attnforge train $(RECIPE) $(ARGS)
 
 # The CPU code under AddressSanitizer + UndefinedBehaviorSanitizer. The CUDA
 # backend is left out: the CUDA runtime maps memory where ASan keeps its

@@ -305,10 +305,11 @@ int bench_attention_main(int argc, char** argv) {
     return 0;
   }
   std::printf(csv ? "mechanism,B,N,fwd_ms,fwdbwd_ms,peak_MiB\n"
-                  : "H = %lld, d = %lld, %s on %s, %d threads\n\n| mechanism | B | N | fwd ms | "
+                  : "H = %lld, d = %lld, %s on %s, %d thread%s\n\n| mechanism | B | N | fwd ms | "
                     "fwd+bwd ms | peak MiB |\n|---|---|---|---|---|---|\n",
               static_cast<long long>(cfg.H), static_cast<long long>(cfg.D),
-              forge::dtype_name(cfg.dtype), cfg.device.str().c_str(), forge::num_threads());
+              forge::dtype_name(cfg.dtype), cfg.device.str().c_str(), forge::num_threads(),
+              forge::num_threads() == 1 ? "" : "s");
   if (names.empty())
     for (const Mechanism& m : mechanisms()) names.push_back(m.name);
   for (const std::string& name : names) {

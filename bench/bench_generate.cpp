@@ -121,11 +121,12 @@ int run(int argc, char** argv) {
   FORGE_CHECK(o.new_tokens >= 1, "--new-tokens must be >= 1, got {}", o.new_tokens);
   forge::set_num_threads(o.threads);
   std::printf(
-      "B = 1, D = %lld, H = %lld (d = %lld), depth %lld, ff mult 4, f32, CPU, %d threads; "
+      "B = 1, D = %lld, H = %lld (d = %lld), depth %lld, ff mult 4, f32, CPU, %d thread%s; "
       "%lld new tokens after a prime of L\n\n",
       static_cast<long long>(o.dim), static_cast<long long>(o.heads),
       static_cast<long long>(o.dim / o.heads), static_cast<long long>(o.depth),
-      forge::num_threads(), static_cast<long long>(o.new_tokens));
+      forge::num_threads(), forge::num_threads() == 1 ? "" : "s",
+      static_cast<long long>(o.new_tokens));
   std::printf(
       "| mechanism | L | prime s | ms / token | tokens/s | peak MiB |\n"
       "|---|---|---|---|---|---|\n");

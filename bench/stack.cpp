@@ -271,11 +271,12 @@ int run(int argc, char** argv) {
   } else {
     std::printf(
         "depth %lld, N = %lld, B = 1, D = %lld, H = %lld (d = %lld), ff mult %lld, f32, "
-        "%d threads; loss %s; linformer k = %lld, sharing %s; step = median of %d after a "
+        "%d thread%s; loss %s; linformer k = %lld, sharing %s; step = median of %d after a "
         "warm-up%s\n\n",
         static_cast<long long>(o.depth), static_cast<long long>(o.n), static_cast<long long>(o.dim),
         static_cast<long long>(o.heads), static_cast<long long>(o.dim / o.heads),
         static_cast<long long>(o.ff_mult), forge::num_threads(),
+        forge::num_threads() == 1 ? "" : "s",
         o.loss == "mse" ? "mse against a random target" : "sum(y)", static_cast<long long>(o.k),
         o.sharing.c_str(), o.runs, o.frozen_input ? "; x does not require grad" : "");
     std::printf(

@@ -11,6 +11,8 @@ packages=(
   libgtest-dev
   zlib1g-dev libpng-dev libjpeg62-turbo-dev
   libxxhash-dev            # XXH3-64 checksums of checkpoint tensors and files
+  libprotobuf-dev protobuf-compiler  # TensorBoard event files (train/tensorboard.h): Event messages
+  libisal-dev              # ISA-L's CRC-32C (SSE4.2 / ARM CRC) for the event files' TFRecord framing
   libopenmpi-dev openmpi-bin  # data-parallel training under mpirun (dist/, docs/DISTRIBUTED.md)
   dataset-fashion-mnist
   fortunes                 # the demo corpus of recipes/lm/fortunes_tiny.yaml (/usr/share/games/fortunes)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -15,12 +16,17 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "train/checkpoint.h"
+#include "train/tensorboard.h"
 
 namespace forge::train {
 
 namespace fs = std::filesystem;
 
 namespace {
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 bool blank(std::string_view line) {
   return line.find_first_not_of(" \t\r") == std::string_view::npos;
@@ -160,6 +166,26 @@ MetricsLog::MetricsLog(const std::string& run_dir, std::optional<int64_t> resume
   fd_ = ::open(path_.c_str(), flags, 0644);
   FORGE_CHECK(fd_ >= 0, "{}: cannot open for writing: {}", path_, std::strerror(errno));
   csv_ = std::make_unique<Csv>((fs::path(run_dir) / "metrics.csv").string(), path_);
+  // TensorBoard: one event file, made afresh (a resumed run's from the records it keeps).
+  std::vector<fs::path> old_events;
+  for (const auto& e : fs::directory_iterator(run_dir, ec))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      old_events.push_back(e.path());
+  const double now = wall_seconds();
+  events_ = std::make_unique<EventWriter>((fs::path(run_dir) / event_file_name(now)).string());
+  for (const fs::path& p : old_events)
+    if (p != fs::path(events_->path())) fs::remove(p, ec);
+  if (resume_step && fs::exists(path_, ec))
+    for (const json::Value& r : read_metrics(path_)) write_event(r, now);
+}
+
+void MetricsLog::write_event(const json::Value& record, double wall_time) {
+  // Every number but the step, tagged "<split>/<key>" (e.g. "train/loss").
+  const std::string& split = record.at("split").as_string();
+  std::vector<std::pair<std::string, double>> values;
+  for (const auto& [key, v] : record.as_object())
+    if (key != "step" && v.is_number()) values.emplace_back(split + "/" + key, v.as_double());
+  if (!values.empty()) events_->add_scalars(values, record.at("step").as_int(), wall_time);
 }
 
 MetricsLog::~MetricsLog() {
@@ -180,6 +206,7 @@ void MetricsLog::append(const json::Value& record) {
   const std::string line = json::dump(written) + "\n";
   io::write_all(fd_, line.data(), line.size(), path_);
   csv_->append(written);
+  write_event(written, wall_seconds());
 }
 
 void MetricsLog::log(int64_t step, const std::string& split,

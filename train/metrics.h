@@ -1,7 +1,9 @@
 // Metrics: RUN/metrics.jsonl, one JSON object per line, e.g.
 //   {"step": 1200, "split": "train", "loss": 0.412, "accuracy": 0.87, "lr": 0.0003}
 // and the same records as RUN/metrics.csv (one column per key, in order of
-// first appearance; a record without a key leaves its cell empty).
+// first appearance; a record without a key leaves its cell empty) and as
+// TensorBoard scalars (RUN/events.out.tfevents.*, train/tensorboard.h; tags
+// "<split>/<key>", e.g. "train/loss").
 // Each record is written with one write() as soon as it is logged, so a crash
 // loses at most a torn last line. Resuming at step S keeps the records with
 // step <= S (and drops a torn last line), so a resumed run's file equals an
@@ -19,6 +21,8 @@
 #include "core/json.h"
 
 namespace forge::train {
+
+class EventWriter;
 
 class MetricsLog {
  public:
@@ -42,9 +46,11 @@ class MetricsLog {
 
  private:
   class Csv;
+  void write_event(const json::Value& record, double wall_time);
   std::string path_;
   int fd_ = -1;
   std::unique_ptr<Csv> csv_;
+  std::unique_ptr<EventWriter> events_;
 };
 
 // Every record of a metrics file, in file order. Blank lines are skipped; a

@@ -109,6 +109,7 @@ bool is_run_entry_temp(const std::string& name) {
 bool is_run_entry(const std::string& name) {
   for (const char* e : kRunEntries)
     if (name == e) return true;
+  if (name.rfind("events.out.tfevents.", 0) == 0) return true;  // TensorBoard
   return is_run_entry_temp(name);
 }
 

@@ -31,6 +31,32 @@ class MetricsLogTest : public ::testing::Test {
   fs::path root_;
 };
 
+// The run directory's TensorBoard event file (the one, or empty).
+fs::path event_file_of(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) return e.path();
+  return {};
+}
+
+// The steps of `tag`'s scalars in an event file, read back by the independent
+// reader tests/train/read_tfevents.py (Debian's python3).
+std::vector<int64_t> scalar_steps(const fs::path& file, const std::string& tag) {
+  const std::string cmd = fmt::format("/usr/bin/python3 {}/tests/train/read_tfevents.py '{}'",
+                                      FORGE_SOURCE_DIR, file.string());
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << cmd;
+  std::vector<int64_t> steps;
+  if (!pipe) return steps;
+  char line[4096];
+  while (std::fgets(line, sizeof line, pipe)) {
+    const json::Value r = json::parse(line, "read_tfevents.py");
+    if (const json::Value* t = r.find("tag"); t && t->as_string() == tag)
+      steps.push_back(r.at("step").as_int());
+  }
+  EXPECT_EQ(::pclose(pipe), 0) << cmd;
+  return steps;
+}
+
 // The records of a short run: train every 10 steps, eval every 20.
 void log_steps(MetricsLog& log, int64_t from, int64_t to) {
   for (int64_t s = from; s <= to; s += 10) {
@@ -38,6 +64,22 @@ void log_steps(MetricsLog& log, int64_t from, int64_t to) {
     if (s % 20 == 0)
       log.log(s, "eval", {{"loss", 1.0 / static_cast<double>(s)}, {"accuracy", 0.5}});
   }
+}
+
+// metrics.csv and the TensorBoard scalars hold what metrics.jsonl holds.
+TEST_F(MetricsLogTest, CsvAndTensorBoardCarryEveryRecord) {
+  {
+    MetricsLog log(root_.string());
+    log_steps(log, 10, 40);
+  }
+  const std::string csv = read_file(root_ / "metrics.csv");
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), "step,split,loss,lr,accuracy");
+  EXPECT_NE(csv.find("\n20,eval,0.05,,0.5\n"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\n10,train,0.2,0.001,\n"), std::string::npos) << csv;
+  const fs::path events = event_file_of(root_);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(scalar_steps(events, "train/loss"), (std::vector<int64_t>{10, 20, 30, 40}));
+  EXPECT_EQ(scalar_steps(events, "eval/accuracy"), (std::vector<int64_t>{20, 40}));
 }
 
 TEST_F(MetricsLogTest, AppendsReadableLines) {
@@ -99,9 +141,19 @@ TEST_F(MetricsLogTest, ResumeReproducesTheUninterruptedFile) {
   EXPECT_EQ(read_file(resumed / "metrics.jsonl"), read_file(whole / "metrics.jsonl"));
   EXPECT_EQ(read_file(resumed / "metrics.csv"), read_file(whole / "metrics.csv"));
   EXPECT_EQ(read_metrics((whole / "metrics.jsonl").string()).size(), 15u);
-  for (const auto& e : fs::directory_iterator(resumed))
-    EXPECT_TRUE(e.path().filename() == "metrics.jsonl" || e.path().filename() == "metrics.csv")
-        << "leftover " << e.path();
+  // TensorBoard: one event file, holding every kept and new record's scalars
+  // (the resumed file's replay of steps up to 40, then 50..100).
+  std::vector<fs::path> events;
+  for (const auto& e : fs::directory_iterator(resumed)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("events.out.tfevents.", 0) == 0)
+      events.push_back(e.path());
+    else
+      EXPECT_TRUE(name == "metrics.jsonl" || name == "metrics.csv") << "leftover " << e.path();
+  }
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(scalar_steps(events[0], "train/loss"),
+            scalar_steps(event_file_of(whole), "train/loss"));
 }
 
 TEST_F(MetricsLogTest, ResumeWithoutAFileStartsOne) {

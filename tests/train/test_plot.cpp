@@ -218,7 +218,8 @@ TEST(Plot, WritePlotReadsTheMetricsFile) {
   EXPECT_EQ(polyline_points(svg, "loss train"), 4);
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
-  EXPECT_EQ(files, 3u);  // metrics.jsonl, metrics.csv and curves.svg, no temp file
+  EXPECT_EQ(files,
+            4u);  // metrics.jsonl, metrics.csv, the TensorBoard events and curves.svg, no temp file
   fs::remove_all(dir);
 }
 
