@@ -5,6 +5,7 @@
 //   attnforge eval CHECKPOINT [--split NAME] [--out FILE] [--set key=value]...
 //   attnforge predict CKPT INPUT... [--top-k K] [--batch-size N] [--out FILE] [--set key=value]...
 //   attnforge attention-maps CKPT INPUT [--index I] [--out DIR] [--set key=value]...
+//   attnforge export CKPT --out DIR [--format pytorch]
 //   attnforge generate CKPT [--prompt TEXT | --prompt-file F] [--source TEXT] [--length N] ...
 //   attnforge gradcheck [OP...] [--list]
 //   attnforge bench attention [options of bench_attention]
@@ -46,6 +47,7 @@
 #include "ops/attention/registry.h"
 #include "train/attention_maps.h"
 #include "train/checkpoint.h"
+#include "train/export.h"
 #include "train/generate.h"
 #include "train/plot.h"
 #include "train/predict.h"
@@ -80,6 +82,7 @@ commands:
   train      train a recipe, or continue a run (--resume RUN_DIR)
   eval       evaluate a checkpoint on a split
   predict    run a trained classifier on new inputs (images, IDX, TSV) -> JSON lines
+  export     write a checkpoint as plain PyTorch (model.py, model.safetensors, config.json)
   attention-maps  draw a classifier's attention (per layer and head, rollout for ViTs) on one input
   generate   continue a text with a language model, or decode a source with an encoder-decoder
   gradcheck  check every attention op's backward against finite differences (f64)
@@ -138,8 +141,9 @@ Runs a trained classifier on new inputs and writes one JSON line per example:
 its top classes (id, name, probability), logits and probabilities. CHECKPOINT
 is a run directory, RUN/checkpoints/latest|best or a checkpoint directory.
 INPUT: for an image model, PNG or JPEG files, or IDX files of u8 images
-[N, H, W]; for a sequence classifier, TSV files (one example a line, the text
-in the last column, the last two for document pairs). Inputs are prepared as
+[N, H, W]; for a sequence classifier, TSV files in its training data's layout
+(ListOps: expression[TAB label]; text: [label TAB] text; pairs: the last two
+columns), so the data's own files work as they are. Inputs are prepared as
 evaluation prepares its data (the checkpoint's recipe and card say how).
 
 options:
@@ -148,6 +152,27 @@ options:
   --out FILE         write the JSON lines there instead of stdout
   --set KEY=VALUE    override a recipe key (e.g. device=cpu, threads=2)
   --help             this text
+)";
+
+constexpr const char* kExportHelp =
+    R"(usage: attnforge export CHECKPOINT --out DIR [--format pytorch|timm]
+
+Writes a checkpoint as a directory PyTorch loads without attnforge: model.py
+(plain PyTorch rebuilding the model, every attention mechanism included),
+model.safetensors (the weights, f32) and config.json (the model's keys and its
+card: input preparation, class names). Then, in Python:
+    import sys; sys.path.insert(0, "DIR"); import model
+    m = model.load("DIR"); logits = m(x)
+CHECKPOINT is a run directory, RUN/checkpoints/latest|best or a checkpoint
+directory. Classifiers (vit, sequence_classifier).
+
+options:
+  --out DIR        the directory to create (it must not exist)
+  --format F       pytorch (default), or timm for softmax ViTs: timm's names
+                   (fused qkv) and config.json's "timm": {"model_name", "kwargs"}
+                   for timm.create_model(model_name, **kwargs), whose
+                   load_state_dict(state dict, strict=True) then holds
+  --help           this text
 )";
 
 constexpr const char* kAttentionMapsHelp =
@@ -514,6 +539,34 @@ int cmd_predict(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_export(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kExportHelp, stdout);
+    return 0;
+  }
+  forge::train::ExportRequest q;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--out")
+      q.out_dir = value_of(args, i);
+    else if (a == "--format")
+      q.format = value_of(args, i);
+    else if (!a.empty() && a[0] == '-')
+      throw UsageError(fmt::format("export: unknown option {}", a));
+    else if (q.checkpoint.empty())
+      q.checkpoint = a;
+    else
+      throw UsageError(fmt::format("export: one checkpoint expected, got a second: {}", a));
+  }
+  if (q.checkpoint.empty() || q.out_dir.empty())
+    throw UsageError("export: give a checkpoint (or run directory) and --out DIR");
+  const auto r = forge::train::export_checkpoint(q);
+  std::fprintf(stderr, "exported %s (%lld tensors) to %s: %smodel.safetensors, config.json\n",
+               r.checkpoint.c_str(), static_cast<long long>(r.tensors), r.dir.c_str(),
+               q.format == "timm" ? "" : "model.py, ");
+  return 0;
+}
+
 int cmd_attention_maps(const std::vector<std::string>& args) {
   if (wants_help(args)) {
     std::fputs(kAttentionMapsHelp, stdout);
@@ -695,6 +748,7 @@ int run_command(const std::string& cmd, const std::vector<std::string>& args) {
   if (cmd == "eval") return cmd_eval(args);
   if (cmd == "generate") return cmd_generate(args);
   if (cmd == "predict") return cmd_predict(args);
+  if (cmd == "export") return cmd_export(args);
   if (cmd == "attention-maps") return cmd_attention_maps(args);
   if (cmd == "gradcheck") return cmd_gradcheck(args);
   if (cmd == "bench") return cmd_bench(args);
@@ -736,8 +790,8 @@ int main(int argc, char** argv) {
     // Every rank reads the same command line: rank 0 says it.
     if (!group || group->root()) {
       const bool known = cmd == "train" || cmd == "eval" || cmd == "generate" || cmd == "predict" ||
-                         cmd == "attention-maps" || cmd == "gradcheck" || cmd == "bench" ||
-                         cmd == "info";
+                         cmd == "export" || cmd == "attention-maps" || cmd == "gradcheck" ||
+                         cmd == "bench" || cmd == "info";
       std::fprintf(stderr, "attnforge: %s\n(attnforge %s--help for the options)\n", e.what(),
                    known ? (cmd + " ").c_str() : "");
     }

@@ -16,6 +16,7 @@ packages=(
   libopenmpi-dev openmpi-bin  # data-parallel training under mpirun (dist/, docs/DISTRIBUTED.md)
   dataset-fashion-mnist
   fortunes                 # the demo corpus of recipes/lm/fortunes_tiny.yaml (/usr/share/games/fortunes)
+  python3-torch            # the tests load exported models in PyTorch (attnforge export, docs/USER_GUIDE.md)
 )
 
 # `install-deps.sh fuzz`: also what scripts/fuzz.sh needs (make fuzz).

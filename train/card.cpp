@@ -116,9 +116,12 @@ json::Value layout(const Recipe& r) {
   if (type == "vit")
     note(fmt::format(
         "ViT: patch_embed.proj is a Conv2d(channels, dim, patch, stride patch) [dim, C, p, p]; "
-        "tokens = patches row-major{} + pos_embed; {} pooling, then {}head",
-        r.string("model.pool") == "cls" ? ", cls_token prepended" : "", r.string("model.pool"),
-        r.boolean("model.final_norm") ? "the final norm, " : ""));
+        "tokens = patches row-major{} + pos_embed; after the blocks {}{} pooling, then head",
+        r.string("model.pool") == "cls" ? ", cls_token prepended" : "",
+        r.boolean("model.final_norm") && !post
+            ? "the final norm (transformer.norm) over every token, then "
+            : "",
+        r.string("model.pool")));
   return json::Value(std::move(notes));
 }
 

@@ -4,7 +4,8 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <regex>
+#include <optional>
+#include <string_view>
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"
@@ -20,8 +21,19 @@ namespace fs = std::filesystem;
 namespace {
 
 // timm's ViT names -> ours; qkv is split in three.
+// "blocks.<L>.<rest>" -> (L, rest); nullopt for other names.
+std::optional<std::pair<std::string, std::string>> timm_block(const std::string& name) {
+  constexpr std::string_view prefix = "blocks.";
+  if (name.rfind(prefix, 0) != 0) return std::nullopt;
+  const size_t dot = name.find('.', prefix.size());
+  const std::string layer = name.substr(prefix.size(), dot - prefix.size());
+  if (dot == std::string::npos || layer.empty() ||
+      layer.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::make_pair(layer, name.substr(dot + 1));
+}
+
 std::map<std::string, Tensor> from_timm(const std::map<std::string, Tensor>& timm) {
-  static const std::regex block(R"(blocks\.(\d+)\.(.+))");
   static const std::map<std::string, std::string> in_block = {{"norm1", "attn_norm.norm"},
                                                               {"attn.proj", "attn.to_out"},
                                                               {"norm2", "ff_norm.norm"},
@@ -29,10 +41,9 @@ std::map<std::string, Tensor> from_timm(const std::map<std::string, Tensor>& tim
                                                               {"mlp.fc2", "ff.w2"}};
   std::map<std::string, Tensor> out;
   for (const auto& [name, t] : timm) {
-    std::smatch m;
-    if (std::regex_match(name, m, block)) {
-      const std::string layer = "transformer.layers." + m[1].str() + ".";
-      const std::string rest = m[2].str();
+    if (const auto block = timm_block(name)) {
+      const std::string layer = "transformer.layers." + block->first + ".";
+      const std::string& rest = block->second;
       const size_t dot = rest.rfind('.');
       const std::string module = rest.substr(0, dot), leaf = rest.substr(dot + 1);
       if (module == "attn.qkv") {

@@ -123,7 +123,7 @@ void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels,
   }
   FORGE_CHECK(!has_extension(path, {".png", ".jpg", ".jpeg"}) && !looks_like_idx(path),
               "predict: input {}: the model takes token sequences: give TSV files (one example a "
-              "line, the text in the last column)",
+              "line, in the training data's layout)",
               path);
   std::istringstream lines(io::read_file(path, size_t{1} << 30));
   std::string line;
@@ -138,6 +138,10 @@ void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels,
       b = t + 1;
     }
     const std::string where = fmt::format("{}:{}", path, number);
+    // The training data's own layouts, so that its files predict as they are:
+    // ListOps `expression[<TAB>label]` (LRA's header line "Source<TAB>Target"
+    // skipped); text `[label<TAB>]text`; pairs `[label<TAB>...]text1<TAB>text2`.
+    if (p.kind == "listops" && number == 1 && cols.size() == 2 && cols[0] == "Source") continue;
     data::Example e;
     if (p.pairs) {
       FORGE_CHECK(cols.size() >= 2,
@@ -146,8 +150,10 @@ void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels,
                   where);
       e.input = p.text(cols[cols.size() - 2], where);
       e.input2 = p.text(cols.back(), where);
+    } else if (p.kind == "listops") {
+      e.input = p.text(cols.front(), where);
     } else {
-      e.input = p.text(cols.back(), where);
+      e.input = p.text(cols.size() == 1 ? cols[0] : line.substr(line.find('\t') + 1), where);
     }
     FORGE_CHECK(e.input.numel() > 0, "predict: {}: the text makes no tokens", where);
     add(std::move(e), where);

@@ -8,10 +8,13 @@
 //       each ("input" is the path), or IDX files of u8 images [N, H, W] (MNIST's
 //       format; "input" is "path#i"); prepared as evaluation prepares its
 //       images (eval_image_transform, then the pixel tokens for sequences)
-//   token sequences (sequence_classifier)  TSV files, one example a line: the
-//       last column is the text (the last two for document pairs; a line with
-//       one column is all text); "input" is "path:line". Tokenised as the
-//       training data was (ListOps tokens; bytes + 1 for text and retrieval)
+//   token sequences (sequence_classifier)  TSV files, one example a line, in
+//       the training data's layout, so its own files predict as they are:
+//       ListOps `expression[<TAB>label]` (LRA's "Source<TAB>Target" header
+//       skipped), text `[label<TAB>]text`, document pairs
+//       `[label<TAB>...]text1<TAB>text2` (the last two columns); "input" is
+//       "path:line". Tokenised as the training data was (ListOps tokens; bytes
+//       + 1 for text and retrieval)
 // Examples go through the model in batches, as evaluation runs them.
 #pragma once
 

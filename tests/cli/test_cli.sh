@@ -9,6 +9,7 @@ bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d "${TMPDIR:-/tmp}/attnforge_cli.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
+export ATTNFORGE_CACHE="${ATTNFORGE_CACHE:-$work/cache}"  # generated data (ctest sets one)
 failures=0
 
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -126,6 +127,11 @@ expect 0 "nothing to train, the run had finished [(]step 400 of 400[)]" -- "$bin
 [ -f "$run/metrics.csv" ] && head -1 "$run/metrics.csv" | grep -q "^step,split,epoch,loss,accuracy,lr" ||
   fail "no metrics.csv with a header: $(head -2 "$run/metrics.csv")"
 [ "$(grep -c ',eval,' "$run/metrics.csv")" -eq 2 ] || fail "metrics.csv: expected 2 eval rows"
+# TensorBoard: one event file after the stop and the resume, with every logged step.
+events=("$run"/events.out.tfevents.*)
+[ "${#events[@]}" -eq 1 ] || fail "expected one TensorBoard event file, found ${#events[@]}"
+[ "$(/usr/bin/python3 "$src/tests/train/read_tfevents.py" "${events[0]}" | grep -c '"tag": "train/loss"')" -eq 80 ] ||
+  fail "the event file does not hold the 80 logged train losses"
 
 # ---- eval prints and writes JSON; it takes a run, latest, best or a step ----
 ckpt="$run/checkpoints/$(cat "$run/checkpoints/latest")"
@@ -180,10 +186,12 @@ expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/lra/listops.yaml" --set d
   --set data.generate_eval=16 --set data.generate_min_length=5 --set data.generate_max_length=40 \
   --set model.dim=16 --set model.depth=1 --set model.heads=2 --set loop.steps=2 --set loop.batch_size=8 \
   --set schedule.warmup_steps=1 --set threads=2 --out "$lo"
-printf '7\t[MAX 2 9 [MIN 4 7 ] 0 ]\n\n[SM 1 2 3 ]\n' >"$work/exprs.tsv"
+printf 'Source\tTarget\n[MAX 2 9 [MIN 4 7 ] 0 ]\t9\n\n[SM 1 2 3 ]\n' >"$work/exprs.tsv"
 out="$("$bin" predict "$lo" "$work/exprs.tsv" --top-k 3 2>&1)"
-[ "$(grep -c '"top_k"' <<<"$out")" -eq 2 ] && grep -q 'exprs.tsv:3"' <<<"$out" ||
+[ "$(grep -c '"top_k"' <<<"$out")" -eq 2 ] && grep -q 'exprs.tsv:4"' <<<"$out" ||
   fail "predict on a TSV of ListOps expressions: $out"
+# The generated data's own files predict as they are (header skipped).
+expect 0 "basic_val.tsv:2\"" -- "$bin" predict "$lo" "$ATTNFORGE_CACHE"/listops-*/basic_val.tsv
 printf '[MAX 2 bogus ]\n' >"$work/bad_exprs.tsv"
 expect 1 "bad_exprs.tsv:1" -- "$bin" predict "$lo" "$work/bad_exprs.tsv"
 
@@ -222,6 +230,64 @@ for p in sys.argv[1:]:
 " "$run/checkpoints/$(cat "$run/checkpoints/best")/model.safetensors" \
   "$work/finetune/checkpoints/step-00000020/model.safetensors" | uniq | wc -l) <(echo 1) ||
   fail "optimizer.freeze: the frozen patch embedding moved during fine-tuning"
+# ---- export --format pytorch: plain PyTorch that gives predict's logits ----
+# (Debian's python3-torch; tests/export/check_export.py compares every logit, 1e-5 relative.)
+check_export() {  # RUN INPUT NAME
+  "$bin" export "$1" --out "$work/pt_$3" >/dev/null 2>&1 &&
+    "$bin" predict "$1" "$2" --out "$work/pt_$3.jsonl" 2>/dev/null &&
+    /usr/bin/python3 "$src/tests/export/check_export.py" "$work/pt_$3" "$2" "$work/pt_$3.jsonl" \
+      >"$work/pt_$3.log" 2>&1 || fail "export $3: the PyTorch model disagrees: $(cat "$work/pt_$3.log")"
+}
+# The first 500 test images as a plain IDX file.
+python3 -c "
+import gzip, struct, sys
+raw = gzip.open(sys.argv[1]).read()
+open(sys.argv[2], 'wb').write(struct.pack('>IIII', 0x803, 500, 28, 28) + raw[16:16 + 500 * 784])
+" "$fmnist/t10k-images-idx3-ubyte.gz" "$work/t500.idx"
+check_export "$run" "$work/t500.idx" softmax_vit
+expect 0 "done: 30 steps" -- "$bin" train "$work/tiny.yaml" --set model.attention.kind=favor \
+  --set loop.steps=30 --set schedule.warmup_steps=1 --out "$work/favor"
+check_export "$work/favor" "$work/t500.idx" favor_vit
+printf '[MAX 2 9 [MIN 4 7 ] 0 ]\n[SM 1 2 3 ]\n[MED 5 [MAX 1 8 ] 3 0 ]\n' >"$work/exprs1.tsv"
+check_export "$lo" "$work/exprs1.tsv" listops
+[ -f "$work/pt_softmax_vit/model.py" ] && grep -q '"card"' "$work/pt_softmax_vit/config.json" ||
+  fail "export: no model.py or no card in config.json"
+expect 0 "done: 2 steps" -- "$bin" train "$work/tiny.yaml" --set model.reversible=true \
+  --set loop.steps=2 --set schedule.warmup_steps=1 --out "$work/reversible"
+expect 1 "model.reversible = true is not rebuilt" -- "$bin" export "$work/reversible" --out "$work/pt_rev"
+[ ! -e "$work/pt_rev" ] || fail "a refused export left its directory"
+
+# ---- export --format timm: timm's VisionTransformer names, and back in through init_from ----
+expect 0 "20 tensors" -- "$bin" export "$run" --format timm --out "$work/timm"
+# The state dict timm.create_model(**kwargs) builds, written from timm's
+# VisionTransformer (patch_embed.proj, cls_token, pos_embed, blocks.L.{norm1,
+# attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}, norm, head), against the file.
+python3 - "$work/timm" <<'PY' || fail "export --format timm: not timm's names and shapes"
+import json, struct, sys
+d = sys.argv[1]
+k = json.load(open(d + "/config.json"))["timm"]["kwargs"]
+f = open(d + "/model.safetensors", "rb"); n = struct.unpack("<Q", f.read(8))[0]
+got = {name: t["shape"] for name, t in json.loads(f.read(n)).items() if name != "__metadata__"}
+D, C, p, s = k["embed_dim"], k["in_chans"], k["patch_size"], k["img_size"]
+H = int(D * k["mlp_ratio"])
+want = {"patch_embed.proj.weight": [D, C, p, p], "patch_embed.proj.bias": [D],
+        "cls_token": [1, 1, D], "pos_embed": [1, 1 + (s // p) ** 2, D],
+        "norm.weight": [D], "norm.bias": [D], "head.weight": [k["num_classes"], D], "head.bias": [k["num_classes"]]}
+for l in range(k["depth"]):
+    b = "blocks.%d." % l
+    want.update({b + "norm1.weight": [D], b + "norm1.bias": [D], b + "attn.qkv.weight": [3 * D, D],
+                 b + "attn.proj.weight": [D, D], b + "attn.proj.bias": [D], b + "norm2.weight": [D],
+                 b + "norm2.bias": [D], b + "mlp.fc1.weight": [H, D], b + "mlp.fc1.bias": [H],
+                 b + "mlp.fc2.weight": [D, H], b + "mlp.fc2.bias": [D]})
+    if k["qkv_bias"]: want[b + "attn.qkv.bias"] = [3 * D]
+assert got == want, (sorted(set(got) ^ set(want)), [x for x in want if got.get(x) != want[x]])
+PY
+expect 0 "init_from .*timm/model.safetensors [(]timm names[)]: 24 tensors loaded" -- "$bin" train \
+  "$work/tiny.yaml" --set model.init_from="$work/timm/model.safetensors" --set loop.steps=1 \
+  --set schedule.warmup_steps=1 --out "$work/from_timm"
+expect 1 "format timm: model.type is sequence_classifier" -- "$bin" export "$work/listops" --format timm \
+  --out "$work/timm_lo"
+expect 1 "exists; export into a new directory" -- "$bin" export "$run" --out "$work/timm"
 expect 1 "model.init_from .*no such file or directory" -- "$bin" train "$work/tiny.yaml" \
   --set model.init_from="$work/nowhere" --dump-config
 
