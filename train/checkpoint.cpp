@@ -751,6 +751,14 @@ CheckpointRef resolve_checkpoint(const std::string& path, const std::string& wha
       "give a run directory, RUN/checkpoints/latest, RUN/checkpoints/best or "
       "RUN/checkpoints/step-N";
   FORGE_CHECK(fs::exists(p, ec), "{} {}: no such file or directory ({})", what, path, kAccepted);
+  // What RUN/checkpoints/latest names, read without reading the checkpoint
+  // (the manager reads it whole; whether a given one is the latest needs the name only).
+  const auto named_latest = [](const fs::path& run) -> std::optional<int64_t> {
+    std::error_code none;
+    const fs::path file = run / "checkpoints" / "latest";
+    if (!fs::is_regular_file(file, none)) return std::nullopt;
+    return parse_name(trim(io::read_file(file.string(), kMaxPointerBytes)));
+  };
   const auto manager_of = [](const fs::path& run) {
     return CheckpointManager(run.string(), 1, 0, "", "max", [](const std::string&) {});
   };
@@ -764,23 +772,25 @@ CheckpointRef resolve_checkpoint(const std::string& path, const std::string& wha
     FORGE_CHECK((name == "latest" || name == "best") && p.parent_path().filename() == "checkpoints",
                 "{} {}: a file, not a checkpoint ({})", what, path, kAccepted);
     const fs::path run = p.parent_path().parent_path();
-    const CheckpointManager m = manager_of(run);
     if (name == "latest") {
+      const CheckpointManager m = manager_of(run);
       FORGE_CHECK(m.latest(), "{} {}: names no readable checkpoint{}", what, path, problems(m));
       ref.dir = *m.latest();
       ref.step = m.latest_step();
-    } else {
-      // The pointer as written (the manager without a metric ranks nothing).
-      const std::string text = trim(io::read_file(p.string(), kMaxPointerBytes));
-      ref.step = parse_name(text);
-      FORGE_CHECK(ref.step, "{} {}: holds \"{}\", not a checkpoint name like step-00001234", what,
-                  path, escaped(text));
-      ref.dir = (p.parent_path() / text).string();
-      FORGE_CHECK(fs::is_directory(ref.dir, ec), "{} {}: names {}, which does not exist", what,
-                  path, ref.dir);
+      ref.run_dir = run.string();
+      ref.latest = true;
+      return ref;
     }
+    // The pointer as written (the manager without a metric ranks nothing).
+    const std::string text = trim(io::read_file(p.string(), kMaxPointerBytes));
+    ref.step = parse_name(text);
+    FORGE_CHECK(ref.step, "{} {}: holds \"{}\", not a checkpoint name like step-00001234", what,
+                path, escaped(text));
+    ref.dir = (p.parent_path() / text).string();
+    FORGE_CHECK(fs::is_directory(ref.dir, ec), "{} {}: names {}, which does not exist", what, path,
+                ref.dir);
     ref.run_dir = run.string();
-    ref.latest = m.latest_step() == ref.step;
+    ref.latest = named_latest(run) == ref.step;
     return ref;
   }
   if (fs::exists(p / kFiles[0], ec)) {
@@ -788,7 +798,7 @@ CheckpointRef resolve_checkpoint(const std::string& path, const std::string& wha
     ref.step = parse_name(name);
     if (ref.step && p.parent_path().filename() == "checkpoints") {
       ref.run_dir = p.parent_path().parent_path().string();
-      ref.latest = manager_of(ref.run_dir).latest_step() == ref.step;
+      ref.latest = named_latest(ref.run_dir) == ref.step;
     }
     return ref;
   }

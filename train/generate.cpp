@@ -78,15 +78,8 @@ GenerateResult generate(const GenerateRequest& q,
               result.checkpoint, type);
   const Placement place = placement(r);
   const DataShape shape = next_token_shape(r);
-  Generator init(static_cast<uint64_t>(r.integer("seed")));
-  std::unique_ptr<TaskModel> task = build_model(r, shape, place.dtype, &init);
-  task->module().to(place.device);
-  try {
-    task->module().load_state_dict(c.model);
-  } catch (const Error& e) {
-    FORGE_FAIL("generate: {}: the weights do not fit the recipe's model: {}", result.checkpoint,
-               message_of(e));
-  }
+  std::unique_ptr<TaskModel> task =
+      build_trained_model(r, shape, place, c.model, "generate: " + result.checkpoint);
 
   const Codec codec{r.string("data.dataset"),
                     shape.task == Task::seq2seq ? shape.target_vocab_size : shape.vocab_size};

@@ -408,6 +408,21 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
   return std::make_unique<SequenceTask>(c, gen);
 }
 
+std::unique_ptr<TaskModel> build_trained_model(const Recipe& r, const DataShape& shape,
+                                               const Placement& place,
+                                               const std::map<std::string, Tensor>& weights,
+                                               const std::string& where) {
+  Generator init(static_cast<uint64_t>(r.integer("seed")));  // overwritten by the weights
+  std::unique_ptr<TaskModel> task = build_model(r, shape, place.dtype, &init);
+  task->module().to(place.device);
+  try {
+    task->module().load_state_dict(weights);
+  } catch (const Error& e) {
+    FORGE_FAIL("{}: the weights do not fit the recipe's model: {}", where, message_of(e));
+  }
+  return task;
+}
+
 void resolve_sizes(Recipe& r, const DataShape& shape) {
   // A key at 0 ("from the data" / "the default") becomes the value the model
   // was built with; a key already set stays.

@@ -5,6 +5,7 @@
 // EncoderDecoder for sequence-to-sequence.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -69,6 +70,15 @@ Placement placement(const Recipe& recipe, int local_rank = 0);
 // name the recipe key at fault.
 std::unique_ptr<TaskModel> build_model(const Recipe& recipe, const DataShape& shape, DType dtype,
                                        Generator* gen);
+
+// A model built as build_model does, placed on `place`'s device, with trained
+// `weights` (a checkpoint's state dict) loaded strictly; an error names
+// `where` (e.g. "eval: runs/x/checkpoints/step-00000100") and the tensors
+// that do not fit.
+std::unique_ptr<TaskModel> build_trained_model(const Recipe& recipe, const DataShape& shape,
+                                               const Placement& place,
+                                               const std::map<std::string, Tensor>& weights,
+                                               const std::string& where);
 
 // Writes into `recipe` the sizes build_model takes from the data or from the
 // model's defaults when their keys are 0 (classes, channels, vocabulary and

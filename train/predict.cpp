@@ -193,15 +193,7 @@ Classifier load_classifier(const std::string& checkpoint, const std::vector<std:
   if (!shape.images && r.integer("data.max_length") > 0)
     shape.max_length = std::min(shape.max_length, r.integer("data.max_length"));
   m.place = placement(r);
-  Generator gen(static_cast<uint64_t>(r.integer("seed")));
-  m.task = build_model(r, shape, m.place.dtype, &gen);
-  m.task->module().to(m.place.device);
-  try {
-    m.task->module().load_state_dict(c.model);
-  } catch (const Error& e) {
-    FORGE_FAIL("{}: {}: the weights do not fit the recipe's model: {}", what, ref.dir,
-               message_of(e));
-  }
+  m.task = build_trained_model(r, shape, m.place, c.model, what + ": " + ref.dir);
   m.task->module().eval();
   if (c.card.is_object())
     if (const json::Value* cls = c.card.find("classes"); cls && cls->is_array())
@@ -264,13 +256,15 @@ PredictResult predict(const PredictRequest& q,
       const double* zi = z + i * C;
       double peak = zi[0];
       for (int64_t k = 1; k < C; ++k) peak = std::max(peak, zi[k]);
+      std::vector<double> prob(static_cast<size_t>(C));  // softmax of the row, in f64
       double sum = 0;
-      for (int64_t k = 0; k < C; ++k) sum += std::exp(zi[k] - peak);
+      for (int64_t k = 0; k < C; ++k) sum += prob[static_cast<size_t>(k)] = std::exp(zi[k] - peak);
       json::Array lz, pz;
       std::vector<int64_t> order(static_cast<size_t>(C));
       for (int64_t k = 0; k < C; ++k) {
+        prob[static_cast<size_t>(k)] /= sum;
         lz.emplace_back(zi[k]);
-        pz.emplace_back(std::exp(zi[k] - peak) / sum);
+        pz.emplace_back(prob[static_cast<size_t>(k)]);
         order[static_cast<size_t>(k)] = k;
       }
       const int64_t top = std::min(q.top_k, C);
@@ -284,7 +278,7 @@ PredictResult predict(const PredictRequest& q,
         e["class"] = id;
         if (static_cast<size_t>(id) < m.class_names.size())
           e["name"] = m.class_names[static_cast<size_t>(id)];
-        e["probability"] = std::exp(zi[id] - peak) / sum;
+        e["probability"] = prob[static_cast<size_t>(id)];
         best.push_back(std::move(e));
       }
       json::Value rec;

@@ -261,8 +261,9 @@ struct ClassCounts {
   std::vector<int64_t> confusion;  // classes x classes, row-major
 };
 
-void count_classes(const Tensor& logits_any_device, const Tensor& labels_any_device,
-                   ClassCounts& c) {
+// Adds a batch to `c`; returns its top-1 hits (count_correct's count, from the same pass).
+int64_t count_classes(const Tensor& logits_any_device, const Tensor& labels_any_device,
+                      ClassCounts& c) {
   const Tensor logits = logits_any_device.to(Device::cpu());
   const Tensor labels = labels_any_device.to(Device::cpu());
   const int64_t B = logits.size(0), C = logits.size(1);
@@ -271,6 +272,7 @@ void count_classes(const Tensor& logits_any_device, const Tensor& labels_any_dev
     c.confusion.assign(static_cast<size_t>(C * C), 0);
   }
   const int64_t* y = labels.data<int64_t>();
+  int64_t correct = 0;
   FORGE_DISPATCH_FLOAT(logits.dtype(), "count_classes", [&] {
     const scalar_t* p = logits.data<scalar_t>();
     for (int64_t b = 0; b < B; ++b) {
@@ -281,9 +283,11 @@ void count_classes(const Tensor& logits_any_device, const Tensor& labels_any_dev
         above += row[k] > row[y[b]] || (row[k] == row[y[b]] && k < y[b]);
       }
       c.top5 += above < 5;
+      correct += best == y[b];
       ++c.confusion[static_cast<size_t>(y[b] * C + best)];
     }
   });
+  return correct;
 }
 
 Tensor to_dtype(const Tensor& t, DType dtype) {
@@ -380,8 +384,8 @@ std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
     const Predictions p = predictions(model.forward(b), b);
     if (p.rows() == 0) continue;
     loss_sum += batch_loss(p, smoothing).item() * static_cast<double>(p.rows());
-    correct += count_correct(p.logits, p.labels);
-    if (class_counts) count_classes(p.logits, p.labels, counts);
+    correct += class_counts ? count_classes(p.logits, p.labels, counts)
+                            : count_correct(p.logits, p.labels);
     rows += p.rows();
     r.examples += b.size;
   }
@@ -1072,14 +1076,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
   lo.shard_index = group.rank();
   lo.shard_count = group.size();
   data::DataLoader loader(data.eval, lo);
-  Generator gen(static_cast<uint64_t>(r.integer("seed")));
-  std::unique_ptr<TaskModel> task = build_model(r, data.shape, place.dtype, &gen);
-  task->module().to(place.device);
-  try {
-    task->module().load_state_dict(c.model);
-  } catch (const Error& e) {
-    FORGE_FAIL("{}: the weights do not fit the recipe's model: {}", dir, message_of(e));
-  }
+  std::unique_ptr<TaskModel> task = build_trained_model(r, data.shape, place, c.model, dir);
   EvalResult e = *run_eval(*task, loader, place, r.number("loop.label_smoothing"), group, {},
                            data.shape.task == Task::classification);
   e.class_names = data.eval->class_names();

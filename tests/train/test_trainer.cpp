@@ -268,22 +268,6 @@ TEST(Trainer, DivergingBeforeTheFirstCheckpointSaysThereIsNone) {
   fs::remove_all(dir);
 }
 
-// A warmup longer than the run (a short trial of a long recipe) is cut to the
-// run's length with a warning, not refused.
-TEST(Trainer, AWarmupLongerThanTheRunIsCutToIt) {
-  Recipe r = tiny_recipe();
-  r.set("loop.epochs=0");
-  r.set("loop.steps=4");
-  r.set("schedule.warmup_steps=40");
-  const std::string dir = fresh_dir("warmup_cut");
-  EXPECT_EQ(train(r, quiet(dir)).steps, 4);
-  const std::string log = forge::testing::read_file(fs::path(dir) / "train.log");
-  EXPECT_NE(log.find("warmup of 40 steps, longer than this run's 4 steps: the warmup is cut to 4"),
-            std::string::npos)
-      << log;
-  fs::remove_all(dir);
-}
-
 TEST(Trainer, RefusesToTrainIntoAnExistingRun) {
   Recipe r = tiny_recipe();
   r.set("loop.epochs=0");
@@ -373,6 +357,20 @@ Recipe short_recipe(int64_t steps) {
   r.set("schedule.warmup_steps=1");
   r.set("checkpoint.every=2");
   return r;
+}
+
+// A warmup longer than the run (a short trial of a long recipe) is cut to the
+// run's length with a warning, not refused.
+TEST(Trainer, AWarmupLongerThanTheRunIsCutToIt) {
+  Recipe r = short_recipe(4);
+  r.set("schedule.warmup_steps=40");
+  const std::string dir = fresh_dir("warmup_cut");
+  EXPECT_EQ(train(r, quiet(dir)).steps, 4);
+  const std::string log = forge::testing::read_file(fs::path(dir) / "train.log");
+  EXPECT_NE(log.find("warmup of 40 steps, longer than this run's 4 steps: the warmup is cut to 4"),
+            std::string::npos)
+      << log;
+  fs::remove_all(dir);
 }
 
 // Each check a recipe can fail runs before anything is written: a failed start
