@@ -372,6 +372,26 @@ Tensor ViT::forward(const Tensor& images) {
   return head->forward(config.pool == Pool::cls ? first_token(x) : ops::mean(x, {1}));
 }
 
+int64_t vit_layer_id(const std::string& name, int64_t depth) {
+  const std::string first = name.substr(0, name.find('.'));
+  if (first == "patch_embed" || first == "cls_token" || first == "pos_embed") return 0;
+  const std::string layers = "transformer.layers.";
+  if (name.starts_with(layers)) {
+    const size_t end = name.find('.', layers.size());
+    const std::string digits = name.substr(layers.size(), end - layers.size());
+    FORGE_CHECK(!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos &&
+                    std::stoll(digits) < depth,
+                "vit_layer_id: '{}' names no block of a depth-{} ViT", name, depth);
+    return std::stoll(digits) + 1;
+  }
+  if (name.starts_with("transformer.norm.")) return depth;
+  return depth + 1;
+}
+
+int64_t vit_num_layers(int64_t depth) {
+  return depth + 2;
+}
+
 // ---- SequenceClassifier ----
 
 void SequenceClassifierConfig::validate() const {

@@ -115,6 +115,16 @@ class ViT : public Module {
   std::shared_ptr<Linear> head;        // (D -> classes)
 };
 
+// ViT layer ids for layer-wise lr decay (optim::param_groups_layer_decay), as
+// timm numbers VisionTransformer.group_matcher(coarse=False) in
+// group_with_matcher: stem (patch_embed, cls_token, pos_embed) 0; block i
+// (transformer.layers.i) i + 1; the final norm (transformer.norm) depth, with
+// the last block (timm's `norm` ordinal ends in MATCH_PREV_GROUP, which joins
+// the group before it); everything else (the head, a Linformer projection
+// bank) depth + 1 (timm maps unmatched names to the largest ordinal).
+int64_t vit_layer_id(const std::string& name, int64_t depth);
+int64_t vit_num_layers(int64_t depth);  // depth + 2: the ids above
+
 // ---------------------------------------------------------------------------
 // SequenceClassifier: token ids or vectors -> [CLS] + positions -> stack ->
 // pool -> head. With dual_encoder (LRA retrieval) both documents go through

@@ -98,6 +98,8 @@ Block::Block(const BlockConfig& c, int64_t layer, std::shared_ptr<ProjectionBank
               "Block: attend_axially is a pre-norm option (as in linear-attention-transformer)");
   FORGE_CHECK(!c.post_norm || c.norm != NormKind::rezero,
               "Block: post-norm with ReZero is not a transformer block; use pre-norm with ReZero");
+  FORGE_CHECK(c.drop_path >= 0 && c.drop_path < 1,
+              "BlockConfig.drop_path must be in [0, 1), got {}", c.drop_path);
   attn_norm = register_module("attn_norm", make_norm());
   attn = register_module("attn", std::make_shared<MultiHeadAttention>(c.attention, false, 0,
                                                                       std::move(bank), layer, gen));
@@ -180,6 +182,10 @@ Tensor Block::axial_ff_branch(const Tensor& x) {
   return axial_ff_norm->scale(axial_ff->forward(axial_ff_norm->forward(x)));
 }
 
+Tensor Block::drop_branch(const Tensor& branch) {
+  return drop_path(branch, config.drop_path, is_training(), generator());
+}
+
 Tensor Block::forward(const Tensor& x, const Tensor& mask, const Tensor& context,
                       const Tensor& context_mask, CheckpointLevel level) {
   FORGE_CHECK(!cross_attn || context.defined(),
@@ -190,22 +196,23 @@ Tensor Block::forward(const Tensor& x, const Tensor& mask, const Tensor& context
   auto run = [&](const autograd::TensorFn& fn, const std::vector<Tensor>& in) {
     return ckpt ? autograd::checkpoint(fn, in, generator(), params)[0] : fn(in)[0];
   };
-  // The branches capture by value: under checkpointing they run again in backward.
+  // The branches capture by value: under checkpointing they run again in backward,
+  // drop path included, so the replay draws the forward's mask.
   auto self_fn = [this, mask](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-    return {config.post_norm ? attn->forward(in[0], mask) : self_part(in[0], mask)};
+    return {drop_branch(config.post_norm ? attn->forward(in[0], mask) : self_part(in[0], mask))};
   };
   auto cross_fn = [this, context_mask](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-    return {config.post_norm ? cross_attn->forward(in[0], Tensor(), in[1], context_mask)
-                             : cross_part(in[0], in[1], context_mask)};
+    return {drop_branch(config.post_norm ? cross_attn->forward(in[0], Tensor(), in[1], context_mask)
+                                         : cross_part(in[0], in[1], context_mask))};
   };
   auto ff_fn = [this](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-    return {config.post_norm ? ff->forward(in[0]) : ff_branch(in[0])};
+    return {drop_branch(config.post_norm ? ff->forward(in[0]) : ff_branch(in[0]))};
   };
   auto axial_fn = [this, mask](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-    return {axial_branch(in[0], mask)};
+    return {drop_branch(axial_branch(in[0], mask))};
   };
   auto axial_ff_fn = [this](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-    return {axial_ff_branch(in[0])};
+    return {drop_branch(axial_ff_branch(in[0]))};
   };
   Tensor h = x;
   if (config.post_norm) {  // x = norm(x + f(x)) per branch
@@ -259,6 +266,12 @@ void StackConfig::validate(const std::string& where) const {
   FORGE_CHECK(k_reduce_by_layer >= 0, "{}.k_reduce_by_layer must be >= 0, got {}", where,
               k_reduce_by_layer);
   FORGE_CHECK(block.norm_eps > 0, "{}.block.norm_eps must be > 0, got {}", where, block.norm_eps);
+  FORGE_CHECK(drop_path >= 0 && drop_path < 1, "{}.drop_path must be in [0, 1), got {}", where,
+              drop_path);
+  FORGE_CHECK(block.drop_path == 0,
+              "{}.block.drop_path is {}; set {}.drop_path instead (the Stack gives block l of "
+              "depth L the rate drop_path * l / (L - 1))",
+              where, block.drop_path, where);
 }
 
 namespace {
@@ -304,6 +317,8 @@ Stack::Stack(const StackConfig& c, Generator* gen) : config(c) {
   for (int64_t l = 0; l < c.depth; ++l) {
     BlockConfig bc = c.block;
     bc.attention = self[static_cast<size_t>(l)];
+    bc.drop_path =
+        c.depth > 1 ? c.drop_path * static_cast<double>(l) / static_cast<double>(c.depth - 1) : 0.0;
     auto block = layers->push_back(std::make_shared<Block>(bc, l, bank, context_bank, gen));
     if (c.checkpoint == CheckpointLevel::C2) {
       block->attn->set_checkpoint_heads(true);
@@ -324,22 +339,26 @@ Tensor Stack::forward(const Tensor& x, const Tensor& mask, const Tensor& context
                       const Tensor& context_mask) {
   Tensor h = x;
   if (config.reversible) {
-    // (x1, x2) = (x, x); f = the attention branch, g = the feed-forward branch.
+    // (x1, x2) = (x, x); f = the attention branch, g = the feed-forward branch,
+    // each ending in its drop path (replayed in backward from the same position).
     std::vector<autograd::Coupling> couplings;
     for (const auto& b : blocks) {
       Block* blk = b.get();
       couplings.push_back(
           {[blk, mask, context_mask](const Tensor& in, const std::vector<Tensor>& ctx) {
-             return blk->attention_branch(in, mask, ctx.empty() ? Tensor() : ctx[0], context_mask);
+             return blk->drop_branch(
+                 blk->attention_branch(in, mask, ctx.empty() ? Tensor() : ctx[0], context_mask));
            },
-           [blk](const Tensor& in, const std::vector<Tensor>&) { return blk->ff_branch(in); },
+           [blk](const Tensor& in, const std::vector<Tensor>&) {
+             return blk->drop_branch(blk->ff_branch(in));
+           },
            blk->parameters()});
       if (blk->axial_attn)  // the folded pair is a coupling of its own, as in the reference
         couplings.push_back({[blk, mask](const Tensor& in, const std::vector<Tensor>&) {
-                               return blk->axial_branch(in, mask);
+                               return blk->drop_branch(blk->axial_branch(in, mask));
                              },
                              [blk](const Tensor& in, const std::vector<Tensor>&) {
-                               return blk->axial_ff_branch(in);
+                               return blk->drop_branch(blk->axial_ff_branch(in));
                              },
                              blk->parameters()});
     }

@@ -8,12 +8,19 @@
 // learned g (init 0). Token shifting (linear-attention-transformer) shifts
 // feature segments of each branch's input along the sequence. Every norm of a
 // stack, the final one included, uses BlockConfig::norm_eps.
+//
+// Stochastic depth (timm's Block: x = x + drop_path(attn(norm(x))), ...)
+// drops each branch's output per sample before the residual add (post-norm:
+// x = norm(x + drop_path(f(x)))), in training only. The drop sits inside the
+// function that C1/C2 checkpoint and that a reversible coupling replays, so the
+// recomputation redraws the forward's mask from the same generator position.
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "nn/attention.h"
+#include "nn/drop_path.h"
 #include "nn/layers.h"
 #include "nn/norms.h"
 
@@ -61,6 +68,9 @@ struct BlockConfig {
   // attention.local_window (positions i = r mod w form sequence r, so each
   // attends with stride w), followed by its own feed-forward.
   bool attend_axially = false;
+  // Stochastic depth rate of each of this block's branches, in [0, 1). In a
+  // Stack leave it 0: the Stack writes each block's rate from StackConfig::drop_path.
+  double drop_path = 0;
 };
 
 // The normalisation in front of (pre-norm) or after (post-norm) a branch.
@@ -94,6 +104,10 @@ class Block : public Module {
   Tensor attention_branch(const Tensor& x, const Tensor& mask, const Tensor& context,
                           const Tensor& context_mask);
   Tensor ff_branch(const Tensor& x);
+  // branch (B, N, D) -> drop_path(branch) at config.drop_path, in training
+  // mode, drawing from generator(): what forward and the reversible couplings
+  // apply to each branch's output.
+  Tensor drop_branch(const Tensor& branch);
   // The whole block; `level` C1/C2 checkpoints each branch.
   Tensor forward(const Tensor& x, const Tensor& mask = Tensor(), const Tensor& context = Tensor(),
                  const Tensor& context_mask = Tensor(),
@@ -137,6 +151,10 @@ struct StackConfig {
   int64_t k_reduce_by_layer = 0;
   bool final_norm = true;  // a norm after the last block (pre-norm stacks)
   FinalNormKind final_norm_kind = FinalNormKind::layer;
+  // Stochastic depth: the largest rate, in [0, 1). Block l of depth L drops at
+  // drop_path * l / (L - 1) (timm's torch.linspace(0, drop_path, depth)); a
+  // single block at 0.
+  double drop_path = 0;
   // Throws a forge::Error naming the first bad field (the Stack fills derived
   // fields such as ff.dim and the per-layer widths itself).
   void validate(const std::string& where = "StackConfig") const;
@@ -146,6 +164,9 @@ struct StackConfig {
 // duplicated into (x1, x2), blocks couple y1 = x1 + f(x2), y2 = x2 + g(y1)
 // as one autograd node that stores no block activation, and the output is
 // y1 + y2, or (y1 + y2) / 2 with ReversibleOutput::mean (then the final norm).
+// With drop path f and g end in it: f = drop_branch(attention_branch), g =
+// drop_branch(ff_branch) (one mask over self + cross-attention; the axial pair
+// is a coupling of its own), so backward's x2 = y2 - g(y1) replays g's mask.
 class Stack : public Module {
  public:
   explicit Stack(const StackConfig& config, Generator* gen = nullptr);
@@ -156,6 +177,7 @@ class Stack : public Module {
   // every layer supports_recurrent()): x (B, n, D) at positions
   // states[0].attn.pos.. -> (B, n, D), those rows of forward over the whole
   // prefix. n > 1 (a prompt) only from the initial state; then one token at a time.
+  // Decoding is inference: it applies no drop path.
   bool supports_recurrent() const;
   std::vector<BlockState> initial_state() const { return std::vector<BlockState>(blocks.size()); }
   Tensor step(const Tensor& x, std::vector<BlockState>& states, const Tensor& context = Tensor(),

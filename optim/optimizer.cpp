@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <set>
+#include <utility>
 
 namespace forge::optim {
 namespace {
@@ -49,6 +50,38 @@ std::vector<ParamGroup> param_groups(const nn::Module& model, double weight_deca
   for (auto& [name, p] : model.named_parameters())
     (is_no_decay(name, p) ? no_decay : decay).params.emplace_back(name, p);
   return {decay, no_decay};
+}
+
+std::vector<ParamGroup> param_groups_layer_decay(
+    const nn::Module& model, double weight_decay, bool exclude_norms_biases_embeddings,
+    double layer_decay, const std::function<int64_t(const std::string&)>& layer_id,
+    int64_t num_layers) {
+  FORGE_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+              "param_groups_layer_decay: expected a finite weight_decay >= 0, got {}",
+              weight_decay);
+  FORGE_CHECK(std::isfinite(layer_decay) && layer_decay > 0,
+              "param_groups_layer_decay: expected a finite layer_decay > 0, got {}", layer_decay);
+  FORGE_CHECK(num_layers >= 1, "param_groups_layer_decay: expected num_layers >= 1, got {}",
+              num_layers);
+  std::vector<ParamGroup> groups;
+  std::map<std::pair<int64_t, bool>, size_t> group_of;  // (layer, decays) -> index in groups
+  for (auto& [name, p] : model.named_parameters()) {
+    const int64_t id = layer_id(name);
+    FORGE_CHECK(id >= 0 && id < num_layers,
+                "param_groups_layer_decay: parameter '{}' is in layer {}; expected a layer in "
+                "[0, {}) (num_layers)",
+                name, id, num_layers);
+    const bool decays = !exclude_norms_biases_embeddings || !is_no_decay(name, p);
+    const auto [it, added] = group_of.emplace(std::pair{id, decays}, groups.size());
+    if (added) {
+      ParamGroup g;
+      g.weight_decay = decays ? weight_decay : 0;
+      g.lr_scale = std::pow(layer_decay, static_cast<double>(num_layers - 1 - id));
+      groups.push_back(std::move(g));
+    }
+    groups[it->second].params.emplace_back(name, p);
+  }
+  return groups;
 }
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr, std::vector<std::string> slot_names)

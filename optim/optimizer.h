@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -50,6 +51,18 @@ bool is_no_decay(const std::string& name, const Tensor& param);
 // picks (at 0); either may be empty.
 std::vector<ParamGroup> param_groups(const nn::Module& model, double weight_decay,
                                      bool exclude_norms_biases_embeddings);
+
+// Layer-wise lr decay (BEiT; timm's param_groups_layer_decay): parameter
+// `name` of layer i = layer_id(name), in [0, num_layers), trains at lr_scale
+// layer_decay^(num_layers - 1 - i), so the last layer (the head) at the full
+// lr and each layer below it at layer_decay times the one above. One group per
+// (layer, decays or not) in the order of their first parameter in
+// named_parameters; decay as in param_groups. layer_decay = 1 gives every
+// parameter param_groups' lr and decay. For a ViT: nn::vit_layer_id.
+std::vector<ParamGroup> param_groups_layer_decay(
+    const nn::Module& model, double weight_decay, bool exclude_norms_biases_embeddings,
+    double layer_decay, const std::function<int64_t(const std::string&)>& layer_id,
+    int64_t num_layers);
 
 class Optimizer {
  public:
