@@ -106,23 +106,32 @@ std::vector<int64_t> ImageFolder::class_counts() const {
 
 Example ImageFolder::get(int64_t i, Rng* rng) const {
   Example ex;
-  ex.input =
-      transform_image(read_image(path(i), options_.max_image_pixels), options_.transform, rng);
+  const std::string file = path(i);
+  ex.input = transform_image_file(read_image_bytes(file), file, options_.transform, rng,
+                                  options_.max_image_pixels);
   ex.label = labels_[static_cast<size_t>(i)];
   return ex;
 }
 
 std::string ImageFolder::describe() const {
   const ImageTransformOptions& t = options_.transform;
+  const char* filter = t.interpolation == Interpolation::bicubic ? "bicubic" : "bilinear";
   const std::string eval = fmt::format(
-      "resize {} + center crop {}",
+      "{} resize {} + center crop {}", filter,
       static_cast<int64_t>(std::floor(static_cast<double>(t.size) / t.crop_pct)), t.size);
+  std::string augment;
+  if (t.rand_augment) augment += ", RandAugment " + rand_augment_spec(t.rand_augment_options);
+  if (t.color_jitter.any())
+    augment += fmt::format(", colour jitter ({}, {}, {}, {})", t.color_jitter.brightness,
+                           t.color_jitter.contrast, t.color_jitter.saturation, t.color_jitter.hue);
+  if (t.erasing.prob > 0) augment += fmt::format(", random erasing {}", t.erasing.prob);
   const std::string train =
-      t.train ? fmt::format(
-                    "train: random resized crop scale [{}, {}] ratio [{:.3g}, {:.3g}], "
-                    "hflip {}; eval: {}",
-                    t.scale_min, t.scale_max, t.ratio_min, t.ratio_max, t.hflip, eval)
-              : "eval: " + eval;
+      t.train
+          ? fmt::format(
+                "train: {} random resized crop scale [{}, {}] ratio [{:.3g}, {:.3g}], "
+                "hflip {}{}; eval: {}",
+                filter, t.scale_min, t.scale_max, t.ratio_min, t.ratio_max, t.hflip, augment, eval)
+          : "eval: " + eval;
   return fmt::format("ImageFolder {}: {} images, {} classes -> {}x{}x{} ({})", options_.root,
                      size(), num_classes(), t.grayscale ? 1 : 3, t.size, t.size, train);
 }

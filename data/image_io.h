@@ -32,10 +32,53 @@ constexpr int64_t kDefaultMaxImagePixels = int64_t{64} * 1024 * 1024;
 // pixels is refused right after its header is read, before its pixels (or
 // libjpeg's whole-image buffers) are allocated; the error names the file, the
 // declared size and the recipe key data.max_image_pixels.
-Image read_image(const std::string& path, int64_t max_pixels = kDefaultMaxImagePixels);
+//
+// scale_denom (1, 2, 4 or 8; anything else is an error) decodes a JPEG at
+// 1/scale_denom of its size with libjpeg's scaled inverse DCT (scale_num 1):
+// each side becomes ceil(side / scale_denom), and the pixels are close to an
+// area (box) average of the full-size decode (tests/data/test_image_io.cpp
+// measures how close), at a fraction of the cost, since most of the IDCT and
+// the colour conversion work on fewer pixels. A PNG ignores scale_denom and
+// is decoded at full size: callers must take the size from the result (or
+// from read_image_header), not assume the division. max_pixels applies to the
+// file's own size, whatever the scale.
+Image read_image(const std::string& path, int64_t max_pixels = kDefaultMaxImagePixels,
+                 int scale_denom = 1);
 // The same from memory; `what` names the source in error messages.
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& what,
-                   int64_t max_pixels = kDefaultMaxImagePixels);
+                   int64_t max_pixels = kDefaultMaxImagePixels, int scale_denom = 1);
+
+// The bytes of an image file, for read_image_header followed by decode_image
+// without reading the file twice. Errors name the path.
+std::vector<uint8_t> read_image_bytes(const std::string& path);
+
+// What the header of a PNG or JPEG says, without decoding its pixels: the
+// full size (height x width), the channels decode_image gives (1 or 3) and
+// whether the file is a JPEG (so that scale_denom applies). The same errors
+// as decode_image for what the header shows (foreign or empty data, a damaged
+// or truncated header, CMYK JPEGs, more than max_pixels pixels); damage after
+// the header is found only by decoding.
+struct ImageHeader {
+  int64_t height = 0, width = 0, channels = 0;
+  bool jpeg = false;
+};
+ImageHeader read_image_header(const std::vector<uint8_t>& bytes, const std::string& what,
+                              int64_t max_pixels = kDefaultMaxImagePixels);
+
+// The scale_denom to decode a JPEG with when a height x width region of it
+// (the whole image, or the crop box a transform takes from it) will be
+// resized to need_height x need_width: the largest d in {8, 4, 2} with
+//   height / d >= need_height * min_ratio / 2  and  width / d >= need_width * min_ratio / 2
+// (exact quotients, not rounded), else 1. With the default min_ratio = 2 the
+// region keeps at least need pixels a side after libjpeg's reduction, so the
+// resize that follows still shrinks (or keeps) and never enlarges: libjpeg
+// halves only where the resize would shrink by at least 2x anyway, quarters
+// where it would shrink by 4x, and so on. A larger min_ratio leaves more of
+// the reduction to the transform's own antialiased resampling (min_ratio 4:
+// the decode keeps at least twice the needed pixels). Sides and needs must be
+// at least 1, min_ratio at least 2.
+int jpeg_scale_denom(int64_t height, int64_t width, int64_t need_height, int64_t need_width,
+                     double min_ratio = 2.0);
 
 // Encoders for 1- or 3-channel images; the file variants write the encoded
 // bytes to `path` (replacing it).

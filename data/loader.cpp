@@ -1,6 +1,7 @@
 #include "data/loader.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <utility>
@@ -200,6 +201,8 @@ DataLoader::DataLoader(DatasetPtr dataset, LoaderOptions options)
   FORGE_CHECK(options_.prefetch >= 1, "DataLoader: prefetch must be >= 1, got {}",
               options_.prefetch);
   FORGE_CHECK(options_.pad_to >= 0, "DataLoader: pad_to must be >= 0, got {}", options_.pad_to);
+  FORGE_CHECK(options_.repeats >= 1, "DataLoader: repeats must be >= 1, got {}", options_.repeats);
+  FORGE_CHECK(options_.epochs >= 0, "DataLoader: epochs must be >= 0, got {}", options_.epochs);
   const int64_t count = options_.shard_count;
   FORGE_CHECK(count >= 1, "DataLoader: shard_count must be >= 1 (the number of processes), got {}",
               count);
@@ -246,11 +249,16 @@ std::shared_ptr<const std::vector<int64_t>> DataLoader::permutation(int64_t epoc
     std::lock_guard<std::mutex> lock(perm_mu_);
     if (auto it = perms_.find(epoch); it != perms_.end()) return it->second;
   }
-  auto perm = std::make_shared<std::vector<int64_t>>(static_cast<size_t>(dataset_->size()));
+  const auto n = static_cast<size_t>(dataset_->size());
+  auto perm = std::make_shared<std::vector<int64_t>>(n);
   std::iota(perm->begin(), perm->end(), int64_t{0});
   if (options_.shuffle) {
     Rng rng(Rng::mix({options_.seed, static_cast<uint64_t>(epoch)}));
     rng.shuffle(*perm);
+  }
+  if (options_.repeats > 1) {  // position p visits shuffled[p / repeats]
+    const auto r = static_cast<size_t>(options_.repeats);
+    for (size_t p = n; p-- > 0;) (*perm)[p] = (*perm)[p / r];
   }
   std::lock_guard<std::mutex> lock(perm_mu_);
   std::shared_ptr<const std::vector<int64_t>> kept = perms_.emplace(epoch, perm).first->second;
@@ -259,10 +267,13 @@ std::shared_ptr<const std::vector<int64_t>> DataLoader::permutation(int64_t epoc
   return kept;
 }
 
-Example DataLoader::load(int64_t i, int64_t epoch, int64_t b) const {
+Example DataLoader::load(int64_t i, int64_t epoch, int64_t b, int64_t p) const {
   try {
     if (!options_.augment) return dataset_->get(i, nullptr);
-    Rng rng(Rng::mix({options_.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(i), 1}));
+    const auto e = static_cast<uint64_t>(epoch), index = static_cast<uint64_t>(i);
+    const auto copy = static_cast<uint64_t>(p % options_.repeats);
+    Rng rng(copy == 0 ? Rng::mix({options_.seed, e, index, 1})
+                      : Rng::mix({options_.seed, e, index, 1, copy}));
     return dataset_->get(i, &rng);
   } catch (const std::exception& err) {
     FORGE_FAIL("DataLoader: loading dataset index {} (epoch {}, batch {}) failed: {}", i, epoch, b,
@@ -285,7 +296,7 @@ Batch DataLoader::build(int64_t epoch, int64_t b) const {
   // The first row says what the examples are; an empty slice builds global
   // row 0 for the shapes of its tensors.
   const int64_t probe = lo < hi ? lo : 0;
-  Example probed = load((*perm)[static_cast<size_t>(begin + probe)], epoch, b);
+  Example probed = load((*perm)[static_cast<size_t>(begin + probe)], epoch, b, begin + probe);
   const bool sequences = probed.input.defined() && probed.input.dtype() == DType::i64;
 
   // The global rows the slice depends on, in the order they are collated; the
@@ -321,7 +332,7 @@ Batch DataLoader::build(int64_t epoch, int64_t b) const {
   for (int64_t r : rows) {
     const int64_t i = (*perm)[static_cast<size_t>(begin + r)];
     indices.push_back(i);
-    examples.push_back(r == probe ? std::move(probed) : load(i, epoch, b));
+    examples.push_back(r == probe ? std::move(probed) : load(i, epoch, b, begin + r));
   }
   Batch batch = collate(examples, indices, options_);
   if (transform) {
@@ -366,7 +377,9 @@ void DataLoader::worker_loop() {
   set_num_threads(1);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    work_cv_.wait(lock, [this] { return stop_ || next_claim_ < consumer_ + capacity_; });
+    const int64_t end = options_.epochs > 0 ? options_.epochs * batches_per_epoch_ : INT64_MAX;
+    work_cv_.wait(
+        lock, [&] { return stop_ || (next_claim_ < consumer_ + capacity_ && next_claim_ < end); });
     if (stop_) return;
     const int64_t g = next_claim_++;
     const uint64_t generation = generation_;
@@ -404,7 +417,9 @@ bool DataLoader::next(Batch& out) {
     position_ = {position_.epoch + 1, 0};
     return false;
   }
-  if (options_.workers == 0) {
+  // Past options_.epochs the workers build nothing: such a batch is built here.
+  const bool past_end = options_.epochs > 0 && position_.epoch >= options_.epochs;
+  if (options_.workers == 0 || past_end) {
     out = build(position_.epoch, position_.batch);
   } else {
     if (threads_.empty()) start_workers();

@@ -2,7 +2,8 @@
 // ahead of time, with a position that checkpoints save and restore.
 //
 // Determinism: epoch e visits the indices in the permutation drawn from
-// Rng(Rng::mix({seed, e})) (identity when !shuffle); example i of epoch e is
+// Rng(Rng::mix({seed, e})) (identity when !shuffle; with repeated augmentation
+// see LoaderOptions::repeats); example i of epoch e is
 // built with Rng(Rng::mix({seed, e, i, 1})); the batch transform of batch b of
 // epoch e draws from Rng(Rng::mix({seed, e, b, 2})). So a batch depends only on
 // (seed, epoch, batch index): any number of workers, and a loader restarted
@@ -87,10 +88,21 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int workers = 0;   // threads building batches; 0: built in the caller's thread
   int prefetch = 2;  // batches built ahead of the consumer per worker
+  // Workers build no batch past this many epochs (0: no end), so a loader that
+  // is read one epoch at a time (evaluation) builds nothing it will not use;
+  // next() still moves into the following epoch, and a seek back restarts them.
+  int64_t epochs = 0;
   int64_t pad_id = 0;
   int64_t pad_to =
       0;  // sequences: 0 pads to the batch's longest; > 0 pads every batch to this length
-  bool augment = true;       // false: Dataset::get(i, nullptr) (evaluation)
+  bool augment = true;  // false: Dataset::get(i, nullptr) (evaluation)
+  // Repeated augmentation (Hoffer et al. 2020; DeiT, timm's RepeatAugSampler):
+  // an epoch visits the first ceil(n / repeats) indices of its shuffled order
+  // `repeats` times each, back to back, cut to n examples, so an epoch keeps
+  // its length and a global batch holds `repeats` differently augmented copies
+  // of each of its images (bar the edges). Copy c > 0 of dataset index i in
+  // epoch e is built with Rng(Rng::mix({seed, e, i, 1, c})). 1: off.
+  int64_t repeats = 1;
   BatchTransform transform;  // optional; applied only when `augment`
   // Data parallelism: this process's slice of every batch. batch_size stays the
   // global batch (a multiple of shard_count); batches_per_epoch() and positions
@@ -136,7 +148,8 @@ class DataLoader {
   // process's slice of it.
   Batch build(int64_t epoch, int64_t b) const;
 
-  // The order in which epoch `epoch` visits the dataset.
+  // The order in which epoch `epoch` visits the dataset (dataset size entries;
+  // with repeats > 1, each index `repeats` times in a row).
   std::shared_ptr<const std::vector<int64_t>> permutation(int64_t epoch) const;
 
  private:
@@ -147,7 +160,8 @@ class DataLoader {
   };
 
   Batch build_linear(int64_t g) const;  // batch g of the stream epoch 0, 1, ... back to back
-  Example load(int64_t i, int64_t epoch, int64_t b) const;  // dataset index i, as batch b uses it
+  // Dataset index i at position p of epoch `epoch`'s order, as batch b uses it.
+  Example load(int64_t i, int64_t epoch, int64_t b, int64_t p) const;
   void start_workers();
   void worker_loop();
   void restart_at(int64_t g);  // under mu_: drops prefetched work, next claim is g

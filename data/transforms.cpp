@@ -30,14 +30,25 @@ struct AxisTaps {
   std::vector<float> weights;
 };
 
+// Keys' cubic convolution kernel with a = -0.5 (PIL's and torchvision's
+// bicubic), nonzero on |t| < 2.
+double cubic(double t) {
+  constexpr double a = -0.5;
+  t = std::abs(t);
+  if (t < 1) return ((a + 2) * t - (a + 3)) * t * t + 1;
+  if (t < 2) return (((t - 5) * t + 8) * t - 4) * a;
+  return 0;
+}
+
 // Outputs out_start .. out_start + n - 1 of the input interval
 // [box_start, box_start + box_len) of an axis of in_size pixels resized to
-// out_size pixels (mirrored when flip). See transforms.h for the filter.
+// out_size pixels (mirrored when flip). See transforms.h for the filters.
 AxisTaps axis_taps(int64_t in_size, double box_start, double box_len, int64_t out_size,
-                   int64_t out_start, int64_t n, bool flip) {
+                   int64_t out_start, int64_t n, bool flip, Interpolation interpolation) {
   const double scale = box_len / static_cast<double>(out_size);
   const double filter_scale = std::max(scale, 1.0);
-  const double support = filter_scale;  // the triangle's radius in input pixels
+  const bool bicubic = interpolation == Interpolation::bicubic;
+  const double support = (bicubic ? 2.0 : 1.0) * filter_scale;  // radius in input pixels
   AxisTaps a;
   a.taps = static_cast<int64_t>(std::ceil(2 * support)) + 1;
   a.first.assign(static_cast<size_t>(n), 0);
@@ -57,11 +68,13 @@ AxisTaps axis_taps(int64_t in_size, double box_start, double box_len, int64_t ou
                 in_size);
     double sum = 0;
     for (int64_t x = lo; x < hi; ++x) {
-      const double t = std::abs((static_cast<double>(x) + 0.5 - center) / filter_scale);
-      w[static_cast<size_t>(x - lo)] = t < 1 ? 1 - t : 0;
-      sum += w[static_cast<size_t>(x - lo)];
+      const double t = (static_cast<double>(x) + 0.5 - center) / filter_scale;
+      const double v = bicubic ? cubic(t) : std::max(1 - std::abs(t), 0.0);
+      w[static_cast<size_t>(x - lo)] = v;
+      sum += v;
     }
-    FORGE_CHECK(sum > 0, "resample: empty filter window for output {} (input size {})", o, in_size);
+    FORGE_CHECK(sum != 0, "resample: empty filter window for output {} (input size {})", o,
+                in_size);
     const auto ks = static_cast<size_t>(k);
     a.first[ks] = lo;
     a.count[ks] = hi - lo;
@@ -81,10 +94,10 @@ struct SourceLayout {
 
 // out: f32 [channels, ys.n, xs.n], value_scale times the separable filter of
 // the source (horizontal pass over the rows the vertical taps read, then
-// vertical).
+// vertical), clipped to [0, clip] when clip > 0 (after each pass, as PIL).
 template <typename T>
 void resample(const T* src, const SourceLayout& s, const AxisTaps& ys, const AxisTaps& xs,
-              float value_scale, float* out) {
+              float value_scale, float* out, float clip = 0) {
   const auto ny = static_cast<int64_t>(ys.first.size());
   const auto nx = static_cast<int64_t>(xs.first.size());
   int64_t row_lo = s.height, row_hi = 0;
@@ -94,6 +107,9 @@ void resample(const T* src, const SourceLayout& s, const AxisTaps& ys, const Axi
     row_hi = std::max(row_hi, ys.first[static_cast<size_t>(k)] + ys.count[static_cast<size_t>(k)]);
   }
   const int64_t rows = std::max<int64_t>(row_hi - row_lo, 0);
+  // PIL clips its horizontal pass to 8 bits too: a bicubic overshoot at an
+  // edge does not carry into the vertical pass.
+  const float row_clip = clip > 0 ? clip / value_scale : 0.0f;
   std::vector<float> tmp(static_cast<size_t>(s.channels * rows * nx));  // [C, rows, nx]
   for (int64_t c = 0; c < s.channels; ++c)
     for (int64_t r = 0; r < rows; ++r) {
@@ -106,7 +122,7 @@ void resample(const T* src, const SourceLayout& s, const AxisTaps& ys, const Axi
         float acc = 0;
         for (int64_t t = 0; t < xs.count[ks]; ++t)
           acc += w[t] * static_cast<float>(p[t * s.x_stride]);
-        dst[k] = acc;
+        dst[k] = row_clip > 0 ? std::clamp(acc, 0.0f, row_clip) : acc;
       }
     }
   for (int64_t c = 0; c < s.channels; ++c)
@@ -120,6 +136,8 @@ void resample(const T* src, const SourceLayout& s, const AxisTaps& ys, const Axi
         for (int64_t x = 0; x < nx; ++x) dst[x] += w[t] * line[x];
       }
       for (int64_t x = 0; x < nx; ++x) dst[x] *= value_scale;
+      if (clip > 0)
+        for (int64_t x = 0; x < nx; ++x) dst[x] = std::clamp(dst[x], 0.0f, clip);
     }
 }
 
@@ -157,6 +175,11 @@ SourceLayout hwc_layout(const Image& image, int64_t channels) {
                       image.channels};
 }
 
+void check_interpolation(Interpolation interpolation, const char* what) {
+  FORGE_CHECK(interpolation == Interpolation::bilinear || interpolation == Interpolation::bicubic,
+              "{}: resizes are bilinear or bicubic", what);
+}
+
 void check_box(const CropBox& box, int64_t height, int64_t width, const char* what) {
   FORGE_CHECK(box.height > 0 && box.width > 0 && box.top >= 0 && box.left >= 0 &&
                   box.top + box.height <= height && box.left + box.width <= width,
@@ -192,6 +215,7 @@ void check_image_transform_options(const ImageTransformOptions& o) {
               o.hflip);
   FORGE_CHECK(o.crop_pct > 0 && o.crop_pct <= 1,
               "image transform: crop_pct must be in (0, 1], got {}", o.crop_pct);
+  check_interpolation(o.interpolation, "image transform");
   const size_t channels = o.grayscale ? 1 : 3;
   for (const auto* stat : {&o.mean, &o.std}) {
     const char* name = stat == &o.mean ? "mean" : "std";
@@ -261,29 +285,34 @@ Image to_grayscale(const Image& image) {
   return out;
 }
 
-Tensor resized_crop(const Tensor& image, const CropBox& box, int64_t out_h, int64_t out_w) {
+Tensor resized_crop(const Tensor& image, const CropBox& box, int64_t out_h, int64_t out_w,
+                    Interpolation interpolation) {
   const SourceLayout s = chw_layout(image, "resized_crop");
   check_box(box, s.height, s.width, "resized_crop");
   FORGE_CHECK(out_h > 0 && out_w > 0, "resized_crop: expected a positive output size, got {}x{}",
               out_h, out_w);
-  const AxisTaps ys = axis_taps(s.height, static_cast<double>(box.top),
-                                static_cast<double>(box.height), out_h, 0, out_h, false);
-  const AxisTaps xs = axis_taps(s.width, static_cast<double>(box.left),
-                                static_cast<double>(box.width), out_w, 0, out_w, false);
+  check_interpolation(interpolation, "resized_crop");
+  const AxisTaps ys =
+      axis_taps(s.height, static_cast<double>(box.top), static_cast<double>(box.height), out_h, 0,
+                out_h, false, interpolation);
+  const AxisTaps xs =
+      axis_taps(s.width, static_cast<double>(box.left), static_cast<double>(box.width), out_w, 0,
+                out_w, false, interpolation);
   Tensor out = Tensor::empty({s.channels, out_h, out_w});
   resample(image.data<float>(), s, ys, xs, 1.0f, out.data<float>());
   return out;
 }
 
-Tensor resize(const Tensor& image, int64_t out_h, int64_t out_w) {
+Tensor resize(const Tensor& image, int64_t out_h, int64_t out_w, Interpolation interpolation) {
   chw_layout(image, "resize");
-  return resized_crop(image, CropBox{0, 0, image.size(1), image.size(2)}, out_h, out_w);
+  return resized_crop(image, CropBox{0, 0, image.size(1), image.size(2)}, out_h, out_w,
+                      interpolation);
 }
 
-Tensor resize_shorter_side(const Tensor& image, int64_t shorter) {
+Tensor resize_shorter_side(const Tensor& image, int64_t shorter, Interpolation interpolation) {
   chw_layout(image, "resize_shorter_side");
   const auto [h, w] = shorter_side_size(image.size(1), image.size(2), shorter);
-  return resize(image, h, w);
+  return resize(image, h, w, interpolation);
 }
 
 namespace {
@@ -348,37 +377,92 @@ void normalize_(Tensor& image, const std::vector<double>& mean, const std::vecto
   }
 }
 
+namespace {
+
+// Where one output comes from, in the pixels of the source at full size: the
+// box [top, top + height) x [left, left + width), resized to resized_h x
+// resized_w, of which the window at (offset_y, offset_x) of the output's size
+// is kept (the eval centre crop; 0 and the box's full size for the train
+// crop), mirrored when flip.
+struct Plan {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+  int64_t resized_h = 0, resized_w = 0, offset_y = 0, offset_x = 0;
+  bool flip = false;
+};
+
+// Draws the crop and the flip (train) or computes the eval resize and crop of
+// a height x width source.
+Plan plan(int64_t height, int64_t width, const ImageTransformOptions& o, Rng* rng) {
+  const int64_t size = o.size;
+  if (rng != nullptr && o.train) {
+    const CropBox box = random_resized_crop_box(height, width, o.scale_min, o.scale_max,
+                                                o.ratio_min, o.ratio_max, *rng);
+    const bool flip = rng->bernoulli(o.hflip);
+    return {box.top, box.left, box.height, box.width, size, size, 0, 0, flip};
+  }
+  const auto resize_to = static_cast<int64_t>(std::floor(static_cast<double>(size) / o.crop_pct));
+  const auto [h, w] = shorter_side_size(height, width, resize_to);
+  return {0, 0, height, width, h, w, center_offset(h, size), center_offset(w, size), false};
+}
+
+// f32 [C, size, size]: the plan rendered from `input`, the source decoded at
+// 1 / denom of the planned size, then the augmentations and the normalisation.
+Tensor render(const Image& input, const Plan& p, int denom, const ImageTransformOptions& o,
+              Rng* rng) {
+  check_image(input, "transform_image");
+  const int64_t channels = o.grayscale ? 1 : 3;
+  const Image gray = o.grayscale && input.channels == 3 ? to_grayscale(input) : Image{};
+  const Image& image = gray.channels ? gray : input;
+  const SourceLayout s = hwc_layout(image, channels);
+  const int64_t size = o.size;
+  const double d = denom;
+  const AxisTaps ys =
+      axis_taps(image.height, static_cast<double>(p.top) / d, static_cast<double>(p.height) / d,
+                p.resized_h, p.offset_y, size, false, o.interpolation);
+  const AxisTaps xs =
+      axis_taps(image.width, static_cast<double>(p.left) / d, static_cast<double>(p.width) / d,
+                p.resized_w, p.offset_x, size, p.flip, o.interpolation);
+  const bool train = rng != nullptr && o.train;
+  const float clip = o.interpolation == Interpolation::bicubic ? 1.0f : 0.0f;
+  Tensor out = Tensor::empty({channels, size, size});
+  if (train && (o.rand_augment || o.color_jitter.any())) {
+    // The crop as PIL gives it to timm's RandAugment: rounded to u8.
+    resample(image.pixels.data(), s, ys, xs, 1.0f, out.data<float>(), 255.0f);
+    Image crop{size, size, channels,
+               std::vector<uint8_t>(static_cast<size_t>(channels * size * size))};
+    const float* f = out.data<float>();
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t i = 0; i < size * size; ++i)
+        crop.pixels[static_cast<size_t>(i * channels + c)] =
+            static_cast<uint8_t>(std::lround(f[c * size * size + i]));
+    if (o.rand_augment) rand_augment(crop, o.rand_augment_options, *rng);
+    if (o.color_jitter.any()) color_jitter(crop, o.color_jitter, *rng);
+    out = to_tensor(crop);
+  } else {
+    resample(image.pixels.data(), s, ys, xs, 1.0f / 255.0f, out.data<float>(), clip);
+  }
+  normalize_(out, effective_mean(o), effective_std(o));
+  if (train && o.erasing.prob > 0) random_erasing(out, o.erasing, *rng);
+  return out;
+}
+
+}  // namespace
+
 Tensor transform_image(const Image& input, const ImageTransformOptions& options, Rng* rng) {
   check_image_transform_options(options);
   check_image(input, "transform_image");
-  const int64_t channels = options.grayscale ? 1 : 3;
-  const Image gray = options.grayscale && input.channels == 3 ? to_grayscale(input) : Image{};
-  const Image& image = gray.channels ? gray : input;
-  const SourceLayout s = hwc_layout(image, channels);
-  const int64_t size = options.size;
-  AxisTaps ys, xs;
-  if (rng != nullptr && options.train) {
-    const CropBox box =
-        random_resized_crop_box(image.height, image.width, options.scale_min, options.scale_max,
-                                options.ratio_min, options.ratio_max, *rng);
-    const bool flip = rng->bernoulli(options.hflip);
-    ys = axis_taps(image.height, static_cast<double>(box.top), static_cast<double>(box.height),
-                   size, 0, size, false);
-    xs = axis_taps(image.width, static_cast<double>(box.left), static_cast<double>(box.width), size,
-                   0, size, flip);
-  } else {
-    const auto resize_to =
-        static_cast<int64_t>(std::floor(static_cast<double>(size) / options.crop_pct));
-    const auto [h, w] = shorter_side_size(image.height, image.width, resize_to);
-    ys = axis_taps(image.height, 0, static_cast<double>(image.height), h, center_offset(h, size),
-                   size, false);
-    xs = axis_taps(image.width, 0, static_cast<double>(image.width), w, center_offset(w, size),
-                   size, false);
-  }
-  Tensor out = Tensor::empty({channels, size, size});
-  resample(image.pixels.data(), s, ys, xs, 1.0f / 255.0f, out.data<float>());
-  normalize_(out, effective_mean(options), effective_std(options));
-  return out;
+  return render(input, plan(input.height, input.width, options, rng), 1, options, rng);
+}
+
+Tensor transform_image_file(const std::vector<uint8_t>& bytes, const std::string& what,
+                            const ImageTransformOptions& options, Rng* rng, int64_t max_pixels) {
+  check_image_transform_options(options);
+  const ImageHeader header = read_image_header(bytes, what, max_pixels);
+  const Plan p = plan(header.height, header.width, options, rng);
+  const int denom = header.jpeg && options.scaled_jpeg_decode
+                        ? jpeg_scale_denom(p.height, p.width, p.resized_h, p.resized_w)
+                        : 1;
+  return render(decode_image(bytes, what, max_pixels, denom), p, denom, options, rng);
 }
 
 }  // namespace forge::data

@@ -1,19 +1,26 @@
-// Image transforms for classification, after torchvision / DeiT:
-//   train: RandomResizedCrop(size, scale, ratio) -> RandomHorizontalFlip(p)
-//          -> ToTensor -> Normalize(mean, std)
-//   eval:  Resize(shorter side = floor(size / crop_pct)) -> CenterCrop(size)
-//          -> ToTensor -> Normalize(mean, std)
-// Tensors here are f32 [C, H, W]; an Image is the decoded u8 HWC picture.
+// Image transforms for classification, after torchvision / timm's DeiT:
+//   train: RandomResizedCrop(size, scale, ratio, interpolation)
+//          -> RandomHorizontalFlip(p) [-> RandAugment] [-> ColorJitter]
+//          -> ToTensor -> Normalize(mean, std) [-> RandomErasing]
+//   eval:  Resize(shorter side = floor(size / crop_pct), interpolation)
+//          -> CenterCrop(size) -> ToTensor -> Normalize(mean, std)
+// Tensors here are f32 [C, H, W]; an Image is the decoded u8 HWC picture. The
+// augmentations in brackets are data/augment.h's, each off by default.
 //
-// Resampling is bilinear with antialiasing, as PIL (and torchvision with
-// antialias=True) does it: output pixel o of a box [b, b + L) resized to n
-// pixels is centred at b + (o + 0.5) * L / n, and averages input pixels with
-// a triangle weight whose radius is max(1, L / n) input pixels, renormalised
-// where it leaves the image. Upsampling is therefore plain half-pixel
-// bilinear with replicated edges, and downsampling averages every input pixel
-// instead of skipping some (no aliasing on 4x reductions). Crop, resize, flip
-// and ToTensor are fused into one resampling pass in f32, so the result is not
-// rounded to u8 between steps as PIL's is (a difference of at most 0.5/255).
+// Resampling is antialiased as PIL (and torchvision with antialias=True) does
+// it: output pixel o of a box [b, b + L) resized to n pixels is centred at
+// b + (o + 0.5) * L / n and weighs input pixels with the filter stretched by
+// s = max(1, L / n), renormalised where it leaves the image: bilinear, a
+// triangle of radius s; bicubic, Keys' cubic with a = -0.5 and radius 2 s.
+// Upsampling is therefore plain half-pixel interpolation with replicated
+// edges, and downsampling averages every input pixel instead of skipping some
+// (no aliasing on 4x reductions). Bicubic values are clipped to [0, 255]
+// after each pass, as PIL's 8-bit passes are. Without RandAugment and colour
+// jitter, crop, resize, flip and ToTensor are fused into one resampling pass
+// in f32, so the result is not rounded to u8 between steps as PIL's is (at
+// most about 1/255 apart: tests/data/check_resize_pil.py); with them the crop
+// is rounded to u8 (as PIL gives it to timm's RandAugment), augmented, then
+// converted.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +28,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "data/augment.h"
 #include "data/image_io.h"
 #include "data/random.h"
 
@@ -33,6 +41,18 @@ struct ImageTransformOptions {
   double ratio_min = 3.0 / 4, ratio_max = 4.0 / 3;  // crop width / height
   double hflip = 0.5;                               // flip probability (train)
   double crop_pct = 0.875;                          // eval: resize to floor(size / crop_pct)
+  // The resampling filter of the crop and the resizes: bilinear or bicubic.
+  Interpolation interpolation = Interpolation::bilinear;
+  // Training augmentations after the crop and flip (off by default): timm's
+  // RandAugment, torchvision's ColorJitter, timm's RandomErasing (prob 0: off).
+  bool rand_augment = false;
+  RandAugmentOptions rand_augment_options;
+  ColorJitterOptions color_jitter;
+  RandomErasingOptions erasing{.prob = 0};
+  // Files: decode a JPEG with libjpeg-turbo's scaled IDCT (1/2, 1/4, 1/8) when
+  // the crop is resized down by at least twice that (data/image_io.h,
+  // jpeg_scale_denom); false: always at full size.
+  bool scaled_jpeg_decode = true;
   // Per output channel, or one value for all. Empty: the ImageNet statistics
   // (0.485, 0.456, 0.406) / (0.229, 0.224, 0.225), averaged over the three
   // channels for grayscale output (0.449 / 0.226), as timm does.
@@ -54,8 +74,17 @@ void check_image_transform_options(const ImageTransformOptions& options);
 // The full pipeline: f32 [C, size, size] with C = grayscale ? 1 : 3. The train
 // path when `rng` is given and options.train; the eval path otherwise. Draws
 // from rng, in order: the crop (two uniforms per attempt, then two randints),
-// then one uniform for the flip.
+// one uniform for the flip, then RandAugment's, colour jitter's and random
+// erasing's draws (data/augment.h), each only when it is on.
 Tensor transform_image(const Image& image, const ImageTransformOptions& options, Rng* rng);
+
+// The same from an encoded file (PNG or JPEG): the crop is drawn from the
+// header's size, then the file is decoded (a JPEG at a reduced scale when
+// options.scaled_jpeg_decode and the crop is resized down enough), so the
+// draws are transform_image's. `what` names the file in errors.
+Tensor transform_image_file(const std::vector<uint8_t>& bytes, const std::string& what,
+                            const ImageTransformOptions& options, Rng* rng,
+                            int64_t max_pixels = kDefaultMaxImagePixels);
 
 // ---- the steps, for tests and for other pipelines ----
 
@@ -84,9 +113,12 @@ Image to_grayscale(const Image& image);
 
 // f32 [C, H, W] -> [C, out_h, out_w]: the box of the input resampled (see the
 // top of this file); the box must lie inside the image.
-Tensor resized_crop(const Tensor& image, const CropBox& box, int64_t out_h, int64_t out_w);
-Tensor resize(const Tensor& image, int64_t out_h, int64_t out_w);
-Tensor resize_shorter_side(const Tensor& image, int64_t shorter);
+Tensor resized_crop(const Tensor& image, const CropBox& box, int64_t out_h, int64_t out_w,
+                    Interpolation interpolation = Interpolation::bilinear);
+Tensor resize(const Tensor& image, int64_t out_h, int64_t out_w,
+              Interpolation interpolation = Interpolation::bilinear);
+Tensor resize_shorter_side(const Tensor& image, int64_t shorter,
+                           Interpolation interpolation = Interpolation::bilinear);
 // The centred size x size window, top = round((H - size) / 2) (half to even,
 // like torchvision); zero padding where size exceeds the image.
 Tensor center_crop(const Tensor& image, int64_t size);

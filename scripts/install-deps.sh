@@ -17,7 +17,14 @@ packages=(
   dataset-fashion-mnist
   fortunes                 # the demo corpus of recipes/lm/fortunes_tiny.yaml (/usr/share/games/fortunes)
   python3-torch            # the tests load exported models in PyTorch (attnforge export, docs/USER_GUIDE.md)
+  python3-pil              # the tests compare RandAugment's operations with PIL's, pixel for pixel (data/augment.h)
 )
+
+# `install-deps.sh bench`: also torchvision, the pipeline bench/torch_loader.py
+# times against bench/loader (make bench-loader).
+if [ "${1:-}" = bench ]; then
+  packages+=(python3-torchvision)
+fi
 
 # `install-deps.sh fuzz`: also what scripts/fuzz.sh needs (make fuzz).
 if [ "${1:-}" = fuzz ]; then
