@@ -26,15 +26,18 @@ json::Value image_input(const Recipe& r, const DataShape& shape) {
   in["channels"] = shape.channels;
   in["size"] = shape.image_size;
   in["scale"] = "u8 / 255";
+  in["interpolation"] = t.interpolation == data::Interpolation::bicubic ? "bicubic" : "bilinear";
+  in["crop_pct"] = t.crop_pct;
   in["mean"] = numbers(data::effective_mean(t));
   in["std"] = numbers(data::effective_std(t));
   in["transform"] =
       r.string("data.dataset") == "image_folder"
           ? fmt::format(
-                "resize the shorter side to floor({} / crop_pct {}) = {} (antialiased bilinear, as "
+                "resize the shorter side to floor({} / crop_pct {}) = {} (antialiased {}, as "
                 "PIL), centre-crop {}x{}, RGB",
                 t.size, t.crop_pct, static_cast<int64_t>(static_cast<double>(t.size) / t.crop_pct),
-                t.size, t.size)
+                t.interpolation == data::Interpolation::bicubic ? "bicubic" : "bilinear", t.size,
+                t.size)
           : fmt::format(
                 "gray; a picture of another size is resized to {}x{} (antialiased "
                 "bilinear)",

@@ -19,6 +19,7 @@
 #include "data/pixel_sequence.h"
 #include "data/seq2seq.h"
 #include "data/subset.h"
+#include "data/synthetic_images.h"
 #include "data/text.h"
 
 namespace forge::train {
@@ -61,8 +62,38 @@ data::ImageTransformOptions image_folder_transform(const Recipe& r, bool raw) {
   t.scale_min = r.number("data.train_scale_min");
   t.hflip = r.number("data.hflip_prob");
   t.crop_pct = r.number("data.crop_pct");
+  t.interpolation = r.string("data.interpolation") == "bicubic" ? data::Interpolation::bicubic
+                                                                : data::Interpolation::bilinear;
   t.mean = r.number_list("data.mean");
   t.std = r.number_list("data.std");
+  t.scaled_jpeg_decode = r.boolean("data.scaled_jpeg_decode");
+  if (!r.string("data.auto_augment").empty()) {
+    t.rand_augment = true;
+    try {
+      t.rand_augment_options = data::parse_rand_augment(r.string("data.auto_augment"));
+    } catch (const Error& e) {
+      FORGE_FAIL("recipe: data.auto_augment: {}", e.message());
+    }
+  }
+  const auto jitter = r.number_list("data.color_jitter");
+  FORGE_CHECK(jitter.size() <= 1 || jitter.size() == 3 || jitter.size() == 4,
+              "recipe: data.color_jitter takes 1, 3 or 4 values ([brightness, contrast, "
+              "saturation(, hue)]), got {}",
+              jitter.size());
+  for (double v : jitter)
+    FORGE_CHECK(v >= 0, "recipe: data.color_jitter values must be >= 0, got {}", v);
+  if (!jitter.empty()) {
+    const auto at = [&](size_t k) { return jitter.size() == 1 ? jitter[0] : jitter[k]; };
+    t.color_jitter = {at(0), at(1), at(2), jitter.size() == 4 ? jitter[3] : 0.0};
+    FORGE_CHECK(t.color_jitter.hue <= 0.5, "recipe: data.color_jitter: hue must be <= 0.5, got {}",
+                t.color_jitter.hue);
+  }
+  t.erasing.prob = r.number("data.erasing_prob");
+  const std::string& mode = r.string("data.erasing_mode");
+  t.erasing.mode = mode == "pixel"  ? data::EraseMode::pixel
+                   : mode == "rand" ? data::EraseMode::rand
+                                    : data::EraseMode::constant;
+  t.erasing.max_count = static_cast<int>(r.integer("data.erasing_count"));
   if (raw) {
     t.grayscale = true;
     t.mean = {0.0};
@@ -72,17 +103,6 @@ data::ImageTransformOptions image_folder_transform(const Recipe& r, bool raw) {
     t.std = {1.0};
   }
   return t;
-}
-
-data::DatasetPtr image_folder(const Recipe& r, const std::string& split, bool raw) {
-  FORGE_CHECK(!r.string("data.root").empty(),
-              "recipe: data.dataset image_folder needs data.root (a folder with one sub-folder per "
-              "split, e.g. --set data.root=/data/imagenet)");
-  data::ImageFolderOptions o;
-  o.root = (fs::path(r.string("data.root")) / split).string();
-  o.max_image_pixels = r.integer("data.max_image_pixels");
-  o.transform = image_folder_transform(r, raw);
-  return std::make_shared<data::ImageFolder>(o);
 }
 
 // Generated data (ListOps, Pathfinder) lives in one shared cache, one
@@ -121,6 +141,32 @@ std::string cached_generation(const std::string& generator, const std::string& s
                 dir.string());
   }
   return dir.string();
+}
+
+// Without data.root: pictures generated once into the cache (train/ and val/).
+std::string image_folder_root(const Recipe& r, const std::function<void(const std::string&)>& log) {
+  if (!r.string("data.root").empty()) return r.string("data.root");
+  data::SyntheticImagesOptions g;
+  g.classes = r.integer("data.generate_classes");
+  g.train_per_class = std::max<int64_t>(1, r.integer("data.generate_train") / g.classes);
+  g.eval_per_class = std::max<int64_t>(1, r.integer("data.generate_eval") / g.classes);
+  g.seed = static_cast<uint64_t>(r.integer("seed"));
+  const std::string settings = fmt::format(
+      "synthetic images v1: {} classes, {} train and {} val per class, sides {}..{}, quality {}, "
+      "seed {}",
+      g.classes, g.train_per_class, g.eval_per_class, g.min_side, g.max_side, g.quality, g.seed);
+  return cached_generation(
+      "images", settings,
+      [&](const std::string& dir) { data::write_synthetic_image_folder(dir, g); }, log);
+}
+
+data::DatasetPtr image_folder(const Recipe& r, const std::string& split, bool raw,
+                              const std::function<void(const std::string&)>& log) {
+  data::ImageFolderOptions o;
+  o.root = (fs::path(image_folder_root(r, log)) / split).string();
+  o.max_image_pixels = r.integer("data.max_image_pixels");
+  o.transform = image_folder_transform(r, raw);
+  return std::make_shared<data::ImageFolder>(o);
 }
 
 // ListOps: root/basic_<split>.tsv (LRA's names), generated when no root is given.
@@ -352,11 +398,11 @@ TaskData build_data(const Recipe& r, const std::string& split_arg, bool open_tra
       return std::make_shared<data::Seq2SeqTsv>(tsv_file(r, split), o);
     }
     if (kind == "fashion_mnist") return fashion_mnist(r, split, train, false);
-    if (kind == "image_folder") return image_folder(r, split, false);
+    if (kind == "image_folder") return image_folder(r, split, false, log);
     if (kind == "pixels") {
       data::DatasetPtr images = r.string("data.pixel_source") == "fashion_mnist"
                                     ? fashion_mnist(r, split, train, true)
-                                    : image_folder(r, split, true);
+                                    : image_folder(r, split, true, log);
       return std::make_shared<data::PixelSequence>(images);
     }
     if (kind == "listops") {
@@ -454,6 +500,12 @@ data::LoaderOptions loader_options(const Recipe& r, const TaskData& d, bool trai
   o.pad_id = 0;
   o.pad_to = !d.shape.images && r.boolean("data.pad_to_max") ? d.shape.max_length : 0;
   o.augment = train;
+  o.epochs = train ? 0 : 1;  // evaluation reads epoch 0 only
+  FORGE_CHECK(d.shape.images || r.integer("data.repeated_augmentation") == 1,
+              "recipe: data.repeated_augmentation applies to images only; data.dataset {} gives "
+              "token sequences",
+              r.string("data.dataset"));
+  if (train) o.repeats = r.integer("data.repeated_augmentation");
   if (train && (d.mixup.mixup_alpha > 0 || d.mixup.cutmix_alpha > 0))
     o.transform = data::make_mixup(d.mixup);
   return o;

@@ -91,6 +91,7 @@ nn::StackConfig stack_config(const Recipe& r) {
   s.block.shift_tokens = r.boolean("model.shift_tokens");
   s.block.token_shifts = r.int_list("model.token_shifts");
   s.block.attend_axially = r.boolean("model.attend_axially");
+  s.drop_path = r.number("model.drop_path");
   const std::string& level = r.string("model.checkpoint");
   s.checkpoint = level == "C0"   ? nn::CheckpointLevel::C0
                  : level == "C1" ? nn::CheckpointLevel::C1

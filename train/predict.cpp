@@ -116,8 +116,11 @@ void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels,
                 "predict: input {}: the model takes pictures: give PNG or JPEG files, or IDX "
                 "files of u8 images [N, H, W]",
                 path);
+    // As evaluation reads image files (a large JPEG decoded at a reduced scale).
     data::Example e;
-    e.input = p.picture(data::read_image(path, max_pixels));
+    const Tensor x = data::transform_image_file(data::read_image_bytes(path), path, p.transform,
+                                                nullptr, max_pixels);
+    e.input = p.pixels ? data::PixelSequence::tokens(x) : x;
     add(std::move(e), path);
     return;
   }

@@ -462,7 +462,7 @@ _MODEL_KEYS = {
     "out_bias": None, "reversible": (False,), "image_size": None, "patch_size": None,
     "channels": None, "classes": None, "vocab_size": None, "max_len": None,
     "positional": ("learned", "sinusoidal", "none"), "dual_encoder": (False,),
-    "ff_chunks": "ignored", "dropout": "ignored", "emb_dropout": "ignored",
+    "ff_chunks": "ignored", "dropout": "ignored", "emb_dropout": "ignored", "drop_path": "ignored",
     "checkpoint": "ignored", "init_from": "ignored", "token_shifts": "ignored",
     "reversible_output": "ignored", "axial_shape": "ignored", "causal": "ignored",
     "emb_dim": "ignored", "tie_embedding": "ignored", "encoder_depth": "ignored",

@@ -82,6 +82,11 @@ std::vector<KeySpec> build_schema() {
   s.integer("ff_chunks", 1, 1, kInf, "Run the feed-forward over the rows in this many pieces (memory).");
   s.number("dropout", 0.0, 0, 0.99, "Dropout after the feed-forward activation and after the attention output projection.");
   s.number("emb_dropout", 0.0, 0, 0.99, "Dropout on the embeddings (after adding positions).");
+  s.number("drop_path", 0.0, 0, 0.99,
+           "Stochastic depth (timm's drop_path_rate): each residual branch's output is dropped "
+           "per sample with a rate rising linearly from 0 at the first block to this at the last, "
+           "the kept ones scaled by 1 / (1 - rate); training only. Works with checkpoint levels "
+           "and reversible stacks.");
   s.choice("pool", "cls", {"cls", "mean"}, "Classifier input: the CLS token or the mean over real tokens.");
   s.choice("norm", "layer", {"layer", "scale", "rezero"}, "Normalisation of each branch.");
   s.boolean("post_norm", false, "Post-norm blocks (the original Transformer) instead of pre-norm.");
@@ -193,7 +198,8 @@ std::vector<KeySpec> build_schema() {
   s.string(
       "root", "",
       "Where the data lives; empty: the source's default (Fashion-MNIST: "
-      "/usr/share/datasets/fashion-mnist; listops / pathfinder: generated into <output>/data). "
+      "/usr/share/datasets/fashion-mnist; listops / pathfinder / image_folder: generated into "
+      "the data cache). "
       "lm_text: a file or a folder of files; seq2seq_tsv: a folder of <split>.tsv[.gz].");
   s.choice("pixel_source", "fashion_mnist", {"fashion_mnist", "image_folder"}, "pixels (LRA Image): the image source read as grayscale pixel sequences.");
   s.string("train_split", "train",
@@ -215,6 +221,41 @@ std::vector<KeySpec> build_schema() {
   s.number("train_scale_min", 0.08, 0.001, 1, "image_folder: random-resized-crop smallest area fraction.");
   s.number("hflip_prob", 0.5, 0, 1, "image_folder: horizontal flip probability (training).");
   s.number("crop_pct", 0.875, 0.1, 1, "image_folder, evaluation: resize to image_size / crop_pct, then center crop.");
+  s.choice("interpolation", "bilinear", {"bilinear", "bicubic"},
+           "image_folder: the resampling filter of the random resized crop and of evaluation's "
+           "resize (antialiased as PIL's; DeiT and timm train and evaluate with bicubic).");
+  s.string("auto_augment", "",
+           "image_folder, training: RandAugment as timm's config string, e.g. "
+           "rand-m9-mstd0.5-inc1 (DeiT): m magnitude (0..10), n ops per image (2), mstd "
+           "magnitude noise, mmax its clip (10), inc1 the increasing-magnitude op set, p each "
+           "op's probability (0.5); empty: off.");
+  s.number_list("color_jitter", {},
+                "image_folder, training: torchvision's ColorJitter as [brightness, contrast, "
+                "saturation] or [brightness, contrast, saturation, hue], or one value for the "
+                "first three, applied in a random order after RandAugment; empty: off (timm "
+                "leaves it off when auto_augment is on).");
+  s.number("erasing_prob", 0.0, 0, 1,
+           "image_folder, training: timm's RandomErasing probability after normalisation "
+           "(DeiT: 0.25); 0: off.");
+  s.choice("erasing_mode", "pixel", {"pixel", "rand", "const"},
+           "Random erasing's fill: per-pixel normal noise, one normal value per channel, or "
+           "zeros.");
+  s.integer("erasing_count", 1, 1, 64,
+            "Random erasing: boxes per erased image (timm's recount; more than 1: a count "
+            "uniform in [1, this]).");
+  s.integer("repeated_augmentation", 1, 1, 64,
+            "Repeated augmentation (DeiT: 3): each epoch takes the first 1/r of its shuffled "
+            "order and repeats each image r times in a row with different augmentations, so an "
+            "epoch keeps its length (timm's RepeatAugSampler); batches are split over processes "
+            "as any other; 1: off.");
+  s.boolean("scaled_jpeg_decode", true,
+            "image_folder: decode a JPEG at 1/2, 1/4 or 1/8 size with libjpeg-turbo's scaled "
+            "IDCT when the crop is resized down by at least twice that anyway (much faster on "
+            "large photos); false: always decode at full size.");
+  s.integer("generate_classes", 4, 2, 1000,
+            "image_folder without data.root: classes of the generated pictures (JPEGs of "
+            "coloured shapes on noise, 48 to 96 pixels a side, generate_train / generate_eval "
+            "of them split over the classes).");
   s.number("mixup_alpha", 0.0, 0, kInf, "Mixup Beta(alpha, alpha); 0: off.");
   s.number("cutmix_alpha", 0.0, 0, kInf, "CutMix Beta(alpha, alpha); 0: off.");
   s.number("mix_prob", 1.0, 0, 1, "Probability that a batch is mixed.");
@@ -259,6 +300,11 @@ std::vector<KeySpec> build_schema() {
   s.number("momentum", 0.9, 0, 1, "sgd: momentum.");
   s.boolean("nesterov", false, "sgd: Nesterov momentum.");
   s.number("clip_grad_norm", 0.0, 0, kInf, "Clip the global gradient norm to this; 0: off.");
+  s.number("layer_decay", 1.0, 0.01, 1,
+           "vit: layer-wise learning-rate decay for fine-tuning (timm's layer_decay, BEiT / MAE): "
+           "the head's lr is the schedule's, each layer below it is scaled by this once more "
+           "(the last block with the final norm, ..., block 0, then the patch embedding, class "
+           "token and positions: scale^(depth + 1) there); 1: off.");
   s.string_list("freeze", {}, "Parameters left out of the optimizer: name prefixes, e.g. [transformer.projections] keeps Linformer's E/F at their random init.");
 
   s.section = "schedule.";
@@ -279,6 +325,19 @@ std::vector<KeySpec> build_schema() {
   s.integer("log_every", 50, 1, kInf, "Optimizer steps between train metric records.");
   s.number("label_smoothing", 0.0, 0, 0.99, "Cross-entropy label smoothing.");
   s.boolean("check_nan", false, "Name the first op whose output is not finite (slower); also --check-nan.");
+
+  s.section = "ema.";
+  s.number("decay", 0.0, 0, 0.999999999,
+           "An exponential moving average of the weights (timm's ModelEmaV3), updated after every "
+           "optimizer step as ema = decay ema + (1 - decay) weights, evaluated beside the raw "
+           "weights (eval/ema_accuracy), saved in checkpoints (optimizer.safetensors, as "
+           "ema.<name>) and resumed exactly; 0: off. DeiT's code: 0.99996.");
+  s.boolean("warmup", false,
+            "EMA warm-up: the decay at update t is min(decay, 1 - (1 + t)^(-2/3)) (timm's "
+            "use_warmup), so early averages follow the weights.");
+  s.boolean("select_best", false,
+            "Choose the best checkpoint by the EMA weights' evaluation accuracy instead of the raw "
+            "weights'.");
 
   s.section = "checkpoint.";
   s.integer("every", 0, 0, kInf, "Optimizer steps between checkpoints; 0: at each evaluation.");

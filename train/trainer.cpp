@@ -18,16 +18,19 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/threading.h"
+#include "core/upload.h"
 #include "core/version.h"
 #include "data/image_io.h"
 #include "data/lm_text.h"
 #include "dist/group.h"
 #include "dist/reducer.h"
+#include "nn/models.h"
 #include "ops/autocast.h"
 #include "ops/linalg/matmul.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
 #include "optim/clip.h"
+#include "optim/ema.h"
 #include "optim/grad_scaler.h"
 #include "optim/lamb.h"
 #include "optim/schedule.h"
@@ -162,9 +165,42 @@ class CreatedDirGuard {
   bool armed_;
 };
 
+// The EMA of the weights travels in optimizer.safetensors, as the other
+// training state, under "ema.<parameter name>".
+constexpr std::string_view kEmaPrefix = "ema.";
+
+// A checkpoint's optimizer tensors without the EMA's, and the EMA's under
+// their own names.
+std::pair<std::map<std::string, Tensor>, std::map<std::string, Tensor>> split_ema(
+    const std::map<std::string, Tensor>& tensors) {
+  std::map<std::string, Tensor> rest, ema;
+  for (const auto& [name, t] : tensors) {
+    if (name.starts_with(kEmaPrefix))
+      ema.emplace(name.substr(kEmaPrefix.size()), t);
+    else
+      rest.emplace(name, t);
+  }
+  return {std::move(rest), std::move(ema)};
+}
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const Recipe& r, nn::Module& model) {
-  auto groups = optim::param_groups(model, r.number("optimizer.weight_decay"),
-                                    r.boolean("optimizer.no_decay_on_norms_biases"));
+  const double wd = r.number("optimizer.weight_decay"),
+               layer_decay = r.number("optimizer.layer_decay");
+  const bool exclude = r.boolean("optimizer.no_decay_on_norms_biases");
+  std::vector<optim::ParamGroup> groups;
+  if (layer_decay < 1) {
+    FORGE_CHECK(r.string("model.type") == "vit",
+                "recipe: optimizer.layer_decay numbers a ViT's layers (timm's); model.type {} has "
+                "no such numbering: leave it at 1",
+                r.string("model.type"));
+    const int64_t depth = r.integer("model.depth");
+    groups = optim::param_groups_layer_decay(
+        model, wd, exclude, layer_decay,
+        [depth](const std::string& name) { return nn::vit_layer_id(name, depth); },
+        nn::vit_num_layers(depth));
+  } else {
+    groups = optim::param_groups(model, wd, exclude);
+  }
   for (const std::string& prefix : r.string_list("optimizer.freeze")) {
     size_t frozen = 0;
     for (optim::ParamGroup& g : groups)
@@ -295,10 +331,10 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
 }
 
 // The batch in the run's dtype, on the run's device.
-data::Batch cast_batch(data::Batch b, DType dtype, Device device) {
+data::Batch cast_batch(data::Batch b, DType dtype, Uploader& uploader) {
   b.input = to_dtype(b.input, dtype);
   for (Tensor* t : {&b.input, &b.mask, &b.input2, &b.mask2, &b.target, &b.label, &b.label_mix})
-    if (t->defined()) *t = t->to(device);
+    if (t->defined()) *t = uploader.upload(*t);
   return b;
 }
 
@@ -373,13 +409,15 @@ std::optional<EvalResult> run_eval(TaskModel& model, data::DataLoader& loader,
   double loss_sum = 0;
   int64_t correct = 0, rows = 0;
   ClassCounts counts;
-  const int64_t epoch = 0;
-  for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
+  Uploader uploader(place.device);
+  // Epoch 0 of the loader, built ahead by its workers.
+  loader.seek({0, 0});
+  for (data::Batch next; loader.next(next);) {
     if (stop && stop()) {
       m.train(was_training);
       return std::nullopt;
     }
-    const data::Batch b = cast_batch(loader.build(epoch, i), place.dtype, place.device);
+    const data::Batch b = cast_batch(std::move(next), place.dtype, uploader);
     if (b.size == 0) continue;  // this process's slice of a short last batch
     const Predictions p = predictions(model.forward(b), b);
     if (p.rows() == 0) continue;
@@ -423,7 +461,8 @@ void write_attention_maps(TaskModel& model, data::DataLoader& loader, const Plac
                           const Recipe& r, const std::string& dir, spdlog::logger& log) {
   nn::Module& m = model.module();
   m.eval();
-  const data::Batch b = cast_batch(loader.build(0, 0), place.dtype, place.device);
+  Uploader uploader(place.device);
+  const data::Batch b = cast_batch(loader.build(0, 0), place.dtype, uploader);
   const AttentionMapsResult maps = draw_attention_maps(model, b, vit_layout(r), dir);
   m.train();
   log.info("attention maps of the first evaluation example: {} images in {}{}", maps.files.size(),
@@ -597,10 +636,13 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   // models (whose per-token accuracy says less).
   const bool by_loss =
       r.string("model.type") == "language_model" || r.string("model.type") == "encoder_decoder";
-  CheckpointManager ckpts(run_dir, static_cast<int>(r.integer("checkpoint.keep_last")),
-                          r.boolean("checkpoint.keep_best") ? 1 : 0,
-                          by_loss ? "eval_loss" : "eval_accuracy", by_loss ? "min" : "max",
-                          [&log](const std::string& w) { log->warn("{}", w); });
+  CheckpointManager ckpts(
+      run_dir, static_cast<int>(r.integer("checkpoint.keep_last")),
+      r.boolean("checkpoint.keep_best") ? 1 : 0,
+      std::string("eval_") +
+          (r.number("ema.decay") > 0 && r.boolean("ema.select_best") ? "ema_" : "") +
+          (by_loss ? "loss" : "accuracy"),
+      by_loss ? "min" : "max", [&log](const std::string& w) { log->warn("{}", w); });
   // A resume refuses a damaged latest checkpoint rather than going back to an
   // older one (whose next save would delete the damaged one): the user decides.
   if (from_checkpoint && !fork && ckpts.damaged_latest())
@@ -671,14 +713,17 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   double elapsed_before = 0;
   EvalResult last_eval;
   int64_t resumed_world = world;
-  std::optional<Checkpoint> forked;  // copied into the new run directory once it starts
+  std::optional<Checkpoint> forked;         // copied into the new run directory once it starts
+  std::map<std::string, Tensor> ema_state;  // the checkpoint's EMA weights, if any
   if (from_checkpoint) {
     const std::string latest = fork ? fork->dir : *ckpts.latest();
     const Checkpoint c = read_checkpoint(latest);
     for (const std::string& w : c.warnings) notes.push_back(w);
     try {
       model.load_state_dict(c.model);
-      optimizer->load_state_dict(c.optimizer);
+      auto [optimizer_state, ema_tensors] = split_ema(c.optimizer);
+      optimizer->load_state_dict(optimizer_state);
+      ema_state = std::move(ema_tensors);
     } catch (const Error& e) {
       FORGE_FAIL(
           "--resume {}: checkpoint {} does not fit the run's recipe (a --set given with --resume "
@@ -711,6 +756,31 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     if (fork) forked = c;
   }
   const int64_t first_step = step;
+  // The exponential moving average of the weights (ema.decay > 0): from the
+  // checkpoint's, or starting as the weights.
+  std::unique_ptr<optim::ModelEma> ema;
+  if (r.number("ema.decay") > 0) {
+    optim::EmaOptions eo;
+    eo.decay = r.number("ema.decay");
+    eo.warmup = r.boolean("ema.warmup");
+    ema = std::make_unique<optim::ModelEma>(model, eo);
+    if (!ema_state.empty()) {
+      try {
+        ema->load_state_dict(ema_state);
+      } catch (const Error& e) {
+        FORGE_FAIL("--resume {}: the checkpoint's EMA weights do not fit the model: {}",
+                   fork ? opt.resume_from : run_dir, message_of(e));
+      }
+    } else if (from_checkpoint) {
+      notes.push_back(fmt::format(
+          "the checkpoint has no EMA of the weights (ema.decay was 0); the average starts from "
+          "its weights at step {}",
+          step));
+    }
+  } else if (!ema_state.empty()) {
+    notes.push_back("the checkpoint's EMA of the weights is dropped: ema.decay is 0");
+  }
+  ema_state.clear();
 
   // ---- every check passed (on every process): the run directory is written from here on ----
   group.barrier("every process's checks of the recipe, the data and the checkpoint");
@@ -794,6 +864,9 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     Checkpoint c;
     c.model = model.state_dict();
     c.optimizer = optimizer->state_dict();
+    if (ema)
+      for (auto& [name, t] : ema->state_dict())
+        c.optimizer.emplace(std::string(kEmaPrefix) + name, t);
     c.recipe_yaml = r.to_yaml();
     c.card = card;
     RunState s;
@@ -828,6 +901,21 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     std::optional<EvalResult> e = run_eval(*task, eval_loader, place, smoothing, group, stop_now);
     if (!e) return e;
     e->step = step;
+    // The EMA weights on the same data, swapped into the model and back.
+    std::optional<EvalResult> e_ema;
+    if (ema) {
+      ema->swap_into(model);
+      try {
+        e_ema = run_eval(*task, eval_loader, place, smoothing, group, stop_now);
+      } catch (...) {
+        ema->swap_into(model);
+        throw;
+      }
+      ema->swap_into(model);
+      if (!e_ema) return e_ema;
+      e->ema_loss = e_ema->loss;
+      e->ema_accuracy = e_ema->accuracy;
+    }
     last_eval = *e;
     json::Value rec;
     rec["step"] = step;
@@ -837,16 +925,25 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     rec["examples"] = e->examples;
     if (e->predictions != e->examples) rec["tokens"] = e->predictions;
     add_token_metrics(rec, e->loss, data.shape);
+    if (e_ema) {
+      rec["ema_loss"] = e_ema->loss;
+      rec["ema_accuracy"] = e_ema->accuracy;
+    }
     rec["seconds"] = seconds_since(t0);
     if (metrics) metrics->append(rec);
-    log->info("eval  step {:>6}  loss {:.4f}{}  accuracy {:.2f}%  ({} examples{}, {})", step,
-              e->loss, token_metrics_text(rec), 100 * e->accuracy, e->examples,
+    log->info("eval  step {:>6}  loss {:.4f}{}  accuracy {:.2f}%{}  ({} examples{}, {})", step,
+              e->loss, token_metrics_text(rec), 100 * e->accuracy,
+              e_ema ? fmt::format("  EMA: loss {:.4f} accuracy {:.2f}%", e_ema->loss,
+                                  100 * e_ema->accuracy)
+                    : std::string(),
+              e->examples,
               e->predictions != e->examples ? fmt::format(", {} tokens", e->predictions) : "",
               format_duration(seconds_since(t0)));
     return e;
   };
 
   // ---- the loop ----
+  Uploader uploader(place.device);  // batches go to a GPU through pinned buffers
   TrainResult result;
   result.run_dir = run_dir;
   EtaEstimator eta;
@@ -893,7 +990,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       if (!train_loader.next(b))
         FORGE_CHECK(train_loader.next(b), "DataLoader: epoch {} has no batch",
                     train_loader.position().epoch);
-      b = cast_batch(std::move(b), dtype, place.device);
+      b = cast_batch(std::move(b), dtype, uploader);
       Predictions p;
       Tensor loss;
       {
@@ -956,6 +1053,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     }
     model.zero_grad();
     ++step;
+    if (ema) ema->update(model, step);
     const double dt = seconds_since(t0);
     eta.add(dt);
     window.grad_norm_sum += norm;
@@ -1021,7 +1119,9 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
         result.status = TrainResult::Status::interrupted;
         break;
       }
-      metric = by_loss ? e->loss : e->accuracy;
+      const bool by_ema = e->ema_loss && r.boolean("ema.select_best");
+      metric =
+          by_loss ? (by_ema ? *e->ema_loss : e->loss) : (by_ema ? *e->ema_accuracy : e->accuracy);
     }
     const bool ckpt_now = last || (ckpt_every > 0 ? step % ckpt_every == 0 : eval_now);
     if (ckpt_now) {
@@ -1033,6 +1133,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   result.steps = step;
   result.eval_loss = last_eval.loss;
   result.eval_accuracy = last_eval.accuracy;
+  result.ema_eval_accuracy = last_eval.ema_accuracy;
   result.last_checkpoint = last_ckpt;
   if (root) write_plot(run_dir);
   if (root && result.status == TrainResult::Status::finished) {

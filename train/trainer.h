@@ -59,6 +59,7 @@ struct TrainResult {
   enum class Status { finished, interrupted } status = Status::finished;
   int64_t steps = 0;
   double eval_loss = 0, eval_accuracy = 0;  // of the last evaluation
+  std::optional<double> ema_eval_accuracy;  // its EMA weights' (ema.decay > 0)
   std::string run_dir;
   std::string last_checkpoint;
 };
@@ -89,6 +90,8 @@ struct EvalResult {
   // Classifiers (evaluate_checkpoint): top-5 accuracy, and the confusion matrix
   // (rows: the true class, columns: the predicted one) with the classes' names.
   std::optional<double> top5_accuracy;
+  // During training with ema.decay > 0: the EMA weights' loss and accuracy.
+  std::optional<double> ema_loss, ema_accuracy;
   std::vector<std::vector<int64_t>> confusion;
   std::vector<std::string> class_names;
   int64_t step = 0;
