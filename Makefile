@@ -6,7 +6,7 @@ SANITIZE ?= build-sanitize
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train test-sanitize soak fuzz gpu-bundle bench bench-attention bench-stack bench-generate bench-distributed bench-torch bench-vit format clean
+.PHONY: all deps configure build test train test-sanitize soak fuzz gpu-bundle bench bench-attention bench-stack bench-generate bench-distributed bench-torch bench-vit bench-loader format clean
 
 all: build
 
@@ -89,6 +89,14 @@ bench-vit: build
 	@dpkg-query -W -f='$${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch)
 	/usr/bin/python3 bench/torch_train_step.py --ours $(BUILD)/bench/bench_train_step --threads $(JOBS)
+
+# Images/s of the training data pipeline (recipes/vit/imagenet_vit_s16.yaml's
+# transforms) with 1 and 2 loader workers, ours against torchvision's DeiT
+# pipeline (Debian's python3-torchvision) on the same synthetic JPEGs.
+bench-loader: build
+	@bash scripts/install-deps.sh bench
+	$(BUILD)/bench/bench_loader --workers 1,2
+	/usr/bin/python3 bench/torch_loader.py "$$($(BUILD)/bench/bench_loader --print-root)" --workers 1,2
 
 # Our attention ops against eager PyTorch (Debian's python3-torch), same run.
 bench-torch: build

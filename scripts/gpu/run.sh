@@ -4,7 +4,7 @@
 # the comparison), but without our Debian dependencies. Logs go to OUT_DIR.
 #
 #   scripts/gpu/run.sh [ARCHIVE=.gpu/attnforge-gpu.tar.xz] [OUT_DIR=${OUT:-gpu-out}] [WHAT=all]
-# WHAT (comma-separated): tests | train | matmul | attention | attention64 | attention128 | steps |
+# WHAT (comma-separated): tests | train | resume | deit | loader | matmul | attention | attention64 | attention128 | steps |
 #   bench (= matmul, attention, steps) | all (= tests, bench). Each part fits in one
 #   10-minute call of the device tool; raw CSV goes to OUT_DIR too.
 # Exit status: that of the tests (benchmarks report only).
@@ -116,6 +116,59 @@ PY
   limited 90 "$root/bin/attnforge" eval "$dest/whole/checkpoints/step-00000300" --out "$out/eval.json" > "$out/eval.log" 2>&1
   echo "eval rc=$?" | tee -a "$out/resume.summary"
   cat "$out/eval.json" >> "$out/resume.summary" 2>/dev/null
+fi
+if want deit; then
+  # Issue 20's pipeline on the GPU: the tiny image-folder recipe (RandAugment,
+  # random erasing, repeated augmentation, drop path, EMA) trained, stopped
+  # after its step-120 checkpoint and resumed: the weights and the EMA at the
+  # end must be bit-identical to the uninterrupted run's. Then issue 19's
+  # commands on the GPU with its checkpoint: eval (top-5, confusion), predict,
+  # attention-maps, and export --format timm loaded by timm itself.
+  echo "== deit: imagefolder_tiny on the GPU"
+  export ATTNFORGE_CACHE="$dest/cache"
+  r=(--set device=cuda --set loop.epochs=0 --set loop.steps=240 --set checkpoint.every=120 --set loop.eval_every=120)
+  limited 120 "$root/bin/attnforge" train "$src/recipes/vit/imagefolder_tiny.yaml" --out "$dest/tiny" "${r[@]}" > "$out/deit_tiny.log" 2>&1
+  echo "tiny rc=$?" | tee "$out/deit.summary"; grep -E "eval  step|done" "$out/deit_tiny.log" | tail -3 | tee -a "$out/deit.summary"
+  ATTNFORGE_FAULT=0:121 limited 90 "$root/bin/attnforge" train "$src/recipes/vit/imagefolder_tiny.yaml" --out "$dest/tiny_cut" "${r[@]}" > "$out/deit_cut.log" 2>&1
+  echo "stopped run rc=$? (1 expected: the injected fault)" | tee -a "$out/deit.summary"
+  limited 90 "$root/bin/attnforge" train --resume "$dest/tiny_cut" >> "$out/deit_cut.log" 2>&1
+  echo "resume rc=$?" | tee -a "$out/deit.summary"
+  python3 - "$dest/tiny/checkpoints/step-00000240" "$dest/tiny_cut/checkpoints/step-00000240" <<'PY' 2>&1 | tee -a "$out/deit.summary"
+import sys
+from safetensors.numpy import load_file
+for f in ("model.safetensors", "optimizer.safetensors"):
+    a, b = load_file(f"{sys.argv[1]}/{f}"), load_file(f"{sys.argv[2]}/{f}")
+    same = a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+    ema = sum(k.startswith("ema.") for k in a)
+    print(f"{f}: resumed run bit-identical to the uninterrupted one: {same} ({len(a)} tensors, {ema} EMA)")
+PY
+  ck="$dest/tiny/checkpoints/step-00000240"
+  limited 60 "$root/bin/attnforge" eval "$ck" --out "$out/deit_eval.json" > "$out/deit_eval.log" 2>&1
+  echo "eval rc=$?" | tee -a "$out/deit.summary"
+  val=$(ls -d "$ATTNFORGE_CACHE"/images-*/val | head -n1)
+  imgs=$(find "$val" -name '*.jpg' | sort | head -n 16)
+  limited 60 "$root/bin/attnforge" predict "$ck" $imgs --out "$out/deit_predict.jsonl" > "$out/deit_predict.log" 2>&1
+  echo "predict rc=$?" | tee -a "$out/deit.summary"
+  limited 60 "$root/bin/attnforge" attention-maps "$ck" $(echo $imgs | cut -d' ' -f1) --out "$dest/maps" > "$out/deit_maps.log" 2>&1
+  echo "attention-maps rc=$? $(ls "$dest/maps" 2>/dev/null | wc -l) files" | tee -a "$out/deit.summary"
+  limited 60 "$root/bin/attnforge" export "$ck" --format timm --out "$dest/timm" > "$out/deit_timm.log" 2>&1
+  echo "export timm rc=$?" | tee -a "$out/deit.summary"
+  (cd "$src" && limited 120 python3 tests/export/check_timm.py "$dest/timm" "$out/deit_predict.jsonl" $imgs) 2>&1 | tee -a "$out/deit.summary"
+fi
+if want loader; then
+  # bench/loader: images/s of the DeiT train transform per worker count, and
+  # torchvision's pipeline on the same pictures; then ViT-S/16 trained with the
+  # DeiT recipe from those pictures (bf16, batch 256, 16 workers).
+  echo "== loader"
+  export ATTNFORGE_CACHE="$dest/cache"
+  (cd "$src" && limited 240 "$root/bin/bench_loader" --workers 1,2,4,8,16 --batches 24 --batch-size 128 --out "$out/loader.jsonl") 2>&1 | tee "$out/loader.log"
+  imgroot=$("$root/bin/bench_loader" --print-root 2>/dev/null | tail -n1)
+  (cd "$src" && limited 150 python3 bench/torch_loader.py "$imgroot" --workers 16,1 --batches 24 --batch-size 128) 2>&1 | tee "$out/torch_loader.log"
+  echo "== ViT-S/16, DeiT recipe, images from $imgroot"
+  limited 150 "$root/bin/attnforge" train "$src/recipes/vit/imagenet_vit_s16.yaml" --out "$dest/s16" --set data.root="$imgroot" \
+    --set device=cuda --set loop.epochs=0 --set loop.steps=60 --set loop.accumulation=1 --set loop.log_every=20 \
+    --set loop.eval_every=1000 --set checkpoint.every=1000 --set data.limit_eval=256 > "$out/deit_s16.log" 2>&1
+  echo "s16 rc=$?" | tee -a "$out/loader.log"; grep -E "step |done" "$out/deit_s16.log" | tail -4 | tee -a "$out/loader.log"
 fi
 if want matmul bench; then
   echo "== bench_cuda_matmul"
