@@ -2,10 +2,10 @@
 //
 //   attnforge train RECIPE.yaml [--set key=value]... [--out DIR] [--dump-config] [--check-nan]
 //   attnforge train --resume RUN_OR_CHECKPOINT [--out NEW_DIR] [--set key=value]... [--check-nan]
-//   attnforge eval CHECKPOINT [--split NAME] [--out FILE] [--set key=value]...
-//   attnforge predict CKPT INPUT... [--top-k K] [--batch-size N] [--out FILE] [--set key=value]...
-//   attnforge attention-maps CKPT INPUT [--index I] [--out DIR] [--set key=value]...
-//   attnforge export CKPT --out DIR [--format pytorch]
+//   attnforge eval CHECKPOINT [--split NAME] [--ema] [--out FILE] [--set key=value]...
+//   attnforge predict CKPT INPUT... [--top-k K] [--batch-size N] [--ema] [--out FILE] [--set ...]
+//   attnforge attention-maps CKPT INPUT [--index I] [--ema] [--out DIR] [--set key=value]...
+//   attnforge export CKPT --out DIR [--format pytorch|timm] [--ema]
 //   attnforge generate CKPT [--prompt TEXT | --prompt-file F] [--source TEXT] [--length N] ...
 //   attnforge gradcheck [OP...] [--list]
 //   attnforge bench attention [options of bench_attention]
@@ -129,6 +129,7 @@ checkpoint directory (RUN/checkpoints/step-00001000).
 
 options:
   --split NAME     the split to evaluate (default: the recipe's data.eval_split)
+  --ema            evaluate the moving average of the weights (a run with ema.decay)
   --out FILE       where to write the JSON (default: <run dir>/eval-<checkpoint>-<split>.json)
   --set KEY=VALUE  override a recipe key (e.g. data.root, loop.eval_batch_size;
                    data.limit_eval=N evaluates the first N examples only)
@@ -148,6 +149,7 @@ evaluation prepares its data (the checkpoint's recipe and card say how).
 
 options:
   --top-k K          classes listed per example (default 5)
+  --ema              use the moving average of the weights (a run with ema.decay)
   --batch-size N     examples per forward (default: the recipe's eval batch size)
   --out FILE         write the JSON lines there instead of stdout
   --set KEY=VALUE    override a recipe key (e.g. device=cpu, threads=2)
@@ -155,7 +157,7 @@ options:
 )";
 
 constexpr const char* kExportHelp =
-    R"(usage: attnforge export CHECKPOINT --out DIR [--format pytorch|timm]
+    R"(usage: attnforge export CHECKPOINT --out DIR [--format pytorch|timm] [--ema]
 
 Writes a checkpoint as a directory PyTorch loads without attnforge: model.py
 (plain PyTorch rebuilding the model, every attention mechanism included),
@@ -168,6 +170,7 @@ directory. Classifiers (vit, sequence_classifier).
 
 options:
   --out DIR        the directory to create (it must not exist)
+  --ema            export the moving average of the weights (a run with ema.decay)
   --format F       pytorch (default), or timm for softmax ViTs: timm's names
                    (fused qkv) and config.json's "timm": {"model_name", "kwargs"}
                    for timm.create_model(model_name, **kwargs), whose
@@ -187,6 +190,7 @@ Mechanisms without explicit maps (efficient, linear, favor) draw none.
 
 options:
   --index I        the example of INPUT to draw (default 0)
+  --ema            draw with the moving average of the weights (a run with ema.decay)
   --out DIR        where to write (default: <run dir>/attention_maps-<checkpoint>-<I>)
   --set KEY=VALUE  override a recipe key
   --help           this text
@@ -378,10 +382,13 @@ int cmd_eval(const std::vector<std::string>& args) {
   }
   std::string ckpt, split, out;
   std::vector<std::string> sets;
+  bool ema = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--split")
       split = value_of(args, i);
+    else if (a == "--ema")
+      ema = true;
     else if (a == "--out")
       out = value_of(args, i);
     else if (a == "--set")
@@ -394,7 +401,7 @@ int cmd_eval(const std::vector<std::string>& args) {
       throw UsageError(fmt::format("eval: one checkpoint expected, got a second: {}", a));
   }
   if (ckpt.empty()) throw UsageError("eval: give a checkpoint or a run directory");
-  const auto r = forge::train::evaluate_checkpoint(ckpt, split, sets);
+  const auto r = forge::train::evaluate_checkpoint(ckpt, split, sets, ema);
   if (!forge::dist::Group::world().root()) return 0;  // rank 0 reports the reduced result
   for (const std::string& w : r.warnings)
     std::fprintf(stderr, "attnforge eval: warning: %s\n", w.c_str());
@@ -403,7 +410,9 @@ int cmd_eval(const std::vector<std::string>& args) {
   if (out.empty()) {
     const fs::path dir(r.checkpoint);
     const fs::path beside = r.run_dir.empty() ? dir.parent_path() : fs::path(r.run_dir);
-    out = (beside / fmt::format("eval-{}-{}.json", dir.filename().string(), r.split)).string();
+    out = (beside /
+           fmt::format("eval-{}-{}{}.json", dir.filename().string(), r.split, ema ? "-ema" : ""))
+              .string();
   }
   forge::io::write_file_atomic(out, text);
   std::fprintf(stderr, "wrote %s\n", out.c_str());
@@ -508,6 +517,8 @@ int cmd_predict(const std::vector<std::string>& args) {
     const std::string& a = args[i];
     if (a == "--top-k")
       q.top_k = number_of<int64_t>(args, i);
+    else if (a == "--ema")
+      q.ema = true;
     else if (a == "--batch-size")
       q.batch_size = number_of<int64_t>(args, i);
     else if (a == "--out")
@@ -551,6 +562,8 @@ int cmd_export(const std::vector<std::string>& args) {
       q.out_dir = value_of(args, i);
     else if (a == "--format")
       q.format = value_of(args, i);
+    else if (a == "--ema")
+      q.ema = true;
     else if (!a.empty() && a[0] == '-')
       throw UsageError(fmt::format("export: unknown option {}", a));
     else if (q.checkpoint.empty())
@@ -575,10 +588,13 @@ int cmd_attention_maps(const std::vector<std::string>& args) {
   std::string ckpt, input, out;
   int64_t index = 0;
   std::vector<std::string> sets;
+  bool ema = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--index")
       index = number_of<int64_t>(args, i);
+    else if (a == "--ema")
+      ema = true;
     else if (a == "--out")
       out = value_of(args, i);
     else if (a == "--set")
@@ -594,7 +610,7 @@ int cmd_attention_maps(const std::vector<std::string>& args) {
   }
   if (ckpt.empty() || input.empty())
     throw UsageError("attention-maps: give a checkpoint (or run directory) and an input file");
-  const auto model = forge::train::load_classifier(ckpt, sets, "attention-maps");
+  const auto model = forge::train::load_classifier(ckpt, sets, "attention-maps", ema);
   auto inputs = forge::train::prepare_inputs(model, {input});
   if (index < 0 || index >= static_cast<int64_t>(inputs.examples.size()))
     throw std::runtime_error(fmt::format("attention-maps: --index {}: {} holds {} example(s)",

@@ -372,6 +372,19 @@ void write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
   write_checkpoint_impl(dir, ckpt.model, ckpt.optimizer, ckpt.recipe_yaml, ckpt.card, ckpt.state);
 }
 
+std::map<std::string, Tensor> checkpoint_weights(const Checkpoint& c, bool ema,
+                                                 const std::string& where) {
+  if (!ema) return c.model;
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : c.optimizer)
+    if (name.starts_with(kEmaPrefix)) out.emplace(name.substr(kEmaPrefix.size()), t);
+  FORGE_CHECK(!out.empty(),
+              "{}: the checkpoint holds no moving average of the weights (its run had ema.decay "
+              "0); leave out --ema to use its weights",
+              where);
+  return out;
+}
+
 Checkpoint read_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {

@@ -59,6 +59,17 @@ struct Checkpoint {
   std::vector<std::string> warnings;
 };
 
+// The moving average of the weights (recipe key ema.decay) travels in
+// optimizer.safetensors, as the rest of the training state, under
+// "ema.<parameter name>".
+inline constexpr std::string_view kEmaPrefix = "ema.";
+
+// The weights of checkpoint `c` for a model: model.safetensors' or, with
+// `ema`, the moving average's under the model's names. A checkpoint without
+// an EMA is then an error that starts with `where`.
+std::map<std::string, Tensor> checkpoint_weights(const Checkpoint& c, bool ema,
+                                                 const std::string& where);
+
 // Writes `dir` atomically (see above); its parent directories are created.
 void write_checkpoint(const std::string& dir, const Checkpoint& ckpt);
 

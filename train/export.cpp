@@ -197,12 +197,13 @@ ExportResult export_checkpoint(const ExportRequest& q) {
   config["attnforge"]["commit"] = forge::git_commit();
   config["source"]["checkpoint"] = ref.dir;
   if (ref.step) config["source"]["step"] = *ref.step;
+  config["source"]["weights"] = q.ema ? "ema" : "model";
   config["model"] = model_keys(r);
   config["card"] = c.card;
   if (timm) config["timm"] = timm_arguments(r);
 
   std::map<std::string, Tensor> tensors;
-  for (const auto& [name, t] : c.model)
+  for (const auto& [name, t] : checkpoint_weights(c, q.ema, "export --ema " + ref.dir))
     tensors.emplace(name, is_floating(t.dtype()) && t.dtype() != DType::f32 ? t.to(DType::f32) : t);
   if (timm) tensors = to_timm_names(tensors, r.integer("model.depth"));
 

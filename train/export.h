@@ -30,6 +30,7 @@ struct ExportRequest {
   std::string checkpoint;  // any form resolve_checkpoint accepts
   std::string out_dir;
   std::string format = "pytorch";  // or "timm"
+  bool ema = false;                // the moving average of the weights (ema.decay)
 };
 
 struct ExportResult {

@@ -166,7 +166,7 @@ void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels,
 }  // namespace
 
 Classifier load_classifier(const std::string& checkpoint, const std::vector<std::string>& overrides,
-                           const std::string& what) {
+                           const std::string& what, bool ema) {
   Classifier m;
   const CheckpointRef ref = resolve_checkpoint(checkpoint, what);
   m.checkpoint = ref.dir;
@@ -196,7 +196,9 @@ Classifier load_classifier(const std::string& checkpoint, const std::vector<std:
   if (!shape.images && r.integer("data.max_length") > 0)
     shape.max_length = std::min(shape.max_length, r.integer("data.max_length"));
   m.place = placement(r);
-  m.task = build_trained_model(r, shape, m.place, c.model, what + ": " + ref.dir);
+  m.task =
+      build_trained_model(r, shape, m.place, checkpoint_weights(c, ema, what + " --ema " + ref.dir),
+                          what + ": " + ref.dir);
   m.task->module().eval();
   if (c.card.is_object())
     if (const json::Value* cls = c.card.find("classes"); cls && cls->is_array())
@@ -247,7 +249,7 @@ PredictResult predict(const PredictRequest& q,
   const auto t0 = std::chrono::steady_clock::now();
   FORGE_CHECK(!q.inputs.empty(), "predict: give at least one input file");
   FORGE_CHECK(q.top_k >= 1, "predict: --top-k must be 1 or more, got {}", q.top_k);
-  const Classifier m = load_classifier(q.checkpoint, q.overrides, "predict");
+  const Classifier m = load_classifier(q.checkpoint, q.overrides, "predict", q.ema);
   const PreparedInputs inputs = prepare_inputs(m, q.inputs);
   PredictResult result;
   result.checkpoint = m.checkpoint;

@@ -41,8 +41,9 @@ struct Classifier {
   std::unique_ptr<TaskModel> task;
 };
 // `what` starts error messages ("predict", "attention-maps").
+// With `ema`, the checkpoint's moving average of the weights (ema.decay).
 Classifier load_classifier(const std::string& checkpoint, const std::vector<std::string>& overrides,
-                           const std::string& what);
+                           const std::string& what, bool ema = false);
 
 // Input files made into examples as evaluation prepares its data (see the top
 // of this file), each with its name.
@@ -63,6 +64,7 @@ struct PredictRequest {
   int64_t top_k = 5;                   // classes listed per example (at most the number of classes)
   int64_t batch_size = 0;              // 0: the recipe's evaluation batch size
   std::vector<std::string> overrides;  // --set assignments to the checkpoint's recipe
+  bool ema = false;                    // the moving average of the weights (ema.decay)
 };
 
 struct PredictResult {

@@ -165,10 +165,6 @@ class CreatedDirGuard {
   bool armed_;
 };
 
-// The EMA of the weights travels in optimizer.safetensors, as the other
-// training state, under "ema.<parameter name>".
-constexpr std::string_view kEmaPrefix = "ema.";
-
 // A checkpoint's optimizer tensors without the EMA's, and the EMA's under
 // their own names.
 std::pair<std::map<std::string, Tensor>, std::map<std::string, Tensor>> split_ema(
@@ -562,6 +558,7 @@ json::Value EvalResult::to_json() const {
   json::Value v;
   v["split"] = split;
   v["step"] = step;
+  if (ema_weights) v["weights"] = "ema";
   v["examples"] = examples;
   v["loss"] = loss;
   v["accuracy"] = accuracy;
@@ -1157,7 +1154,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
 }
 
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& split,
-                               const std::vector<std::string>& overrides) {
+                               const std::vector<std::string>& overrides, bool ema) {
   // Under mpirun each process evaluates its slice of every batch (run_eval).
   dist::Group& group = dist::Group::world();
   const CheckpointRef ref = resolve_checkpoint(path, "eval");
@@ -1177,7 +1174,8 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
   lo.shard_index = group.rank();
   lo.shard_count = group.size();
   data::DataLoader loader(data.eval, lo);
-  std::unique_ptr<TaskModel> task = build_trained_model(r, data.shape, place, c.model, dir);
+  std::unique_ptr<TaskModel> task = build_trained_model(
+      r, data.shape, place, checkpoint_weights(c, ema, "eval --ema " + dir), dir);
   EvalResult e = *run_eval(*task, loader, place, r.number("loop.label_smoothing"), group, {},
                            data.shape.task == Task::classification);
   e.class_names = data.eval->class_names();
@@ -1189,6 +1187,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
     e.perplexity = rec.at("perplexity").as_double();
   }
   e.step = c.state.at("step").as_int();
+  e.ema_weights = ema;
   e.checkpoint = dir;
   e.run_dir = ref.run_dir;
   e.warnings = c.warnings;

@@ -92,6 +92,7 @@ struct EvalResult {
   std::optional<double> top5_accuracy;
   // During training with ema.decay > 0: the EMA weights' loss and accuracy.
   std::optional<double> ema_loss, ema_accuracy;
+  bool ema_weights = false;  // evaluate_checkpoint: the EMA was evaluated ("weights": "ema")
   std::vector<std::vector<int64_t>> confusion;
   std::vector<std::string> class_names;
   int64_t step = 0;
@@ -104,7 +105,9 @@ struct EvalResult {
 // from its model.safetensors) and evaluates it on the whole of `split` (empty:
 // the recipe's data.eval_split); `overrides` are --set assignments applied to
 // that recipe (data.limit_eval=N evaluates a subset).
+// With `ema`, the checkpoint's moving average of the weights (ema.decay) is
+// evaluated instead of its weights.
 EvalResult evaluate_checkpoint(const std::string& path, const std::string& split,
-                               const std::vector<std::string>& overrides);
+                               const std::vector<std::string>& overrides, bool ema = false);
 
 }  // namespace forge::train

@@ -5,15 +5,19 @@
 // and resumed run ends with bit-identical weights and EMA; the EMA in a
 // checkpoint is the average of the weights of every step (recomputed here from
 // per-step checkpoints); ema.select_best picks the best checkpoint by the
-// EMA's accuracy; layer_decay scales the lower layers' updates.
+// EMA's accuracy; eval, predict and export take the EMA with --ema;
+// layer_decay scales the lower layers' updates.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 
+#include "core/safetensors.h"
 #include "tests/test_util.h"
 #include "train/checkpoint.h"
+#include "train/export.h"
 #include "train/metrics.h"
+#include "train/predict.h"
 #include "train/trainer.h"
 
 namespace forge::train {
@@ -168,6 +172,39 @@ TEST(DeitPipeline, SelectBestByTheEmaUsesItsAccuracy) {
   const json::Value& m = c.state.at("checkpoint_metric");
   EXPECT_EQ(m.at("name").as_string(), "eval_ema_accuracy");
   EXPECT_EQ(m.at("value").as_double(), best_ema);
+}
+
+TEST(DeitPipeline, EvalPredictAndExportTakeTheEmaOnRequest) {
+  const testing::TempDir tmp;
+  const std::string run = tmp.file("run");
+  const TrainResult t = train(short_run(12), quiet(run));
+  ASSERT_TRUE(t.ema_eval_accuracy.has_value());
+  // eval --ema reproduces the training's last EMA evaluation, eval without it the weights'.
+  const EvalResult raw = evaluate_checkpoint(run, "", {});
+  const EvalResult ema = evaluate_checkpoint(run, "", {}, true);
+  EXPECT_EQ(raw.accuracy, t.eval_accuracy);
+  EXPECT_EQ(ema.accuracy, *t.ema_eval_accuracy);
+  EXPECT_EQ(ema.to_json().at("weights").as_string(), "ema");
+  EXPECT_EQ(raw.to_json().find("weights"), nullptr);
+  // predict's model holds the EMA's tensors.
+  const Checkpoint c = read_checkpoint(t.last_checkpoint);
+  const auto averaged = ema_of(c);
+  const Classifier m = load_classifier(run, {}, "predict", true);
+  expect_bit_equal(m.task->module().state_dict(), averaged, "predict --ema");
+  // export --ema writes them.
+  ExportRequest q;
+  q.checkpoint = run;
+  q.out_dir = tmp.file("exported");
+  q.ema = true;
+  export_checkpoint(q);
+  expect_bit_equal(safetensors::load(tmp.file("exported/model.safetensors")).tensors, averaged,
+                   "export --ema");
+  // A run without an EMA says so.
+  Recipe plain = short_run(3);
+  plain.set("ema.decay=0");
+  train(plain, quiet(tmp.file("plain")));
+  testing::expect_error([&] { evaluate_checkpoint(tmp.file("plain"), "", {}, true); },
+                        {"eval --ema", "no moving average", "ema.decay"});
 }
 
 TEST(DeitPipeline, LayerDecaySlowsTheLowerLayers) {
