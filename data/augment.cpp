@@ -31,17 +31,6 @@ namespace {
 
 // ---- images and lookup tables ----
 
-void check_image(const Image& image, const char* what) {
-  FORGE_CHECK(image.channels == 1 || image.channels == 3,
-              "{}: expected a u8 image with 1 or 3 channels, got {}", what, image.channels);
-  FORGE_CHECK(image.height > 0 && image.width > 0, "{}: expected a non-empty image, got {}x{}",
-              what, image.height, image.width);
-  FORGE_CHECK(
-      static_cast<int64_t>(image.pixels.size()) == image.height * image.width * image.channels,
-      "{}: a {}x{}x{} image needs {} pixel bytes, has {}", what, image.height, image.width,
-      image.channels, image.height * image.width * image.channels, image.pixels.size());
-}
-
 Image blank_like(const Image& image) {
   return Image{image.height, image.width, image.channels,
                std::vector<uint8_t>(image.pixels.size())};

@@ -496,6 +496,17 @@ Image read_image(const std::string& path, int64_t max_pixels, int scale_denom) {
   return decode_image(read_file(path), path, max_pixels, scale_denom);
 }
 
+void check_image(const Image& image, const char* what) {
+  FORGE_CHECK(image.channels == 1 || image.channels == 3,
+              "{}: expected an image with 1 or 3 channels, got {}", what, image.channels);
+  FORGE_CHECK(image.height > 0 && image.width > 0, "{}: expected a non-empty image, got {}x{}",
+              what, image.height, image.width);
+  FORGE_CHECK(
+      static_cast<int64_t>(image.pixels.size()) == image.height * image.width * image.channels,
+      "{}: a {}x{}x{} image needs {} pixel bytes, has {}", what, image.height, image.width,
+      image.channels, image.height * image.width * image.channels, image.pixels.size());
+}
+
 std::vector<uint8_t> read_image_bytes(const std::string& path) {
   return read_file(path);
 }

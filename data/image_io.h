@@ -48,6 +48,10 @@ Image read_image(const std::string& path, int64_t max_pixels = kDefaultMaxImageP
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& what,
                    int64_t max_pixels = kDefaultMaxImagePixels, int scale_denom = 1);
 
+// Throws, starting with `what`, unless `image` is a non-empty 1- or
+// 3-channel picture with exactly height * width * channels pixel bytes.
+void check_image(const Image& image, const char* what);
+
 // The bytes of an image file, for read_image_header followed by decode_image
 // without reading the file twice. Errors name the path.
 std::vector<uint8_t> read_image_bytes(const std::string& path);

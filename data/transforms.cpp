@@ -141,17 +141,6 @@ void resample(const T* src, const SourceLayout& s, const AxisTaps& ys, const Axi
     }
 }
 
-void check_image(const Image& image, const char* what) {
-  FORGE_CHECK(image.channels == 1 || image.channels == 3,
-              "{}: expected an image with 1 or 3 channels, got {}", what, image.channels);
-  FORGE_CHECK(image.height > 0 && image.width > 0, "{}: expected a non-empty image, got {}x{}",
-              what, image.height, image.width);
-  FORGE_CHECK(
-      static_cast<int64_t>(image.pixels.size()) == image.height * image.width * image.channels,
-      "{}: a {}x{}x{} image needs {} pixel bytes, has {}", what, image.height, image.width,
-      image.channels, image.height * image.width * image.channels, image.pixels.size());
-}
-
 // A contiguous f32 [C, H, W] tensor's layout.
 SourceLayout chw_layout(const Tensor& image, const char* what) {
   FORGE_CHECK(image.defined() && image.dim() == 3 && image.dtype() == DType::f32,
