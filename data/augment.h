@@ -25,6 +25,9 @@
 namespace forge::data {
 
 enum class Interpolation { nearest, bilinear, bicubic };
+const char* interpolation_name(Interpolation interpolation);  // "nearest", "bilinear", "bicubic"
+// The Interpolation of that name; throws naming it and the valid ones.
+Interpolation interpolation_from_name(const std::string& name);
 
 // ---- RandAugment as timm's rand_augment_transform ----
 

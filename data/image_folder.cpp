@@ -115,7 +115,7 @@ Example ImageFolder::get(int64_t i, Rng* rng) const {
 
 std::string ImageFolder::describe() const {
   const ImageTransformOptions& t = options_.transform;
-  const char* filter = t.interpolation == Interpolation::bicubic ? "bicubic" : "bilinear";
+  const char* filter = interpolation_name(t.interpolation);
   const std::string eval = fmt::format(
       "{} resize {} + center crop {}", filter,
       static_cast<int64_t>(std::floor(static_cast<double>(t.size) / t.crop_pct)), t.size);

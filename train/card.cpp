@@ -26,7 +26,7 @@ json::Value image_input(const Recipe& r, const DataShape& shape) {
   in["channels"] = shape.channels;
   in["size"] = shape.image_size;
   in["scale"] = "u8 / 255";
-  in["interpolation"] = t.interpolation == data::Interpolation::bicubic ? "bicubic" : "bilinear";
+  in["interpolation"] = data::interpolation_name(t.interpolation);
   in["crop_pct"] = t.crop_pct;
   in["mean"] = numbers(data::effective_mean(t));
   in["std"] = numbers(data::effective_std(t));
@@ -36,8 +36,7 @@ json::Value image_input(const Recipe& r, const DataShape& shape) {
                 "resize the shorter side to floor({} / crop_pct {}) = {} (antialiased {}, as "
                 "PIL), centre-crop {}x{}, RGB",
                 t.size, t.crop_pct, static_cast<int64_t>(static_cast<double>(t.size) / t.crop_pct),
-                t.interpolation == data::Interpolation::bicubic ? "bicubic" : "bilinear", t.size,
-                t.size)
+                data::interpolation_name(t.interpolation), t.size, t.size)
           : fmt::format(
                 "gray; a picture of another size is resized to {}x{} (antialiased "
                 "bilinear)",

@@ -372,12 +372,22 @@ void write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
   write_checkpoint_impl(dir, ckpt.model, ckpt.optimizer, ckpt.recipe_yaml, ckpt.card, ckpt.state);
 }
 
+std::pair<std::map<std::string, Tensor>, std::map<std::string, Tensor>> split_ema(
+    const std::map<std::string, Tensor>& optimizer_tensors) {
+  std::map<std::string, Tensor> rest, ema;
+  for (const auto& [name, t] : optimizer_tensors) {
+    if (name.starts_with(kEmaPrefix))
+      ema.emplace(name.substr(kEmaPrefix.size()), t);
+    else
+      rest.emplace(name, t);
+  }
+  return {std::move(rest), std::move(ema)};
+}
+
 std::map<std::string, Tensor> checkpoint_weights(const Checkpoint& c, bool ema,
                                                  const std::string& where) {
   if (!ema) return c.model;
-  std::map<std::string, Tensor> out;
-  for (const auto& [name, t] : c.optimizer)
-    if (name.starts_with(kEmaPrefix)) out.emplace(name.substr(kEmaPrefix.size()), t);
+  std::map<std::string, Tensor> out = split_ema(c.optimizer).second;
   FORGE_CHECK(!out.empty(),
               "{}: the checkpoint holds no moving average of the weights (its run had ema.decay "
               "0); leave out --ema to use its weights",

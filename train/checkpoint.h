@@ -34,6 +34,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/json.h"
@@ -63,6 +64,11 @@ struct Checkpoint {
 // optimizer.safetensors, as the rest of the training state, under
 // "ema.<parameter name>".
 inline constexpr std::string_view kEmaPrefix = "ema.";
+
+// A checkpoint's optimizer tensors split into the optimizer's own and the
+// EMA's (under the model's names, the prefix removed).
+std::pair<std::map<std::string, Tensor>, std::map<std::string, Tensor>> split_ema(
+    const std::map<std::string, Tensor>& optimizer_tensors);
 
 // The weights of checkpoint `c` for a model: model.safetensors' or, with
 // `ema`, the moving average's under the model's names. A checkpoint without

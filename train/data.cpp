@@ -62,8 +62,7 @@ data::ImageTransformOptions image_folder_transform(const Recipe& r, bool raw) {
   t.scale_min = r.number("data.train_scale_min");
   t.hflip = r.number("data.hflip_prob");
   t.crop_pct = r.number("data.crop_pct");
-  t.interpolation = r.string("data.interpolation") == "bicubic" ? data::Interpolation::bicubic
-                                                                : data::Interpolation::bilinear;
+  t.interpolation = data::interpolation_from_name(r.string("data.interpolation"));
   t.mean = r.number_list("data.mean");
   t.std = r.number_list("data.std");
   t.scaled_jpeg_decode = r.boolean("data.scaled_jpeg_decode");

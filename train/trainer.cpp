@@ -165,20 +165,6 @@ class CreatedDirGuard {
   bool armed_;
 };
 
-// A checkpoint's optimizer tensors without the EMA's, and the EMA's under
-// their own names.
-std::pair<std::map<std::string, Tensor>, std::map<std::string, Tensor>> split_ema(
-    const std::map<std::string, Tensor>& tensors) {
-  std::map<std::string, Tensor> rest, ema;
-  for (const auto& [name, t] : tensors) {
-    if (name.starts_with(kEmaPrefix))
-      ema.emplace(name.substr(kEmaPrefix.size()), t);
-    else
-      rest.emplace(name, t);
-  }
-  return {std::move(rest), std::move(ema)};
-}
-
 std::unique_ptr<optim::Optimizer> make_optimizer(const Recipe& r, nn::Module& model) {
   const double wd = r.number("optimizer.weight_decay"),
                layer_decay = r.number("optimizer.layer_decay");
