@@ -44,6 +44,7 @@
 #include "core/version.h"
 #include "dist/group.h"
 #include "ops/attention/attention.h"
+#include "ops/blas_core.h"
 #include "ops/attention/registry.h"
 #include "train/attention_maps.h"
 #include "train/checkpoint.h"
@@ -53,8 +54,6 @@
 #include "train/predict.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
-
-extern "C" char* openblas_get_config();
 
 namespace {
 
@@ -734,7 +733,8 @@ int cmd_info(const std::vector<std::string>& args) {
 #endif
               static_cast<long>(__cplusplus));
   std::printf("  build        %s\n", type);
-  std::printf("  BLAS         %s\n", openblas_get_config());
+  std::printf("  BLAS         %s\n", forge::blas::openblas_config().c_str());
+  std::printf("  BLAS kernels %s\n", forge::blas::kernel_summary().c_str());
   std::printf("  threads      %d (OpenMP; set with the recipe key threads or OMP_NUM_THREADS)\n",
               forge::num_threads());
   std::printf("  CUDA backend %s\n", forge::cuda_built() ? "built" : "not built");

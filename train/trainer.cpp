@@ -26,6 +26,7 @@
 #include "dist/reducer.h"
 #include "nn/models.h"
 #include "ops/autocast.h"
+#include "ops/blas_core.h"
 #include "ops/linalg/matmul.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
@@ -829,6 +830,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   }
 
   if (!place.note.empty()) log->warn("{}", place.note);
+  if (place.device.is_cpu()) log->info("CPU: OpenBLAS's {}", blas::kernel_summary());
   log->info(
       "model: {} {} on {} ({} parameters), attention {}, {} steps ({} per epoch, batch {} x {} "
       "accumulation), {} thread{}",

@@ -316,6 +316,22 @@ expect 0 "cases: [0-9]+ passed, 0 failed" -- "$bin" gradcheck linear/plain linea
 expect 0 "TaylorShift direct vs efficient" -- "$bin" gradcheck taylorshift/direct
 expect 2 "no case matches" -- "$bin" gradcheck nosuchop
 expect 0 "BLAS" -- "$bin" info
+# OpenBLAS's kernels (ops/blas_core.h): a generic core OpenBLAS chose on a CPU
+# with AVX2 or AVX-512 is replaced by re-executing with OPENBLAS_CORETYPE;
+# ATTNFORGE_BLAS_TEST pretends OpenBLAS chose Prescott (and with ",broken"
+# fails the self-check, which must bring OpenBLAS's choice back).
+if grep -qwE 'avx2|avx512f' /proc/cpuinfo; then
+  expect 0 "BLAS kernels .* kernels \\(corrected by attnforge: OpenBLAS chose Prescott .*self-checked" -- \
+    env ATTNFORGE_BLAS_TEST=Prescott "$bin" info
+  expect 0 "BLAS kernels +Prescott kernels \\(OpenBLAS's choice, slow .* failed its self-check: sgemm" -- \
+    env ATTNFORGE_BLAS_TEST=Prescott,broken "$bin" info
+  expect 0 "BLAS kernels +Prescott kernels \\(OPENBLAS_CORETYPE\\): slow on this CPU" -- \
+    env OPENBLAS_CORETYPE=Prescott "$bin" info
+  expect 0 "CPU: OpenBLAS's .* kernels \\(corrected by attnforge: OpenBLAS chose Prescott" -- \
+    env ATTNFORGE_BLAS_TEST=Prescott "$bin" train "$work/tiny.yaml" --set loop.steps=2 --out "$work/blas_run"
+else
+  echo "skipped: the BLAS kernel choice checks need a CPU with AVX2 or AVX-512"
+fi
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"
