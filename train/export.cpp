@@ -36,7 +36,6 @@ const std::vector<Supported>& supported() {
       {"model.norm", {"layer"}},
       {"model.final_norm_kind", {"layer"}},
       {"model.reversible", {"false"}},
-      {"model.shift_tokens", {"false"}},
       {"model.attend_axially", {"false"}},
       {"model.dual_encoder", {"false"}},
       {"model.positional", {"learned", "sinusoidal", "none"}},

@@ -302,24 +302,47 @@ class MultiHeadAttention(torch.nn.Module):
         return self.to_out(o.transpose(1, 2).reshape(B, N, -1))       # [B, N, D]
 
 
+def token_shift(x, shifts, mask=None):                               # [B, N, D]
+    """linear-attention-transformer's token shift: the features split into
+    len(shifts) segments of D // len(shifts) (the rest unshifted), segment s
+    moved shifts[s] positions along the sequence with zeros shifted in; a
+    padded token (mask False) passes zeros."""
+    per = x.shape[-1] // len(shifts)
+    parts = []
+    for s, shift in enumerate(shifts):
+        part = x[..., s * per:(s + 1) * per]
+        if shift != 0:
+            if mask is not None:
+                part = part.masked_fill(~mask[..., None], 0)
+            part = F.pad(part, (0, 0, shift, -shift))
+        parts.append(part)
+    parts.append(x[..., len(shifts) * per:])
+    return torch.cat(parts, -1)
+
+
 class Block(torch.nn.Module):
     """Pre-norm: x + attn(attn_norm(x)), then + ff(ff_norm(.)); post-norm:
-    attn_norm(x + attn(x)), then ff_norm(. + ff(.))."""
+    attn_norm(x + attn(x)), then ff_norm(. + ff(.)). With shifts, each branch's
+    input is token-shifted (the feed-forward's without the mask)."""
 
-    def __init__(self, dim, eps, post_norm, attn, ff):
+    def __init__(self, dim, eps, post_norm, attn, ff, shifts):
         super().__init__()
         self.post_norm = post_norm
         self.attn_norm = SublayerNorm(dim, eps)
         self.attn = attn
         self.ff_norm = SublayerNorm(dim, eps)
         self.ff = ff
+        self.shifts = shifts
+
+    def shift(self, x, mask=None):
+        return token_shift(x, self.shifts, mask) if self.shifts else x
 
     def forward(self, x, mask):
         if self.post_norm:
-            x = self.attn_norm(x + self.attn(x, mask))
-            return self.ff_norm(x + self.ff(x))
-        x = x + self.attn(self.attn_norm(x), mask)
-        return x + self.ff(self.ff_norm(x))
+            x = self.attn_norm(x + self.attn(self.shift(x, mask), mask))
+            return self.ff_norm(x + self.ff(self.shift(x)))
+        x = x + self.attn(self.shift(self.attn_norm(x), mask), mask)
+        return x + self.ff(self.shift(self.ff_norm(x)))
 
 
 class Stack(torch.nn.Module):
@@ -336,10 +359,11 @@ class Stack(torch.nn.Module):
         if "linformer" in kinds:
             bank = ProjectionBank(a["sharing"], depth, heads, seq_len, a["k"], a["k_reduce_by_layer"])
             self.projections = bank                                   # transformer.projections.I
+        shifts = (m["token_shifts"] or [1, 0, -1]) if m["shift_tokens"] else []
         self.layers = torch.nn.ModuleList(
             Block(dim, m["norm_eps"], m["post_norm"],
                   MultiHeadAttention(kinds[l], dim, heads, m["head_dim"], opts, l, bank),
-                  FeedForward(dim, m["mlp_dim"], m["activation"], m["glu"]))
+                  FeedForward(dim, m["mlp_dim"], m["activation"], m["glu"]), shifts)
             for l in range(depth))
         if m["final_norm"] and not m["post_norm"]:
             self.norm = SublayerNorm(dim, m["norm_eps"])
@@ -458,12 +482,12 @@ _MODEL_KEYS = {
     "head_dim": None, "mlp_dim": None, "mlp_ratio": None, "activation": ("gelu", "relu"),
     "glu": None, "pool": ("cls", "mean"), "norm": ("layer",), "post_norm": None,
     "final_norm": None, "final_norm_kind": ("layer", "block"),  # block = layer when norm is layer
-    "norm_eps": None, "shift_tokens": (False,), "attend_axially": (False,), "qkv_bias": None,
+    "norm_eps": None, "shift_tokens": None, "attend_axially": (False,), "qkv_bias": None,
     "out_bias": None, "reversible": (False,), "image_size": None, "patch_size": None,
     "channels": None, "classes": None, "vocab_size": None, "max_len": None,
     "positional": ("learned", "sinusoidal", "none"), "dual_encoder": (False,),
     "ff_chunks": "ignored", "dropout": "ignored", "emb_dropout": "ignored", "drop_path": "ignored",
-    "checkpoint": "ignored", "init_from": "ignored", "token_shifts": "ignored",
+    "checkpoint": "ignored", "init_from": "ignored", "token_shifts": None,
     "reversible_output": "ignored", "axial_shape": "ignored", "causal": "ignored",
     "emb_dim": "ignored", "tie_embedding": "ignored", "encoder_depth": "ignored",
     "decoder_depth": "ignored", "target_vocab_size": "ignored", "target_max_len": "ignored",

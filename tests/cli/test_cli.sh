@@ -250,6 +250,14 @@ expect 0 "done: 30 steps" -- "$bin" train "$work/tiny.yaml" --set model.attentio
 check_export "$work/favor" "$work/t500.idx" favor_vit
 printf '[MAX 2 9 [MIN 4 7 ] 0 ]\n[SM 1 2 3 ]\n[MED 5 [MAX 1 8 ] 3 0 ]\n' >"$work/exprs1.tsv"
 check_export "$lo" "$work/exprs1.tsv" listops
+# Token shift (the default recipe's 3x3 neighbourhood of patches; a padded
+# sequence classifier with the default shifts).
+expect 0 "done: 20 steps" -- "$bin" train "$work/tiny.yaml" --set model.dim=36 --set model.shift_tokens=true \
+  --set "model.token_shifts=[0,1,-1,4,-4,3,-3,5,-5]" --set loop.steps=20 --set schedule.warmup_steps=1 \
+  --out "$work/shift"
+check_export "$work/shift" "$work/t500.idx" shift_vit
+expect 0 "done: 2 steps" -- "$bin" train "$lo/recipe.yaml" --set model.shift_tokens=true --out "$work/lo_shift"
+check_export "$work/lo_shift" "$work/exprs1.tsv" shift_listops
 [ -f "$work/pt_softmax_vit/model.py" ] && grep -q '"card"' "$work/pt_softmax_vit/config.json" ||
   fail "export: no model.py or no card in config.json"
 expect 0 "done: 2 steps" -- "$bin" train "$work/tiny.yaml" --set model.reversible=true \
