@@ -93,6 +93,7 @@ json::Value timm_arguments(const Recipe& r) {
   need(r.string("model.activation") == "gelu" && !r.boolean("model.glu"),
        "the feed-forward is not GELU");
   need(r.string("model.pool") == "cls", "model.pool is " + r.string("model.pool"));
+  need(!r.boolean("model.shift_tokens"), "model.shift_tokens is true (timm's blocks do not shift)");
   need(r.boolean("model.out_bias"), "model.out_bias is false (timm's attn.proj has a bias)");
   need(r.number("model.attention.scale") == 0, "model.attention.scale is set");
   need(r.integer("model.head_dim") * r.integer("model.heads") == r.integer("model.dim"),

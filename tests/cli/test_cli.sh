@@ -256,6 +256,7 @@ expect 0 "done: 20 steps" -- "$bin" train "$work/tiny.yaml" --set model.dim=36 -
   --set "model.token_shifts=[0,1,-1,4,-4,3,-3,5,-5]" --set loop.steps=20 --set schedule.warmup_steps=1 \
   --out "$work/shift"
 check_export "$work/shift" "$work/t500.idx" shift_vit
+expect 1 "model.shift_tokens is true" -- "$bin" export "$work/shift" --format timm --out "$work/timm_shift"
 expect 0 "done: 2 steps" -- "$bin" train "$lo/recipe.yaml" --set model.shift_tokens=true --out "$work/lo_shift"
 check_export "$work/lo_shift" "$work/exprs1.tsv" shift_listops
 [ -f "$work/pt_softmax_vit/model.py" ] && grep -q '"card"' "$work/pt_softmax_vit/config.json" ||
