@@ -6,12 +6,16 @@ SANITIZE ?= build-sanitize
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test train test-sanitize soak fuzz gpu-bundle bench bench-attention bench-stack bench-generate bench-distributed bench-torch bench-vit bench-loader format clean
+.PHONY: all deps test-deps configure build test train test-sanitize soak fuzz gpu-bundle bench bench-attention bench-stack bench-generate bench-distributed bench-torch bench-vit bench-loader format clean
 
 all: build
 
 deps:
 	@bash scripts/install-deps.sh
+
+# What only the tests need on top (PyTorch and PIL, which tests compare with).
+test-deps:
+	@bash scripts/install-deps.sh test
 
 configure: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
@@ -19,16 +23,23 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
 
-test: build
+test: build test-deps
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
 # The default recipe (a small ViT on Fashion-MNIST) into runs/fmnist_tiny-<N>
 # (the next free N); RECIPE=... and ARGS="--set key=value ..." choose another.
+# Without a visible GPU it builds attnforge without the CUDA kernels, in its
+# own folder (nvcc would double the build of a fresh machine for a backend
+# that cannot run there); with one, the full build in $(BUILD).
 RECIPE ?= recipes/vit/fmnist_tiny.yaml
 ARGS   ?=
-train: configure
-	cmake --build $(BUILD) -j$(JOBS) --target attnforge
-	$(BUILD)/apps/attnforge train $(RECIPE) $(ARGS)
+GPU_VISIBLE := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+TRAIN_BUILD ?= $(if $(GPU_VISIBLE),$(BUILD),build-cpu)
+TRAIN_CMAKE_FLAGS = $(if $(GPU_VISIBLE),,-DFORGE_CUDA=OFF)
+train: deps
+	cmake -S . -B $(TRAIN_BUILD) -DCMAKE_BUILD_TYPE=Release $(TRAIN_CMAKE_FLAGS) $(CMAKE_FLAGS)
+	cmake --build $(TRAIN_BUILD) -j$(JOBS) --target attnforge
+	$(TRAIN_BUILD)/apps/attnforge train $(RECIPE) $(ARGS)
 
 # The CPU code under AddressSanitizer + UndefinedBehaviorSanitizer. The CUDA
 # backend is left out: the CUDA runtime maps memory where ASan keeps its
@@ -37,7 +48,7 @@ train: configure
 # OpenMPI's runtime leaks by design (from plugins it unloads, which no leak
 # suppression can name), so the mpirun tests of test_dist run in `make test`.
 SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-test-sanitize: deps
+test-sanitize: deps test-deps
 	cmake -S . -B $(SANITIZE) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFORGE_SANITIZE=ON -DFORGE_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(SANITIZE) -j$(JOBS) --target test_core test_autograd test_ops test_attention test_nn test_optim test_data test_train test_dist attnforge
 	$(SANITIZE_ENV) ctest --test-dir $(SANITIZE) --output-on-failure -j$(JOBS) -E '^(test_cuda|test_dist)$$'
@@ -108,4 +119,4 @@ format:
 	find core autograd ops apps bench tests -name '*.h' -o -name '*.cpp' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD) $(SANITIZE) build-fuzz
+	rm -rf $(BUILD) build-cpu $(SANITIZE) build-fuzz

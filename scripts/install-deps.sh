@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages that the build and the tests need, and nothing
-# when they are all present already. Safe to run any number of times.
+# Installs the Debian packages that the build and training need (and with
+# `test`, `bench` or `fuzz` what those need too), and nothing when they are
+# all present already. Safe to run any number of times.
 set -euo pipefail
 
 packages=(
@@ -16,9 +17,16 @@ packages=(
   libopenmpi-dev openmpi-bin  # data-parallel training under mpirun (dist/, docs/DISTRIBUTED.md)
   dataset-fashion-mnist
   fortunes                 # the demo corpus of recipes/lm/fortunes_tiny.yaml (/usr/share/games/fortunes)
-  python3-torch            # the tests load exported models in PyTorch (attnforge export, docs/USER_GUIDE.md)
-  python3-pil              # the tests compare RandAugment's operations with PIL's, pixel for pixel (data/augment.h)
 )
+
+# `install-deps.sh test`: also what only the tests need (make test); `make
+# train` installs the list above alone.
+if [ "${1:-}" = test ]; then
+  packages+=(
+    python3-torch            # the tests load exported models in PyTorch (attnforge export, docs/USER_GUIDE.md)
+    python3-pil              # the tests compare RandAugment's operations with PIL's, pixel for pixel (data/augment.h)
+  )
+fi
 
 # `install-deps.sh bench`: also torchvision, the pipeline bench/torch_loader.py
 # times against bench/loader (make bench-loader).
