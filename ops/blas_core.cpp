@@ -176,18 +176,6 @@ std::string check_gemms(const char* name, Fn gemm) {
   return "";
 }
 
-void openblas_sgemm(bool ta, bool tb, int n, int m, int k, float alpha, const float* a, int lda,
-                    const float* b, int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, n, m,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-void openblas_dgemm(bool ta, bool tb, int n, int m, int k, double alpha, const double* a, int lda,
-                    const double* b, int ldb, double beta, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, n, m,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
 // A GEMM that is wrong in one element: ATTNFORGE_BLAS_TEST's ",broken".
 void broken_sgemm(bool ta, bool tb, int n, int m, int k, float alpha, const float* a, int lda,
                   const float* b, int ldb, float beta, float* c, int ldc) {
@@ -212,6 +200,18 @@ std::string gemm_self_check(SgemmFn sgemm, DgemmFn dgemm) {
   }
   sigaction(SIGILL, &previous, nullptr);
   return err;
+}
+
+void openblas_sgemm(bool ta, bool tb, int n, int m, int k, float alpha, const float* a, int lda,
+                    const float* b, int ldb, float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, n, m,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void openblas_dgemm(bool ta, bool tb, int n, int m, int k, double alpha, const double* a, int lda,
+                    const double* b, int ldb, double beta, double* c, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, n, m,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 std::string gemm_self_check() {

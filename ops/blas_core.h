@@ -58,8 +58,12 @@ using DgemmFn = void (*)(bool ta, bool tb, int n, int m, int k, double alpha, co
 // loop in long double: "" when they agree, else what differed first. A
 // SIGILL inside them is reported, not raised.
 std::string gemm_self_check(SgemmFn sgemm, DgemmFn dgemm);
-// The same on OpenBLAS's cblas_sgemm / cblas_dgemm.
+// The same on OpenBLAS's cblas_sgemm / cblas_dgemm, which these call.
 std::string gemm_self_check();
+void openblas_sgemm(bool ta, bool tb, int n, int m, int k, float alpha, const float* a, int lda,
+                    const float* b, int ldb, float beta, float* c, int ldc);
+void openblas_dgemm(bool ta, bool tb, int n, int m, int k, double alpha, const double* a, int lda,
+                    const double* b, int ldb, double beta, double* c, int ldc);
 
 // This process's kernels and how they were chosen.
 struct KernelChoice {

@@ -57,35 +57,23 @@ TEST(BlasCore, BestCoreFromFeatures) {
   EXPECT_FALSE(is_generic("Zen5", emerald_rapids));
 }
 
-void cblas_sgemm_rm(bool ta, bool tb, int n, int m, int k, float alpha, const float* a, int lda,
-                    const float* b, int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, n, m,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-void cblas_dgemm_rm(bool ta, bool tb, int n, int m, int k, double alpha, const double* a, int lda,
-                    const double* b, int ldb, double beta, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, n, m,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
 TEST(BlasCore, SelfCheckPassesOnThisProcessKernels) {
   EXPECT_EQ(gemm_self_check(), "");
-  EXPECT_EQ(gemm_self_check(cblas_sgemm_rm, cblas_dgemm_rm), "");
+  EXPECT_EQ(gemm_self_check(openblas_sgemm, openblas_dgemm), "");
 }
 
 // Wrong in one element of one transpose case only: the check covers them all.
 void sgemm_wrong_when_both_transposed(bool ta, bool tb, int n, int m, int k, float alpha,
                                       const float* a, int lda, const float* b, int ldb, float beta,
                                       float* c, int ldc) {
-  cblas_sgemm_rm(ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  openblas_sgemm(ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (ta && tb && n > 60) c[(n - 1) * ldc + m - 1] += 0.05f;
 }
 
 // Treats beta as 0 (a kernel bug of the kind the check exists for).
 void dgemm_ignoring_beta(bool ta, bool tb, int n, int m, int k, double alpha, const double* a,
                          int lda, const double* b, int ldb, double, double* c, int ldc) {
-  cblas_dgemm_rm(ta, tb, n, m, k, alpha, a, lda, b, ldb, 0.0, c, ldc);
+  openblas_dgemm(ta, tb, n, m, k, alpha, a, lda, b, ldb, 0.0, c, ldc);
 }
 
 void sgemm_illegal_instruction(bool, bool, int, int, int, float, const float*, int, const float*,
@@ -94,11 +82,11 @@ void sgemm_illegal_instruction(bool, bool, int, int, int, float, const float*, i
 }
 
 TEST(BlasCore, SelfCheckCatchesWrongKernels) {
-  const std::string one = gemm_self_check(sgemm_wrong_when_both_transposed, cblas_dgemm_rm);
+  const std::string one = gemm_self_check(sgemm_wrong_when_both_transposed, openblas_dgemm);
   EXPECT_NE(one.find("sgemm (TT, 65x33x97) c[64][32]"), std::string::npos) << one;
-  const std::string beta = gemm_self_check(cblas_sgemm_rm, dgemm_ignoring_beta);
+  const std::string beta = gemm_self_check(openblas_sgemm, dgemm_ignoring_beta);
   EXPECT_NE(beta.find("dgemm (NN, 1x1x1)"), std::string::npos) << beta;
-  const std::string sigill = gemm_self_check(sgemm_illegal_instruction, cblas_dgemm_rm);
+  const std::string sigill = gemm_self_check(sgemm_illegal_instruction, openblas_dgemm);
   EXPECT_NE(sigill.find("illegal instruction"), std::string::npos) << sigill;
   // The handler is gone afterwards and the check works again.
   EXPECT_EQ(gemm_self_check(), "");
