@@ -118,6 +118,25 @@ extern "C" void on_sigill(int) {
   siglongjmp(g_sigill_jump, 1);
 }
 
+// Runs fn with a SIGILL turned into `false`. The jump out of the signal
+// handler skips the destructors of fn's frames, so fn must own nothing (it
+// only calls a GEMM on buffers its caller owns).
+template <typename Fn>
+bool without_sigill(Fn fn) {
+  struct sigaction action {};
+  struct sigaction previous {};
+  action.sa_handler = on_sigill;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGILL, &action, &previous);
+  bool ran = true;
+  if (sigsetjmp(g_sigill_jump, 1) == 0)
+    fn();
+  else
+    ran = false;
+  sigaction(SIGILL, &previous, nullptr);
+  return ran;
+}
+
 // c = alpha op(a) op(b) + beta c in long double, the oracle of the self-check.
 template <typename T>
 std::string compare_gemm(const char* name, bool ta, bool tb, int n, int m, int k,
@@ -169,7 +188,12 @@ std::string check_gemms(const char* name, Fn gemm) {
       for (auto& x : c0) x = next();
       std::vector<T> c = c0;
       const T alpha = static_cast<T>(0.75), beta = static_cast<T>(t == 3 ? 0 : -0.5);
-      gemm(ta, tb, n, m, k, alpha, a.data(), ta ? n : k, b.data(), tb ? k : m, beta, c.data(), m);
+      const bool ran = without_sigill([&] {
+        gemm(ta, tb, n, m, k, alpha, a.data(), ta ? n : k, b.data(), tb ? k : m, beta, c.data(), m);
+      });
+      if (!ran)
+        return fmt::format("{} ({}{}, {}x{}x{}): an illegal instruction (SIGILL)", name,
+                           ta ? "T" : "N", tb ? "T" : "N", n, m, k);
       std::string err = compare_gemm(name, ta, tb, n, m, k, a, b, c0, c, alpha, beta);
       if (!err.empty()) return err;
     }
@@ -186,20 +210,8 @@ void broken_sgemm(bool ta, bool tb, int n, int m, int k, float alpha, const floa
 }  // namespace
 
 std::string gemm_self_check(SgemmFn sgemm, DgemmFn dgemm) {
-  struct sigaction action {
-  }, previous{};
-  action.sa_handler = on_sigill;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGILL, &action, &previous);
-  std::string err;
-  if (sigsetjmp(g_sigill_jump, 1) == 0) {
-    err = check_gemms<float>("sgemm", sgemm);
-    if (err.empty()) err = check_gemms<double>("dgemm", dgemm);
-  } else {
-    err = "an illegal instruction (SIGILL) inside the GEMM kernels";
-  }
-  sigaction(SIGILL, &previous, nullptr);
-  return err;
+  std::string err = check_gemms<float>("sgemm", sgemm);
+  return err.empty() ? check_gemms<double>("dgemm", dgemm) : err;
 }
 
 void openblas_sgemm(bool ta, bool tb, int n, int m, int k, float alpha, const float* a, int lda,
