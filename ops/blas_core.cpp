@@ -1,6 +1,5 @@
 #include "ops/blas_core.h"
 
-#include <cblas.h>
 #include <cpuid.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -15,6 +14,8 @@
 #include <limits>
 #include <string>
 #include <vector>
+
+#include "ops/blas.h"
 
 extern "C" char* openblas_get_corename();
 extern "C" char* openblas_get_config();
@@ -201,9 +202,9 @@ std::string check_gemms(const char* name, Fn gemm) {
 }
 
 // A GEMM that is wrong in one element: ATTNFORGE_BLAS_TEST's ",broken".
-void broken_sgemm(bool ta, bool tb, int n, int m, int k, float alpha, const float* a, int lda,
-                  const float* b, int ldb, float beta, float* c, int ldc) {
-  openblas_sgemm(ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+void broken_sgemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  ops::gemm(ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
   c[0] += 1.0f;
 }
 
@@ -214,20 +215,11 @@ std::string gemm_self_check(SgemmFn sgemm, DgemmFn dgemm) {
   return err.empty() ? check_gemms<double>("dgemm", dgemm) : err;
 }
 
-void openblas_sgemm(bool ta, bool tb, int n, int m, int k, float alpha, const float* a, int lda,
-                    const float* b, int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, n, m,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-void openblas_dgemm(bool ta, bool tb, int n, int m, int k, double alpha, const double* a, int lda,
-                    const double* b, int ldb, double beta, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, n, m,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
+const SgemmFn kOpsSgemm = &ops::gemm;
+const DgemmFn kOpsDgemm = &ops::gemm;
 
 std::string gemm_self_check() {
-  return gemm_self_check(openblas_sgemm, openblas_dgemm);
+  return gemm_self_check(kOpsSgemm, kOpsDgemm);
 }
 
 namespace {
@@ -267,12 +259,16 @@ __attribute__((constructor)) void choose_kernels(int argc, char** argv, char**) 
     k.reverted = env(kRevertedVar);
     if (!k.reverted.empty()) return;  // and went back to OpenBLAS's choice
     k.corrected = true;
-    std::string err = core != env("OPENBLAS_CORETYPE")
-                          ? fmt::format("this OpenBLAS has no {} core", env("OPENBLAS_CORETYPE"))
-                          : gemm_self_check(broken ? broken_sgemm : openblas_sgemm, openblas_dgemm);
-    if (err.empty()) return;
-    if (argc < 1 || argv == nullptr) return;
-    setenv(kRevertedVar, fmt::format("{} failed its self-check: {}", core, err).c_str(), 1);
+    const std::string asked = env("OPENBLAS_CORETYPE");
+    std::string why;
+    if (core != asked) {
+      why = fmt::format("this OpenBLAS has no {} core", asked);
+    } else if (std::string err = gemm_self_check(broken ? broken_sgemm : kOpsSgemm, kOpsDgemm);
+               !err.empty()) {
+      why = fmt::format("{} failed its self-check: {}", asked, err);
+    }
+    if (why.empty() || argc < 1 || argv == nullptr) return;
+    setenv(kRevertedVar, why.c_str(), 1);
     setenv("OPENBLAS_CORETYPE", chose_before.c_str(), 1);
     reexec(argv);
   }
@@ -296,7 +292,8 @@ const KernelChoice& kernel_choice() {
 
 std::string kernel_summary() {
   const KernelChoice& k = choice();
-  const std::string cpu = describe(cpu_features());
+  const CpuFeatures f = cpu_features();
+  const std::string cpu = describe(f);
   if (!k.reverted.empty())
     return fmt::format(
         "{} kernels (OpenBLAS's choice, slow on this CPU with {}: {}; {} was "
@@ -309,7 +306,7 @@ std::string kernel_summary() {
         k.core, k.openblas, cpu);
   if (k.by_user)
     return fmt::format("{} kernels (OPENBLAS_CORETYPE){}", k.core,
-                       is_generic(k.core, cpu_features())
+                       is_generic(k.core, f)
                            ? fmt::format(": slow on this CPU with {}; unset it for {}", cpu, k.best)
                            : std::string());
   return fmt::format("{} kernels (OpenBLAS's choice on this CPU with {})", k.core, cpu);

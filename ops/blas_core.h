@@ -18,6 +18,7 @@
 // correction and its fallback can be tested on any CPU.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -48,22 +49,23 @@ int core_level(std::string_view core);
 // True when `core` is a worse choice on a CPU with features f than best_core.
 bool is_generic(std::string_view core, const CpuFeatures& f);
 
-// GEMM functions in ops/blas.h's row-major form, so the self-check can be
-// given wrong ones in tests.
-using SgemmFn = void (*)(bool ta, bool tb, int n, int m, int k, float alpha, const float* a,
-                         int lda, const float* b, int ldb, float beta, float* c, int ldc);
-using DgemmFn = void (*)(bool ta, bool tb, int n, int m, int k, double alpha, const double* a,
-                         int lda, const double* b, int ldb, double beta, double* c, int ldc);
+// GEMMs in ops/blas.h's row-major form, so the self-check can be given wrong
+// ones in tests.
+using SgemmFn = void (*)(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha,
+                         const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                         float* c, int64_t ldc);
+using DgemmFn = void (*)(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha,
+                         const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
+                         double* c, int64_t ldc);
+// The f32 and f64 ops::gemm (ops/blas.h) as those: what every op calls.
+extern const SgemmFn kOpsSgemm;
+extern const DgemmFn kOpsDgemm;
 // sgemm and dgemm in every transpose case, with edge tiles, against a plain
 // loop in long double: "" when they agree, else what differed first. A
 // SIGILL inside them is reported, not raised.
 std::string gemm_self_check(SgemmFn sgemm, DgemmFn dgemm);
-// The same on OpenBLAS's cblas_sgemm / cblas_dgemm, which these call.
+// The same on kOpsSgemm / kOpsDgemm.
 std::string gemm_self_check();
-void openblas_sgemm(bool ta, bool tb, int n, int m, int k, float alpha, const float* a, int lda,
-                    const float* b, int ldb, float beta, float* c, int ldc);
-void openblas_dgemm(bool ta, bool tb, int n, int m, int k, double alpha, const double* a, int lda,
-                    const double* b, int ldb, double beta, double* c, int ldc);
 
 // This process's kernels and how they were chosen.
 struct KernelChoice {

@@ -3,7 +3,6 @@
 // guards a corrected core. (The re-execution itself, and its fallback when
 // the self-check fails, are tested through `attnforge info` in
 // tests/cli/test_cli.sh with ATTNFORGE_BLAS_TEST.)
-#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include "ops/blas_core.h"
@@ -59,34 +58,35 @@ TEST(BlasCore, BestCoreFromFeatures) {
 
 TEST(BlasCore, SelfCheckPassesOnThisProcessKernels) {
   EXPECT_EQ(gemm_self_check(), "");
-  EXPECT_EQ(gemm_self_check(openblas_sgemm, openblas_dgemm), "");
+  EXPECT_EQ(gemm_self_check(kOpsSgemm, kOpsDgemm), "");
 }
 
 // Wrong in one element of one transpose case only: the check covers them all.
-void sgemm_wrong_when_both_transposed(bool ta, bool tb, int n, int m, int k, float alpha,
-                                      const float* a, int lda, const float* b, int ldb, float beta,
-                                      float* c, int ldc) {
-  openblas_sgemm(ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+void sgemm_wrong_when_both_transposed(bool ta, bool tb, int64_t n, int64_t m, int64_t k,
+                                      float alpha, const float* a, int64_t lda, const float* b,
+                                      int64_t ldb, float beta, float* c, int64_t ldc) {
+  kOpsSgemm(ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (ta && tb && n > 60) c[(n - 1) * ldc + m - 1] += 0.05f;
 }
 
 // Treats beta as 0 (a kernel bug of the kind the check exists for).
-void dgemm_ignoring_beta(bool ta, bool tb, int n, int m, int k, double alpha, const double* a,
-                         int lda, const double* b, int ldb, double, double* c, int ldc) {
-  openblas_dgemm(ta, tb, n, m, k, alpha, a, lda, b, ldb, 0.0, c, ldc);
+void dgemm_ignoring_beta(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha,
+                         const double* a, int64_t lda, const double* b, int64_t ldb, double,
+                         double* c, int64_t ldc) {
+  kOpsDgemm(ta, tb, n, m, k, alpha, a, lda, b, ldb, 0.0, c, ldc);
 }
 
-void sgemm_illegal_instruction(bool, bool, int, int, int, float, const float*, int, const float*,
-                               int, float, float*, int) {
+void sgemm_illegal_instruction(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                               const float*, int64_t, float, float*, int64_t) {
   __builtin_trap();  // ud2: what a kernel using instructions the CPU lacks raises
 }
 
 TEST(BlasCore, SelfCheckCatchesWrongKernels) {
-  const std::string one = gemm_self_check(sgemm_wrong_when_both_transposed, openblas_dgemm);
+  const std::string one = gemm_self_check(sgemm_wrong_when_both_transposed, kOpsDgemm);
   EXPECT_NE(one.find("sgemm (TT, 65x33x97) c[64][32]"), std::string::npos) << one;
-  const std::string beta = gemm_self_check(openblas_sgemm, dgemm_ignoring_beta);
+  const std::string beta = gemm_self_check(kOpsSgemm, dgemm_ignoring_beta);
   EXPECT_NE(beta.find("dgemm (NN, 1x1x1)"), std::string::npos) << beta;
-  const std::string sigill = gemm_self_check(sgemm_illegal_instruction, openblas_dgemm);
+  const std::string sigill = gemm_self_check(sgemm_illegal_instruction, kOpsDgemm);
   EXPECT_NE(sigill.find("sgemm (NN, 1x1x1): an illegal instruction"), std::string::npos) << sigill;
   // The handler is gone afterwards and the check works again.
   EXPECT_EQ(gemm_self_check(), "");
