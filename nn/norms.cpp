@@ -35,31 +35,20 @@ std::vector<int64_t> TokenShift::default_shifts(bool causal) {
 }
 
 Tensor TokenShift::forward(const Tensor& x, const Tensor& mask) {
+  if (!mask.defined()) return ops::token_shift(x, shifts);
   const auto segments = static_cast<int64_t>(shifts.size());
   FORGE_CHECK(x.dim() == 3 && x.size(2) >= segments,
               "TokenShift: expected x (B, N, D) with D >= {} (one feature per shift), got {}",
               segments, shape_str(x.shape()));
-  const int64_t B = x.size(0), N = x.size(1), D = x.size(2), per = D / segments;
-  Tensor keep;  // (B, N, 1)
-  if (mask.defined()) {
-    FORGE_CHECK(mask.shape() == (Shape{B, N}) &&
-                    (mask.dtype() == DType::boolean || mask.dtype() == DType::u8),
-                "TokenShift: expected a bool or u8 mask (B, N) = [{}, {}], got {} {}", B, N,
-                dtype_name(mask.dtype()), shape_str(mask.shape()));
-    keep = mask.view({B, N, 1});
-  }
-  std::vector<Tensor> parts;  // (B, N, per) each, then the (B, N, D - segments per) rest
-  for (int64_t s = 0; s < segments; ++s) {
-    Tensor part = ops::narrow(x, 2, s * per, per);
-    const int64_t shift = shifts[static_cast<size_t>(s)];
-    if (shift != 0) {
-      if (keep.defined()) part = ops::where(keep, part, Tensor::zeros({1}, x.dtype(), x.device()));
-      part = ops::pad(part, {0, 0, shift, -shift});
-    }
-    parts.push_back(part);
-  }
-  if (D > segments * per) parts.push_back(ops::narrow(x, 2, segments * per, D - segments * per));
-  return ops::cat(parts, 2);
+  const int64_t B = x.size(0), N = x.size(1);
+  FORGE_CHECK(mask.shape() == (Shape{B, N}) &&
+                  (mask.dtype() == DType::boolean || mask.dtype() == DType::u8),
+              "TokenShift: expected a bool or u8 mask (B, N) = [{}, {}], got {} {}", B, N,
+              dtype_name(mask.dtype()), shape_str(mask.shape()));
+  // The moving segments come from x with its padded positions zeroed.
+  const Tensor kept =
+      ops::where(mask.view({B, N, 1}), x, Tensor::zeros({1}, x.dtype(), x.device()));
+  return ops::token_shift(x, shifts, kept);
 }
 
 }  // namespace forge::nn

@@ -669,6 +669,65 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value) {
   });
 }
 
+// ---- token shift: one box per segment; the backward moves the gradient back ----
+
+namespace {
+
+// Writes segment s of src (B, N, D), moved by `shift` along N, into dst (zeros
+// where nothing lands); per features from `first`.
+void move_segment(const Tensor& src, const Tensor& dst, int64_t first, int64_t per,
+                  int64_t shift) {
+  const int64_t B = src.size(0), N = src.size(1);
+  const int64_t rows = std::max<int64_t>(0, N - std::abs(shift));
+  Window from = whole(3), to = whole(3);
+  from.start = {0, std::max<int64_t>(0, -shift), first};
+  to.start = {0, std::max<int64_t>(0, shift), first};
+  copy_box(src, from, dst, to, {B, rows, per});
+}
+
+}  // namespace
+
+Tensor token_shift(const Tensor& x, const std::vector<int64_t>& shifts, const Tensor& moving) {
+  const auto segments = static_cast<int64_t>(shifts.size());
+  FORGE_CHECK(segments > 0, "token_shift: expected at least one shift, got none");
+  FORGE_CHECK(x.dim() == 3 && x.size(2) >= segments,
+              "token_shift: expected x (B, N, D) with D >= {} (one feature per shift), got {}",
+              segments, shape_str(x.shape()));
+  if (moving.defined()) {
+    FORGE_CHECK(moving.shape() == x.shape() && moving.dtype() == x.dtype() &&
+                    moving.device() == x.device(),
+                "token_shift: moving must match x ({} {} on {}), got {} {} on {}",
+                dtype_name(x.dtype()), shape_str(x.shape()), x.device().str(),
+                dtype_name(moving.dtype()), shape_str(moving.shape()), moving.device().str());
+  }
+  const Tensor& mc = moving.defined() ? moving : x;
+  const int64_t D = x.size(2), per = D / segments;
+  Tensor out = Tensor::zeros(x.shape(), x.dtype(), x.device());
+  for (int64_t s = 0; s < segments; ++s) {
+    const int64_t shift = shifts[static_cast<size_t>(s)];
+    move_segment(shift == 0 ? x : mc, out, s * per, per, shift);
+  }
+  if (D > segments * per) move_segment(x, out, segments * per, D - segments * per, 0);
+  const std::vector<Tensor> inputs = moving.defined() ? std::vector<Tensor>{x, moving}
+                                                      : std::vector<Tensor>{x};
+  if (!autograd::needs_grad(inputs)) return out;
+  return autograd::record("token_shift", inputs, out,
+                          [shifts, per, two = moving.defined()](const Grads& g) {
+    // Each segment's gradient moves back by -shift into the input it came from.
+    const Tensor& go = g[0];
+    Tensor gx = Tensor::zeros(go.shape(), go.dtype(), go.device());
+    Tensor gm = two ? Tensor::zeros(go.shape(), go.dtype(), go.device()) : gx;
+    const auto segments = static_cast<int64_t>(shifts.size());
+    const int64_t D = go.size(2);
+    for (int64_t s = 0; s < segments; ++s) {
+      const int64_t shift = shifts[static_cast<size_t>(s)];
+      move_segment(go, shift == 0 ? gx : gm, s * per, per, -shift);
+    }
+    if (D > segments * per) move_segment(go, gx, segments * per, D - segments * per, 0);
+    return two ? Grads{gx, gm} : Grads{gx};
+  });
+}
+
 // ---- index ops: gathers forward, scatter-adds backward ----
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {

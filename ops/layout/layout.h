@@ -26,6 +26,15 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
 // Constant padding; `pads` holds (before, after) pairs starting from the LAST
 // dim, as torch.nn.functional.pad. Negative pads crop.
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value = 0.0);
+// Token shift (linear-attention-transformer's PreShiftTokens) of x (B, N, D):
+// the features are cut into shifts.size() segments of D / shifts.size() (any
+// remainder stays where it is, at the end) and segment s moves shifts[s]
+// positions along N, out[:, i] = x[:, i - shifts[s]], with zeros shifted in.
+// The moving segments are read from `moving` (B, N, D) when it is given (x with
+// padded positions zeroed, say), else from x. One box copy per segment each
+// way, where narrow / pad / cat would copy and zero-fill every segment twice.
+Tensor token_shift(const Tensor& x, const std::vector<int64_t>& shifts,
+                   const Tensor& moving = Tensor());
 // index (i32/i64, 1-d): out = x taken at `index` along dim.
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 // out[i][j][k] = x[i][index[i][j][k]][k] for dim = 1 (index has x's rank).

@@ -283,6 +283,16 @@ const std::vector<LayoutCase>& layout_cases() {
        [](const Ins& x) {
          return Ins{ops::pad(x[0], {-2, -1})};
        }},
+      {"token shift",
+       {{3, 17, 20}},
+       [](const Ins& x) {
+         return Ins{ops::token_shift(x[0], {0, 1, -1, 4, -4, 3, -3, 5, -5})};
+       }},
+      {"token shift, moving segments from a second tensor",
+       {{2, 6, 7}, {2, 6, 7}},
+       [](const Ins& x) {
+         return Ins{ops::token_shift(x[0], {2, -9, 0}, x[1])};
+       }},
   };
   return cases;
 }
