@@ -55,22 +55,6 @@ bool is_floating(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16;
 }
 
-uint16_t float_to_bf16_bits(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  if (std::isnan(v)) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  // Round to nearest even on the 16 dropped bits.
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float bf16_bits_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float v;
-  std::memcpy(&v, &u, 4);
-  return v;
-}
-
 uint16_t float_to_f16_bits(float v) {
   uint32_t u;
   std::memcpy(&u, &v, 4);

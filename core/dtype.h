@@ -1,9 +1,11 @@
 // Element types. f32/f64 are the CPU compute types (f64 is what gradcheck runs
-// in); bf16/f16 are reserved for the CUDA backend; the integer types and bool
-// hold indices and masks.
+// in); bf16/f16 are the GPU's low-precision types, and bf16 also the operand
+// type of the CPU's bf16 GEMM (ops/blas.h) under autocast; the integer types
+// and bool hold indices and masks.
 #pragma once
 
 #include <cstddef>
+#include <bit>
 #include <cstdint>
 #include <string>
 
@@ -21,12 +23,23 @@ bool is_floating(DType t);
 
 // bf16 and f16 on the host, as their bit patterns: round to nearest even from
 // f32 (NaN stays NaN, overflow goes to infinity; f16 keeps subnormals), exact
-// widening back to f32. CPU tensors of these dtypes hold data on its way to or
-// from a GPU (and checkpoints); the CPU kernels compute in f32 / f64.
-uint16_t float_to_bf16_bits(float v);
-float bf16_bits_to_float(uint16_t b);
+// widening back to f32. The bf16 pair is inline and branch-free so that the
+// conversion loops of Tensor::to vectorise.
+inline uint16_t float_to_bf16_bits(float v) {
+  const auto u = std::bit_cast<uint32_t>(v);
+  const bool nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;  // round to nearest even
+  return static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : rounded);  // a NaN stays quiet
+}
+inline float bf16_bits_to_float(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
 uint16_t float_to_f16_bits(float v);
 float f16_bits_to_float(uint16_t b);
+
+// The element of a CPU bf16 tensor: its bit pattern, a type of its own so
+// that data<BF16>() is checked and a bf16 GEMM has its own overload.
+enum class BF16 : uint16_t {};
 
 template <typename T>
 constexpr DType dtype_of();
@@ -53,6 +66,10 @@ constexpr DType dtype_of<uint8_t>() {
 template <>
 constexpr DType dtype_of<bool>() {
   return DType::boolean;
+}
+template <>
+constexpr DType dtype_of<BF16>() {
+  return DType::bf16;
 }
 
 }  // namespace forge

@@ -193,16 +193,26 @@ Tensor Tensor::to(DType target) const {
     Tensor wide = empty(shape(), DType::f32);
     const uint16_t* s = static_cast<const uint16_t*>(raw_data());
     float* d = wide.data<float>();
-    const bool bf = dtype() == DType::bf16;
-    for (int64_t i = 0; i < n; ++i) d[i] = bf ? bf16_bits_to_float(s[i]) : f16_bits_to_float(s[i]);
+    if (dtype() == DType::bf16) {
+      parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) d[i] = bf16_bits_to_float(s[i]);
+      });
+    } else {
+      for (int64_t i = 0; i < n; ++i) d[i] = f16_bits_to_float(s[i]);
+    }
     return wide.to(target);
   }
   if (half_bits(target)) {
     const Tensor narrowed = to(DType::f32);
     const float* s = narrowed.data<float>();
     uint16_t* d = static_cast<uint16_t*>(out.raw_data());
-    const bool bf = target == DType::bf16;
-    for (int64_t i = 0; i < n; ++i) d[i] = bf ? float_to_bf16_bits(s[i]) : float_to_f16_bits(s[i]);
+    if (target == DType::bf16) {
+      parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) d[i] = float_to_bf16_bits(s[i]);
+      });
+    } else {
+      for (int64_t i = 0; i < n; ++i) d[i] = float_to_f16_bits(s[i]);
+    }
     return out;
   }
   FORGE_DISPATCH_ALL(dtype(), "to", [&] {

@@ -11,7 +11,8 @@ DType autocast_dtype() {
 }
 
 bool autocasts(const Tensor& t) {
-  return current != DType::f32 && t.defined() && t.dtype() == DType::f32 && t.device().is_cuda();
+  return current != DType::f32 && t.defined() && t.dtype() == DType::f32 &&
+         (t.device().is_cuda() || current == DType::bf16);
 }
 
 AutocastGuard::AutocastGuard(DType dtype) : previous_(current) {

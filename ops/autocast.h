@@ -1,10 +1,14 @@
 // Mixed precision (autocast). While an AutocastGuard(bf16 or f16) is alive on
-// a thread, the GEMM-shaped ops (matmul, linear, the patch-embedding
-// convolution, and the softmax and local attention ops, whose tiled kernels
-// are two GEMMs per tile) given f32 CUDA tensors compute in that dtype on the
-// tensor cores with f32 accumulation, and return f32 (gradients too). Every other op, the
-// parameters (the f32 master weights), their gradients and the optimizer
-// state stay f32. CPU tensors and f64 are never autocast.
+// a thread, the GEMM-shaped ops given f32 tensors compute in that dtype with
+// f32 accumulation and return f32 (gradients too):
+// - on a GPU: matmul, linear, the patch-embedding convolution, and the softmax
+//   and local attention ops (whose tiled kernels are two GEMMs per tile), on
+//   the tensor cores, in bf16 or f16;
+// - on the CPU: matmul, linear and the patch embedding (a linear map there),
+//   in bf16 only (oneDNN, ops/blas.h); the CPU's attention kernels compute in
+//   f32, and f16 leaves the CPU in f32.
+// Every other op, the parameters (the f32 master weights), their gradients
+// and the optimizer state stay f32. f64 is never autocast.
 #pragma once
 
 #include "core/dtype.h"
@@ -16,7 +20,7 @@ namespace forge::ops {
 DType autocast_dtype();
 
 // Whether a GEMM-shaped op on `t` computes in autocast_dtype(): autocast is on
-// and t is an f32 tensor on a GPU.
+// and t is an f32 tensor on a GPU, or on the CPU with autocast in bf16.
 bool autocasts(const Tensor& t);
 
 class AutocastGuard {

@@ -1,4 +1,5 @@
-// The one place ops call BLAS: row-major GEMM for f32 and f64,
+// The one place ops call BLAS: row-major GEMM for f32 and f64 (OpenBLAS) and
+// for bf16 operands with f32 accumulation and result (oneDNN's matmul),
 // c = alpha op(a) op(b) + beta c, op(a) [n, k], op(b) [k, m], with leading
 // dimensions so that tiles of larger matrices can be used in place.
 // Called inside an OpenMP region, OpenBLAS (the OpenMP build) runs on the
@@ -8,6 +9,8 @@
 #include <cblas.h>
 
 #include <cstdint>
+
+#include "core/dtype.h"
 
 namespace forge::ops {
 
@@ -25,10 +28,18 @@ inline void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
+// bf16 operands (autocast on the CPU, ops/autocast.h), products summed in f32:
+// oneDNN's brgemm kernels, on AVX512-BF16's dot products or AMX's tiles where
+// the CPU has them (about 2.5x the f32 rate on AVX512-BF16), else its
+// emulation. Inside an OpenMP region it runs on the calling thread, as BLAS.
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const BF16* a,
+          int64_t lda, const BF16* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 // The same for dense (unstrided) operands: lda, ldb, ldc follow from the shapes.
-template <typename T>
-void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, T alpha, const T* a, const T* b,
-          T beta, T* c) {
+// AB is the operands' type, C the result's (float for bf16 operands).
+template <typename AB, typename C>
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, C alpha, const AB* a, const AB* b,
+          C beta, C* c) {
   gemm(ta, tb, n, m, k, alpha, a, ta ? n : k, b, tb ? k : m, beta, c, m);
 }
 

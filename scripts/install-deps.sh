@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config  # build-essential brings libc6-dev, whose libmvec vectorises the CPU kernels' exp, tanh, erf (core/vmath.h)
   libopenblas-openmp-dev   # OpenBLAS built with OpenMP: BLAS and our kernels share one thread pool
+  libdnnl-dev              # oneDNN's matmul: the bf16 GEMMs of precision: bf16 on the CPU (ops/blas.h)
   libyaml-cpp-dev
   libspdlog-dev libfmt-dev
   libgtest-dev

@@ -4,6 +4,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "nn/models.h"
+#include "ops/blas_core.h"
 #include "ops/ops.h"
 
 namespace forge::train {
@@ -279,9 +280,17 @@ Placement placement(const Recipe& r, int local_rank) {
     if (p.device.is_cuda()) {
       p.autocast = precision == "bf16" ? DType::bf16 : DType::f16;
       p.loss_scaling = precision == "fp16";
+    } else if (precision == "bf16") {
+      // bf16 GEMMs on the CPU (oneDNN): only where the CPU multiplies bf16 itself.
+      const blas::CpuFeatures f = blas::cpu_features();
+      FORGE_CHECK(f.avx512_bf16 || f.amx_bf16,
+                  "recipe: precision: bf16 on the CPU needs AVX512-BF16 or AMX, and this CPU has "
+                  "neither ({}); use precision: fp32 here, or bf16 on a GPU",
+                  f.avx ? blas::describe(f) : "no AVX");
+      p.autocast = DType::bf16;
     } else {
-      p.note = fmt::format("precision {} is mixed precision on a GPU; on the CPU this run is fp32",
-                           precision);
+      p.note = "precision fp16 is mixed precision on a GPU; on the CPU this run is fp32 (bf16 is "
+               "the CPU's mixed precision)";
     }
   }
   return p;

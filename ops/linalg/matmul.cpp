@@ -42,7 +42,7 @@ int64_t broadcast_batch_offset(int64_t i, const Shape& out_batch, const Shape& i
 }
 
 // c = op(a) op(b) [+ bias on every row] of out_dtype: a's dtype, or f32 for
-// bf16 / f16 operands on a GPU (autocast). With a `bias` (m, out_dtype) the
+// bf16 / f16 operands (autocast; on the CPU bf16 only, ops/blas.h). With a `bias` (m, out_dtype) the
 // GEMM accumulates (beta = 1) into rows that start as the bias: no separate
 // pass adds it, and none zeroes c first.
 Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, DType out_dtype,
@@ -121,35 +121,39 @@ Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, DType out_dty
     cuda::gemm(g, device);
     return c;
   }
-  FORGE_CHECK(out_dtype == a.dtype(), "matmul (CPU): expected a {} result, got {}",
-              dtype_name(a.dtype()), dtype_name(out_dtype));
+  const bool low = a.dtype() == DType::bf16;  // autocast on the CPU: bf16 operands, f32 result
+  FORGE_CHECK(out_dtype == (low ? DType::f32 : a.dtype()),
+              "matmul (CPU): expected a {} result for {} operands, got {}",
+              dtype_name(low ? DType::f32 : a.dtype()), dtype_name(a.dtype()),
+              dtype_name(out_dtype));
   FORGE_CHECK(!bias.defined() || (!ta && shape_numel(b_batch) == 1 && a_batch == batch),
               "matmul (CPU): a fused bias needs one matrix b for every batch");
   if (ka == 0 && !bias.defined()) {
     c.fill(0.0);
     return c;
   }
-  FORGE_DISPATCH_FLOAT(a.dtype(), "matmul", [&] {
-    const scalar_t* ap = a.data<scalar_t>();
-    const scalar_t* bp = b.data<scalar_t>();
-    scalar_t* cp = c.data<scalar_t>();
+  // AB: the operands' element type; C: the result's.
+  const auto run = [&]<typename AB, typename C>() {
+    const AB* ap = a.data<AB>();
+    const AB* bp = b.data<AB>();
+    C* cp = c.data<C>();
     if (!ta && shape_numel(b_batch) == 1 && a_batch == batch) {
       // b is one matrix shared by every batch: fold a's batch into its rows, one GEMM.
-      scalar_t beta(0);
+      C beta(0);
       if (bias.defined()) {
-        const scalar_t* bias_p = bias.data<scalar_t>();
+        const C* bias_p = bias.data<C>();
         parallel_for(batches * n, m, [&](int64_t r0, int64_t r1) {
           for (int64_t r = r0; r < r1; ++r) std::copy(bias_p, bias_p + m, cp + r * m);
         });
-        beta = scalar_t(1);
+        beta = C(1);
       }
-      if (ka > 0) gemm(false, tb, batches * n, m, ka, scalar_t(1), ap, bp, beta, cp);
+      if (ka > 0) gemm(false, tb, batches * n, m, ka, C(1), ap, bp, beta, cp);
       return;
     }
     const int64_t a_mat = n * ka, b_mat = ka * m, c_mat = n * m;
     auto one = [&](int64_t i) {
-      gemm(ta, tb, n, m, ka, scalar_t(1), ap + broadcast_batch_offset(i, batch, a_batch) * a_mat,
-           bp + broadcast_batch_offset(i, batch, b_batch) * b_mat, scalar_t(0), cp + i * c_mat);
+      gemm(ta, tb, n, m, ka, C(1), ap + broadcast_batch_offset(i, batch, a_batch) * a_mat,
+           bp + broadcast_batch_offset(i, batch, b_batch) * b_mat, C(0), cp + i * c_mat);
     };
     // Many small products: one per thread (BLAS runs single-threaded inside an
     // OpenMP region); few large ones: one after another, BLAS uses every thread.
@@ -160,7 +164,12 @@ Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb, DType out_dty
     } else {
       for (int64_t i = 0; i < batches; ++i) one(i);
     }
-  });
+  };
+  if (low) {
+    run.template operator()<BF16, float>();
+  } else {
+    FORGE_DISPATCH_FLOAT(a.dtype(), "matmul", [&] { run.template operator()<scalar_t, scalar_t>(); });
+  }
   return c;
 }
 
@@ -216,7 +225,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   FORGE_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
               "linear: bias must be ({}), got {}", weight.size(0), shape_str(bias.shape()));
   // One node, the bias added inside the GEMM (its rows start as the bias).
-  // Under autocast (GPU) x and the weight are multiplied as low-precision
+  // Under autocast x and the weight are multiplied as low-precision
   // copies (kept for the backward); y and every gradient are f32, as the bias.
   for (const Tensor& t : {weight, bias})
     FORGE_CHECK(!t.defined() || (t.dtype() == x.dtype() && t.device() == x.device()),

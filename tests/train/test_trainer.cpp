@@ -18,6 +18,7 @@
 #include "core/safetensors.h"
 #include "core/version.h"
 #include "data/image_io.h"
+#include "ops/blas_core.h"
 #include "tests/test_util.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
@@ -126,20 +127,62 @@ TEST(Trainer, DeviceCudaWithoutAGpuIsAClearErrorAndCreatesNoRun) {
   fs::remove_all(dir);
 }
 
-TEST(Trainer, MixedPrecisionOnTheCpuRunsAsFp32AndSaysSo) {
+TEST(Trainer, Fp16OnTheCpuRunsAsFp32AndSaysSo) {
   if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible; device auto would use it";
   Recipe r = tiny_recipe();
   r.set("device=auto");
-  r.set("precision=bf16");
+  r.set("precision=fp16");
   r.set("loop.epochs=0");
   r.set("loop.steps=6");
-  const std::string dir = fresh_dir("bf16_cpu");
+  const std::string dir = fresh_dir("fp16_cpu");
   const TrainResult result = train(r, quiet(dir));
   EXPECT_EQ(result.steps, 6);
   const std::string log = forge::testing::read_file(fs::path(dir) / "train.log");
   EXPECT_NE(log.find("on the CPU this run is fp32"), std::string::npos) << log;
   EXPECT_NE(log.find("on cpu"), std::string::npos) << log;
   fs::remove_all(dir);
+}
+
+// precision: bf16 on the CPU: the GEMMs in bf16 where the CPU has AVX512-BF16
+// or AMX (the losses follow the fp32 run's closely, not exactly), a clear
+// error before anything is written where it has neither.
+TEST(Trainer, Bf16OnTheCpuComputesTheGemmsInBf16OrRefuses) {
+  Recipe r = tiny_recipe();
+  r.set("device=cpu");
+  r.set("loop.epochs=0");
+  r.set("loop.steps=6");
+  r.set("loop.log_every=2");
+  const blas::CpuFeatures f = blas::cpu_features();
+  if (!f.avx512_bf16 && !f.amx_bf16) {
+    r.set("precision=bf16");
+    const std::string dir = fresh_dir("bf16_refused");
+    forge::testing::expect_error([&] { train(r, quiet(dir)); },
+                                 {"precision: bf16", "AVX512-BF16 or AMX", "precision: fp32"});
+    EXPECT_FALSE(fs::exists(dir)) << "checked before the run directory is made";
+    GTEST_SKIP() << "this CPU has neither AVX512-BF16 nor AMX: the refusal was checked";
+  }
+  const auto losses = [&](const std::string& precision) {
+    r.set("precision=" + precision);
+    const std::string dir = fresh_dir("bf16_cpu_" + precision);
+    EXPECT_EQ(train(r, quiet(dir)).steps, 6);
+    std::vector<double> out;
+    for (const auto& rec : read_metrics((fs::path(dir) / "metrics.jsonl").string()))
+      if (rec.at("split").as_string() == "train") out.push_back(rec.at("loss").as_double());
+    const std::string log = forge::testing::read_file(fs::path(dir) / "train.log");
+    EXPECT_EQ(log.find("in bf16 with f32 accumulation") != std::string::npos, precision == "bf16")
+        << log;
+    fs::remove_all(dir);
+    return out;
+  };
+  const std::vector<double> bf16 = losses("bf16"), fp32 = losses("fp32");
+  ASSERT_EQ(bf16.size(), fp32.size());
+  ASSERT_FALSE(bf16.empty());
+  bool differs = false;
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    EXPECT_NEAR(bf16[i], fp32[i], 0.02 * fp32[i]) << "step record " << i;
+    differs = differs || bf16[i] != fp32[i];
+  }
+  EXPECT_TRUE(differs) << "the bf16 run equals the fp32 one: its GEMMs did not run in bf16";
 }
 
 TEST(Trainer, TinyRecipeLearns) {

@@ -1,0 +1,82 @@
+// The bf16 GEMM of ops/blas.h on oneDNN's matmul primitive. A primitive is
+// built once per shape (its kernels are generated for it) and kept in a
+// per-thread cache, so that tiles of the attention kernels, which call from
+// inside OpenMP regions, never share one: the primitive and its stream run
+// on the calling thread.
+#include <dnnl.hpp>
+
+#include <map>
+#include <tuple>
+
+#include "ops/blas.h"
+
+namespace forge::ops {
+
+namespace {
+
+using Dims = dnnl::memory::dims;
+using dt = dnnl::memory::data_type;
+
+// Everything a primitive is built for.
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
+                       float>;
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+struct Gemm {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, c;
+};
+
+// Shapes seen by one thread; cleared when it grows past a few hundred (a
+// run's shapes are few: its layers, the attention tiles and their edges).
+constexpr size_t kMaxCached = 512;
+
+Gemm build(const Key& key) {
+  const auto [ta, tb, n, m, k, lda, ldb, ldc, alpha, beta] = key;
+  // op(a) [n, k] and op(b) [k, m] as strided views: a transpose is a stride swap.
+  const dnnl::memory::desc a({n, k}, dt::bf16, ta ? Dims{1, lda} : Dims{lda, 1});
+  const dnnl::memory::desc b({k, m}, dt::bf16, tb ? Dims{1, ldb} : Dims{ldb, 1});
+  const dnnl::memory::desc c({n, m}, dt::f32, Dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops post;
+    post.append_sum(beta);  // c = alpha a b + beta c
+    attr.set_post_ops(post);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  return {dnnl::matmul(pd), a, b, c};
+}
+
+}  // namespace
+
+void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const BF16* a,
+          int64_t lda, const BF16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (n == 0 || m == 0) return;
+  if (k == 0) {  // no products: c = beta c, as BLAS
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < m; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  thread_local std::map<Key, Gemm> cache;
+  thread_local dnnl::stream stream(cpu_engine());
+  const Key key{ta, tb, n, m, k, lda, ldb, ldc, alpha, beta};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= kMaxCached) cache.clear();
+    it = cache.emplace(key, build(key)).first;
+  }
+  const Gemm& g = it->second;
+  // oneDNN takes non-const handles; the operands are only read.
+  dnnl::memory am(g.a, cpu_engine(), const_cast<BF16*>(a));
+  dnnl::memory bm(g.b, cpu_engine(), const_cast<BF16*>(b));
+  dnnl::memory cm(g.c, cpu_engine(), c);
+  g.primitive.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  stream.wait();
+}
+
+}  // namespace forge::ops
