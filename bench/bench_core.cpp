@@ -1,6 +1,7 @@
 // Core benchmark (a program, not a test): our f32 matmul against a direct
-// cblas_sgemm call on the same matrices, and elementwise bandwidth against
-// memcpy. Prints a Markdown table; `--csv` prints CSV instead.
+// cblas_sgemm call on the same matrices, the bf16 GEMM (oneDNN) against
+// sgemm on the shapes of the ViTs, and elementwise bandwidth against memcpy.
+// Prints a Markdown table; `--csv` prints CSV instead.
 #include <cblas.h>
 
 #include <algorithm>
@@ -13,6 +14,8 @@
 
 #include "autograd/grad_mode.h"
 #include "core/threading.h"
+#include "ops/autocast.h"
+#include "ops/blas.h"
 #include "ops/ops.h"
 
 namespace {
@@ -63,6 +66,45 @@ int main(int argc, char** argv) {
     const double g_ours = 3 * flops / ours / 1e9, g_ref = 3 * flops / ref / 1e9;
     std::printf(csv ? "gemm,%lld,%.1f,%.1f,%.3f\n" : "| %lld | %.1f | %.1f | %.3f |\n",
                 static_cast<long long>(n), g_ours, g_ref, g_ours / g_ref);
+  }
+
+  // bf16 (precision: bf16 on the CPU) against f32, row-major a [m, k] b [k, n]:
+  // ops::gemm on operands already in bf16, and matmul under autocast, which
+  // also converts both operands and allocates the result.
+  if (!csv) {
+    std::printf(
+        "\n| GEMM m x k x n | sgemm GFLOP/s | bf16 gemm GFLOP/s | bf16 matmul (autocast) GFLOP/s "
+        "|\n|---|---|---|---|\n");
+  }
+  struct Shape3 {
+    int64_t m, k, n;
+  };
+  for (const Shape3 g : {Shape3{17, 24, 17}, Shape3{64, 64, 128}, Shape3{1088, 96, 288},
+                         Shape3{1088, 96, 192}, Shape3{1088, 192, 96},
+                         Shape3{3152, 384, 1152}, Shape3{8192, 768, 768}, Shape3{2048, 2048, 2048}}) {
+    const Tensor a = Tensor::randn({g.m, g.k}), b = Tensor::randn({g.k, g.n});
+    const Tensor a16 = a.to(forge::DType::bf16), b16 = b.to(forge::DType::bf16);
+    Tensor c = Tensor::empty({g.m, g.n});
+    const double flops = 2.0 * static_cast<double>(g.m * g.n * g.k);
+    double f32 = 0, bf16 = 0, autocast = 0;
+    for (int round = 0; round < 3; ++round) {
+      f32 += time_median([&] {
+        forge::ops::gemm(false, false, g.m, g.n, g.k, 1.0f, a.data<float>(), b.data<float>(), 0.0f,
+                         c.data<float>());
+      });
+      bf16 += time_median([&] {
+        forge::ops::gemm(false, false, g.m, g.n, g.k, 1.0f, a16.data<forge::BF16>(),
+                         b16.data<forge::BF16>(), 0.0f, c.data<float>());
+      });
+      autocast += time_median([&] {
+        forge::ops::AutocastGuard guard(forge::DType::bf16);
+        Tensor r = forge::ops::matmul(a, b);
+      });
+    }
+    const auto rate = [&](double t) { return 3 * flops / t / 1e9; };
+    std::printf(csv ? "gemm_bf16,%lldx%lldx%lld,%.1f,%.1f,%.1f\n" : "| %lld x %lld x %lld | %.1f | %.1f | %.1f |\n",
+                static_cast<long long>(g.m), static_cast<long long>(g.k),
+                static_cast<long long>(g.n), rate(f32), rate(bf16), rate(autocast));
   }
 
   if (!csv) {
