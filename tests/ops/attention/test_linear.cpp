@@ -105,7 +105,9 @@ TEST(AttentionLinear, GradcheckEveryCase) {
   }
 }
 
-// (name, N, M, masked, causal): N = 150 crosses two chunk boundaries of the scan.
+// (name, N, M, masked, causal): N = 150 crosses two chunk boundaries of the
+// scan; 600 queries and 530 keys cross nine and eight of the non-causal
+// passes' 64-row blocks, with ragged last blocks.
 struct RefCase {
   const char* name;
   int64_t N, M;
@@ -114,6 +116,7 @@ struct RefCase {
 const RefCase kRefCases[] = {{"plain", 48, 48, false, false},
                              {"mask", 48, 48, true, false},
                              {"cross+mask", 40, 56, true, false},
+                             {"blocks+mask", 600, 530, true, false},
                              {"causal", 150, 150, false, true},
                              {"causal+mask", 150, 150, true, true}};
 

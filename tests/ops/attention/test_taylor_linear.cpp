@@ -68,7 +68,8 @@ TEST(AttentionTaylorLinear, MatchesNaiveReference) {
     bool mask;
   };
   for (const Config& c :
-       {Config{48, 48, false}, Config{41, 41, true}, Config{37, 53, false}, Config{44, 33, true}}) {
+       {Config{48, 48, false}, Config{41, 41, true}, Config{37, 53, false}, Config{44, 33, true},
+        Config{600, 530, true}}) {  // the last: many 64-row blocks, ragged ends
     SCOPED_TRACE("N = " + std::to_string(c.N) + ", M = " + std::to_string(c.M) +
                  (c.mask ? ", mask" : ""));
     const Tensor mask = c.mask ? testing::padding_mask(2, c.M, {3, 11}) : Tensor();
