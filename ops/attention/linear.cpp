@@ -53,20 +53,13 @@ void feature_map(const T* x, int64_t rows, int64_t d, const uint8_t* keep, T* ou
   }
 }
 
-// g *= phi'(x) (1 for x > 0, exp(x) otherwise), zeroed on rows not kept;
-// `e` is scratch of rows * d.
+// g [rows, d] *= phi'(x), read off phi = feature_map(x) itself: phi'(x) =
+// exp(x) = phi(x) for x <= 0 and 1 for x > 0, and 0 on rows not kept (where
+// phi is 0), so the backward recomputes no exp.
 template <typename T>
-void feature_map_backward(const T* x, int64_t rows, int64_t d, const uint8_t* keep, T* g, T* e) {
+void feature_map_backward(const T* x, const T* phi, int64_t rows, int64_t d, T* g) {
   const int64_t n = rows * d;
-  for (int64_t i = 0; i < n; ++i) e[i] = std::min(x[i], T(0));
-  vmath::exp(e, e, n);
-  for (int64_t r = 0; r < rows; ++r) {
-    const T on = (keep == nullptr || keep[r]) ? T(1) : T(0);
-    for (int64_t f = 0; f < d; ++f) {
-      const T v = x[r * d + f];
-      g[r * d + f] *= on * (v > 0 ? T(1) : e[r * d + f]);
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) g[i] *= x[i] > 0 ? (phi[i] > 0 ? T(1) : T(0)) : phi[i];
 }
 
 // z += the column sums of a [rows, d].
@@ -91,10 +84,9 @@ struct Sizes {
 // Per-thread scratch of one chunk: features, products and the states.
 template <typename T>
 struct Scratch {
-  std::vector<T> qp, e, kp, a, g, num, gn, gd, den, S, z, R, r;
+  std::vector<T> qp, kp, a, g, num, gn, gd, den, S, z, R, r;
   explicit Scratch(const Sizes& s)
       : qp(kChunk * s.d),
-        e(kChunk * s.d),
         kp(kChunk * s.d),
         a(kChunk * kChunk),
         g(kChunk * kChunk),
@@ -208,7 +200,7 @@ void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
       gemm(false, true, c, s.d, s.dv, T(1), w.gn.data(), s.dv, w.S.data(), s.dv, T(0), dqc, s.d);
       for (int64_t i = 0; i < c; ++i)
         for (int64_t f = 0; f < s.d; ++f) dqc[i * s.d + f] += w.gd[i] * w.z[f];
-      feature_map_backward(q + i0 * s.d, c, s.d, nullptr, dqc, w.e.data());
+      feature_map_backward(q + i0 * s.d, w.qp.data(), c, s.d, dqc);
       gemm(true, false, s.d, s.dv, c, T(1), w.qp.data(), s.d, w.gn.data(), s.dv, T(1), w.R.data(),
            s.dv);
       for (int64_t i = 0; i < c; ++i)
@@ -223,7 +215,7 @@ void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
       gemm(false, true, c, s.d, s.dv, T(1), v + j0 * s.dv, s.dv, w.R.data(), s.dv, T(0), dkc, s.d);
       for (int64_t j = 0; j < c; ++j)
         for (int64_t f = 0; f < s.d; ++f) dkc[j * s.d + f] += w.r[f];
-      feature_map_backward(k + j0 * s.d, c, s.d, kc, dkc, w.e.data());
+      feature_map_backward(k + j0 * s.d, w.kp.data(), c, s.d, dkc);
       gemm(false, false, c, s.dv, s.d, T(1), w.kp.data(), s.d, w.R.data(), s.dv, T(0),
            dv + j0 * s.dv, s.dv);
     }
@@ -265,7 +257,7 @@ void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
     gemm(false, false, c, s.d, c, T(1), w.g.data(), c, w.kp.data(), s.d, T(1), dqc, s.d);
     for (int64_t i = 0; i < c; ++i)
       for (int64_t f = 0; f < s.d; ++f) dqc[i * s.d + f] += w.gd[i] * w.z[f];
-    feature_map_backward(q + i0 * s.d, c, s.d, nullptr, dqc, w.e.data());
+    feature_map_backward(q + i0 * s.d, w.qp.data(), c, s.d, dqc);
     gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, vc, s.dv, T(1), w.S.data(), s.dv);
     add_colsum(w.kp.data(), c, s.d, w.z.data());
   }
@@ -297,7 +289,7 @@ void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
     gemm(true, false, c, s.d, c, T(1), w.g.data(), c, w.qp.data(), s.d, T(1), dkc, s.d);
     for (int64_t j = 0; j < c; ++j)
       for (int64_t f = 0; f < s.d; ++f) dkc[j * s.d + f] += w.r[f];
-    feature_map_backward(k + i0 * s.d, c, s.d, kc, dkc, w.e.data());
+    feature_map_backward(k + i0 * s.d, w.kp.data(), c, s.d, dkc);
     T* dvc = dv + i0 * s.dv;
     gemm(false, false, c, s.dv, s.d, T(1), w.kp.data(), s.d, w.R.data(), s.dv, T(0), dvc, s.dv);
     gemm(true, false, c, s.dv, c, T(1), w.a.data(), c, w.gn.data(), s.dv, T(1), dvc, s.dv);
