@@ -45,6 +45,7 @@
 #include "dist/group.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/registry.h"
+#include "ops/blas.h"
 #include "ops/blas_core.h"
 #include "train/attention_maps.h"
 #include "train/checkpoint.h"
@@ -735,6 +736,7 @@ int cmd_info(const std::vector<std::string>& args) {
   std::printf("  build        %s\n", type);
   std::printf("  BLAS         %s\n", forge::blas::openblas_config().c_str());
   std::printf("  BLAS kernels %s\n", forge::blas::kernel_summary().c_str());
+  std::printf("  bf16 GEMMs   %s\n", forge::ops::bf16_gemm_summary().c_str());
   std::printf("  threads      %d (OpenMP; set with the recipe key threads or OMP_NUM_THREADS)\n",
               forge::num_threads());
   std::printf("  CUDA backend %s\n", forge::cuda_built() ? "built" : "not built");

@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -34,6 +35,10 @@ inline void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, double alpha
 // emulation. Inside an OpenMP region it runs on the calling thread, as BLAS.
 void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const BF16* a,
           int64_t lda, const BF16* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// For `attnforge info`: oneDNN's version and whether this CPU multiplies
+// bf16 itself (AVX512-BF16 or AMX), which `precision: bf16` on the CPU needs.
+std::string bf16_gemm_summary();
 
 // The same for dense (unstrided) operands: lda, ldb, ldc follow from the shapes.
 // AB is the operands' type, C the result's (float for bf16 operands).

@@ -5,10 +5,13 @@
 // on the calling thread.
 #include <dnnl.hpp>
 
+#include <fmt/format.h>
+
 #include <map>
 #include <tuple>
 
 #include "ops/blas.h"
+#include "ops/blas_core.h"
 
 namespace forge::ops {
 
@@ -77,6 +80,17 @@ void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const 
   dnnl::memory cm(g.c, cpu_engine(), c);
   g.primitive.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   stream.wait();
+}
+
+std::string bf16_gemm_summary() {
+  const dnnl_version_t* v = dnnl_version();
+  const blas::CpuFeatures f = blas::cpu_features();
+  const char* native = f.amx_bf16 ? "AMX" : f.avx512_bf16 ? "AVX512-BF16" : nullptr;
+  return native ? fmt::format("oneDNN {}.{}.{}, {} on this CPU: precision: bf16 runs here",
+                              v->major, v->minor, v->patch, native)
+                : fmt::format("oneDNN {}.{}.{}; this CPU has neither AVX512-BF16 nor AMX: "
+                              "precision: bf16 is refused here",
+                              v->major, v->minor, v->patch);
 }
 
 }  // namespace forge::ops

@@ -325,6 +325,12 @@ expect 0 "cases: [0-9]+ passed, 0 failed" -- "$bin" gradcheck linear/plain linea
 expect 0 "TaylorShift direct vs efficient" -- "$bin" gradcheck taylorshift/direct
 expect 2 "no case matches" -- "$bin" gradcheck nosuchop
 expect 0 "BLAS" -- "$bin" info
+# Whether precision: bf16 runs on this CPU (oneDNN's bf16 GEMMs need AVX512-BF16 or AMX).
+if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  expect 0 "bf16 GEMMs +oneDNN [0-9.]+, (AVX512-BF16|AMX) on this CPU: precision: bf16 runs here" -- "$bin" info
+else
+  expect 0 "bf16 GEMMs +oneDNN [0-9.]+; this CPU has neither AVX512-BF16 nor AMX" -- "$bin" info
+fi
 # OpenBLAS's kernels (ops/blas_core.h): a generic core OpenBLAS chose on a CPU
 # with AVX2 or AVX-512 is replaced by re-executing with OPENBLAS_CORETYPE;
 # ATTNFORGE_BLAS_TEST pretends OpenBLAS chose Prescott (and with ",broken"
