@@ -144,8 +144,9 @@ TEST(Trainer, Fp16OnTheCpuRunsAsFp32AndSaysSo) {
 }
 
 // precision: bf16 on the CPU: the GEMMs in bf16 where the CPU has AVX512-BF16
-// or AMX (the losses follow the fp32 run's closely, not exactly), a clear
-// error before anything is written where it has neither.
+// or AMX (the losses follow the fp32 run's closely, not exactly, and repeat
+// exactly in a second run), a clear error before anything is written where
+// it has neither.
 TEST(Trainer, Bf16OnTheCpuComputesTheGemmsInBf16OrRefuses) {
   Recipe r = tiny_recipe();
   r.set("device=cpu");
@@ -175,6 +176,7 @@ TEST(Trainer, Bf16OnTheCpuComputesTheGemmsInBf16OrRefuses) {
     return out;
   };
   const std::vector<double> bf16 = losses("bf16"), fp32 = losses("fp32");
+  EXPECT_EQ(losses("bf16"), bf16) << "a second bf16 run on as many threads differs";
   ASSERT_EQ(bf16.size(), fp32.size());
   ASSERT_FALSE(bf16.empty());
   bool differs = false;
