@@ -8,6 +8,7 @@
 //                                                  each configuration in its own process
 //                                                  and compares with PyTorch.
 //   SHAPE: [--batch B] [--heads H] [--dim d] [--device cpu|cuda] [--dtype f32|bf16|f16]
+//          [--autocast bf16|f16] (f32 inputs under autocast, as precision: bf16 | fp16 runs)
 //          [--tokens T] (B = max(1, T / N) for each N) [--ns N1,N2,..] [--mechanisms a,b,..]
 // Peak memory: the allocator's peak bytes above the inputs during one
 // forward+backward (on the GPU: the CUDA allocator's); with --one on the CPU
@@ -33,6 +34,7 @@
 #include "core/device.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace {
@@ -49,6 +51,7 @@ struct Config {
   int64_t tokens = 0;  // > 0: B = max(1, tokens / N) for each N
   forge::Device device = forge::Device::cpu();
   DType dtype = DType::f32;
+  DType autocast = DType::f32;  // bf16 / f16: every run under an AutocastGuard
   int64_t favor_m() const {  // int(d ln d)
     return static_cast<int64_t>(static_cast<double>(D) * std::log(static_cast<double>(D)));
   }
@@ -192,6 +195,7 @@ Result measure(const Mechanism& m, int64_t N, double budget) {
   std::vector<Tensor> leaves = {x.q, x.k, x.v, x.E, x.F, x.bE, x.bF, x.tau};
   auto fwdbwd = [&] {
     for (Tensor& t : leaves) t.zero_grad();
+    forge::ops::AutocastGuard autocast(cfg.autocast);
     Tensor o = m.run(x);
     forge::autograd::backward(forge::ops::sum(o));
   };
@@ -214,6 +218,7 @@ Result measure(const Mechanism& m, int64_t N, double budget) {
   r.fwd_ms = 1e3 * median_time(
                        [&] {
                          forge::NoGradGuard no_grad;
+                         forge::ops::AutocastGuard autocast(cfg.autocast);
                          Tensor o = m.run(x);
                        },
                        budget);
@@ -278,6 +283,10 @@ int bench_attention_main(int argc, char** argv) {
       FORGE_CHECK(v == "f32" || v == "bf16" || v == "f16",
                   "--dtype must be f32, bf16 or f16, got {}", v);
       cfg.dtype = v == "f32" ? DType::f32 : v == "bf16" ? DType::bf16 : DType::f16;
+    } else if (a == "--autocast" && has_value) {
+      const std::string v = argv[++i];
+      FORGE_CHECK(v == "bf16" || v == "f16", "--autocast must be bf16 or f16, got {}", v);
+      cfg.autocast = v == "bf16" ? DType::bf16 : DType::f16;
     } else if (a == "--list") {
       for (const Mechanism& m : mechanisms()) std::printf("%s\n", m.name.c_str());
       return 0;
@@ -288,7 +297,7 @@ int bench_attention_main(int argc, char** argv) {
     } else {
       FORGE_FAIL(
           "unknown argument {} (use --max-n N, --csv, --list, --one NAME N, --batch B, --heads H, "
-          "--dim d, --device cpu|cuda, --dtype f32|bf16|f16)",
+          "--dim d, --device cpu|cuda, --dtype f32|bf16|f16, --autocast bf16|f16)",
           a);
     }
   }
@@ -305,10 +314,14 @@ int bench_attention_main(int argc, char** argv) {
     return 0;
   }
   std::printf(csv ? "mechanism,B,N,fwd_ms,fwdbwd_ms,peak_MiB\n"
-                  : "H = %lld, d = %lld, %s on %s, %d thread%s\n\n| mechanism | B | N | fwd ms | "
+                  : "H = %lld, d = %lld, %s%s on %s, %d thread%s\n\n| mechanism | B | N | fwd ms | "
                     "fwd+bwd ms | peak MiB |\n|---|---|---|---|---|---|\n",
               static_cast<long long>(cfg.H), static_cast<long long>(cfg.D),
-              forge::dtype_name(cfg.dtype), cfg.device.str().c_str(), forge::num_threads(),
+              forge::dtype_name(cfg.dtype),
+              cfg.autocast == DType::bf16   ? " under bf16 autocast"
+              : cfg.autocast == DType::f16 ? " under f16 autocast"
+                                           : "",
+              cfg.device.str().c_str(), forge::num_threads(),
               forge::num_threads() == 1 ? "" : "s");
   if (names.empty())
     for (const Mechanism& m : mechanisms()) names.push_back(m.name);

@@ -58,7 +58,7 @@ std::vector<KeySpec> build_schema() {
   s.string("name", "run", "Name of the run; the default output directory is runs/<name>.");
   s.integer("seed", 0, 0, kInf, "Seed of every random stream (initialisation, dropout, data order, augmentation).");
   s.choice("device", "cpu", {"cpu", "cuda", "auto"}, "Where to train: cpu, cuda (the first GPU; an error when none is visible) or auto (the GPU when one is visible, else the CPU). Every attention mechanism has CUDA kernels (docs/GPU.md says which have run on a GPU).");
-  s.choice("precision", "fp32", {"fp32", "fp64", "bf16", "fp16"}, "fp32 / fp64: parameter and activation type. bf16 / fp16: mixed precision: f32 master weights and optimizer state, GEMMs and the patch convolution in bf16 / f16 with f32 accumulation (on a GPU also softmax and local attention); fp16 adds dynamic loss scaling. On the CPU: bf16 where the CPU has AVX512-BF16 or AMX (an error elsewhere), attention in f32; fp16 runs as fp32 (logged).");
+  s.choice("precision", "fp32", {"fp32", "fp64", "bf16", "fp16"}, "fp32 / fp64: parameter and activation type. bf16 / fp16: mixed precision: f32 master weights and optimizer state, GEMMs and the patch convolution in bf16 / f16 with f32 accumulation (on a GPU also softmax and local attention); fp16 adds dynamic loss scaling. On the CPU: bf16 where the CPU has AVX512-BF16 or AMX (an error elsewhere), softmax attention in bf16 from 128 keys and the other mechanisms in f32; fp16 runs as fp32 (logged).");
   s.boolean("allow_tf32", false, "On the GPU, let f32 GEMMs use TF32 tensor cores (10-bit mantissa products, f32 accumulation): faster, less exact.");
   s.integer("threads", 0, 0, 4096,
             "CPU threads for BLAS and our kernels; 0: every core, shared evenly by the processes "

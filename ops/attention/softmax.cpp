@@ -4,12 +4,21 @@
 // The forward saves the output and the per-row logsumexp L [B, H, N]; the
 // backward recomputes every score tile from q, k and L. Dropout is keyed by
 // (seed, offset, first) and recomputed, never stored.
+//
+// The kernels are templates over In, the type q, k, v and the incoming
+// gradient are multiplied in, and T, the accumulation type of scores,
+// probabilities, outputs and gradients: In = T (f32 or f64), or, under bf16
+// autocast on the CPU (ops/autocast.h) with at least one full key tile, In =
+// BF16 with T = f32: every tile product then runs on oneDNN's bf16 GEMM
+// (ops/blas.h) with the probability and dS tiles rounded to bf16 as operands,
+// and o, L and the gradients stay f32.
 
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "autograd/node.h"
@@ -18,6 +27,7 @@
 #include "ops/attention/common.h"
 #include "ops/attention/flash_attention.h"
 #include "ops/attention/registry.h"
+#include "ops/autocast.h"
 #include "ops/blas.h"
 
 namespace forge::ops::attention {
@@ -47,6 +57,28 @@ struct Plan {
   }
 };
 
+// x [n] as a GEMM operand of type In: x itself when In is T, else its values
+// rounded to bf16 in `low`.
+template <typename In, typename T>
+const In* operand(const T* x, int64_t n, std::vector<In>& low) {
+  if constexpr (std::is_same_v<In, T>) {
+    return x;
+  } else {
+    low.resize(static_cast<size_t>(n));
+    for (int64_t e = 0; e < n; ++e) low[static_cast<size_t>(e)] = BF16{float_to_bf16_bits(x[e])};
+    return low.data();
+  }
+}
+
+// An input element in the accumulation type.
+template <typename T>
+T widen(T x) {
+  return x;
+}
+inline float widen(BF16 x) {
+  return bf16_bits_to_float(static_cast<uint16_t>(x));
+}
+
 // The dropout factor of one score tile: z[r, c] = 1/(1-p) where element
 // (b, h, i0 + r, j0 + c) keeps, else 0; z is [ni, nj]. Element e keeps when
 // Generator::uniform_f32(seed, offset, first + e) >= p.
@@ -68,10 +100,10 @@ void dropout_tile(const Plan& s, int64_t bh, int64_t i0, int64_t ni, int64_t j0,
 //   m_i = running row max, l_i = running sum of exp(S - m_i) (undropped),
 //   acc = sum over tiles of dropout(exp(S - m_i)) v, rescaled when m_i grows;
 //   o = acc / l, L = m + log l. A row with every key masked gets o = 0, L = -inf.
-template <typename scalar_t>
-void forward_tile(const Plan& s, const scalar_t* q, const scalar_t* k, const scalar_t* v,
-                  scalar_t* o, scalar_t* lse, int64_t bh, int64_t i0, int64_t ni,
-                  std::vector<scalar_t>& work) {
+template <typename In, typename scalar_t>
+void forward_tile(const Plan& s, const In* q, const In* k, const In* v, scalar_t* o,
+                  scalar_t* lse, int64_t bh, int64_t i0, int64_t ni, std::vector<scalar_t>& work,
+                  std::vector<In>& low) {
   constexpr scalar_t kNegInf = -std::numeric_limits<scalar_t>::infinity();
   const int64_t b = bh / s.H, d = s.d, dv = s.dv;
   work.resize(static_cast<size_t>(2 * kTileQ * kTileK + kTileQ * dv + 2 * kTileQ));
@@ -83,7 +115,7 @@ void forward_tile(const Plan& s, const scalar_t* q, const scalar_t* k, const sca
   std::fill(acc, acc + ni * dv, scalar_t(0));
   std::fill(row_max, row_max + ni, kNegInf);
   std::fill(row_sum, row_sum + ni, scalar_t(0));
-  const scalar_t* qt = q + (bh * s.N + i0) * d;
+  const In* qt = q + (bh * s.N + i0) * d;
   const int64_t j_end = s.key_end(i0 + ni);
   for (int64_t j0 = 0; j0 < j_end; j0 += kTileK) {
     const int64_t nj = std::min(kTileK, j_end - j0);
@@ -124,8 +156,8 @@ void forward_tile(const Plan& s, const scalar_t* q, const scalar_t* k, const sca
       }
     }
     // acc [ni, dv] += dropout(P) [ni, nj] v_tile [nj, dv]
-    gemm(false, false, ni, dv, nj, scalar_t(1), P, nj, v + (bh * s.M + j0) * dv, dv, scalar_t(1),
-         acc, dv);
+    gemm(false, false, ni, dv, nj, scalar_t(1), operand(P, ni * nj, low), nj,
+         v + (bh * s.M + j0) * dv, dv, scalar_t(1), acc, dv);
   }
   for (int64_t r = 0; r < ni; ++r) {
     scalar_t* orow = o + (bh * s.N + i0 + r) * dv;
@@ -148,14 +180,16 @@ void forward_tile(const Plan& s, const scalar_t* q, const scalar_t* k, const sca
 //   dq = scale dS k,  dk = scale dS^T q   (S = scale q k^T).
 // P is recomputed as exp(S - L) from the saved L; masked entries (and rows
 // with every key masked, L = -inf) have P = 0 and so no gradient.
-template <typename scalar_t>
+template <typename In, typename scalar_t>
 struct Saved {
-  const scalar_t *q, *k, *v, *o, *lse, *dout;  // as in the forward; dout [B, H, N, dv]
-  scalar_t *dq, *dk, *dv;                      // zeroed, accumulated into
+  const In *q, *k, *v;        // as in the forward
+  const scalar_t *o, *lse;    // the forward's outputs
+  const In* dout;             // [B, H, N, dv]
+  scalar_t *dq, *dk, *dv;     // zeroed, accumulated into
 };
 
 // Scratch of one backward tile pair.
-template <typename scalar_t>
+template <typename In, typename scalar_t>
 struct TileWork {
   TileWork() = default;
   TileWork(const TileWork&) = delete;  // the pointers below point into buf
@@ -167,26 +201,32 @@ struct TileWork {
   scalar_t* Z = Pd + kTileQ * kTileK;  // [ni, nj]  dropout factors
   scalar_t* dS = Z + kTileQ * kTileK;  // [ni, nj]  dP, then dS
   scalar_t* D = dS + kTileQ * kTileK;  // [ni]      rowsum(do * o)
+  // The tile's GEMM operands as In: the probabilities v was multiplied by
+  // (P or Pd) and dS; they point into buf when In is the accumulation type.
+  std::vector<In> low_p, low_s;
+  const In* Pv = nullptr;
+  const In* dSv = nullptr;
 };
 
 // w.D [ni] = rowsum(do * o) over query rows [i0, i0 + ni).
-template <typename scalar_t>
-void row_delta(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t i0, int64_t ni,
-               TileWork<scalar_t>& w) {
+template <typename In, typename scalar_t>
+void row_delta(const Plan& s, const Saved<In, scalar_t>& g, int64_t bh, int64_t i0, int64_t ni,
+               TileWork<In, scalar_t>& w) {
   for (int64_t r = 0; r < ni; ++r) {
     const scalar_t* orow = g.o + (bh * s.N + i0 + r) * s.dv;
-    const scalar_t* grow = g.dout + (bh * s.N + i0 + r) * s.dv;
+    const In* grow = g.dout + (bh * s.N + i0 + r) * s.dv;
     scalar_t acc = 0;
-    for (int64_t c = 0; c < s.dv; ++c) acc += grow[c] * orow[c];
+    for (int64_t c = 0; c < s.dv; ++c) acc += widen(grow[c]) * orow[c];
     w.D[r] = acc;
   }
 }
 
 // For query rows [i0, i0 + ni) and keys [j0, j0 + nj): w.P (and w.Pd with
-// dropout) and w.dS; returns the probabilities the forward multiplied v by.
-template <typename scalar_t>
-const scalar_t* grad_tile(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t i0,
-                          int64_t ni, int64_t j0, int64_t nj, TileWork<scalar_t>& w) {
+// dropout) and w.dS, and as GEMM operands w.Pv, the probabilities the forward
+// multiplied v by, and w.dSv.
+template <typename In, typename scalar_t>
+void grad_tile(const Plan& s, const Saved<In, scalar_t>& g, int64_t bh, int64_t i0, int64_t ni,
+               int64_t j0, int64_t nj, TileWork<In, scalar_t>& w) {
   constexpr scalar_t kNegInf = -std::numeric_limits<scalar_t>::infinity();
   const int64_t b = bh / s.H;
   // S [ni, nj] = scale q_tile k_tile^T, then P = exp(S - L) where visible.
@@ -221,59 +261,61 @@ const scalar_t* grad_tile(const Plan& s, const Saved<scalar_t>& g, int64_t bh, i
     const scalar_t* pr = w.P + r * nj;
     for (int64_t c = 0; c < nj; ++c) gr[c] = pr[c] * (gr[c] - w.D[r]);
   }
-  return Pv;
+  w.Pv = operand(Pv, ni * nj, w.low_p);
+  w.dSv = operand(w.dS, ni * nj, w.low_s);
 }
 
 // dv_tile [nj, dv] += Pd^T do_tile and dk_tile [nj, d] += scale dS^T q_tile.
-template <typename scalar_t>
-void accumulate_dk_dv(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t i0, int64_t ni,
-                      int64_t j0, int64_t nj, const scalar_t* Pv, const TileWork<scalar_t>& w) {
-  gemm(true, false, nj, s.dv, ni, scalar_t(1), Pv, nj, g.dout + (bh * s.N + i0) * s.dv, s.dv,
+template <typename In, typename scalar_t>
+void accumulate_dk_dv(const Plan& s, const Saved<In, scalar_t>& g, int64_t bh, int64_t i0,
+                      int64_t ni, int64_t j0, int64_t nj, const TileWork<In, scalar_t>& w) {
+  gemm(true, false, nj, s.dv, ni, scalar_t(1), w.Pv, nj, g.dout + (bh * s.N + i0) * s.dv, s.dv,
        scalar_t(1), g.dv + (bh * s.M + j0) * s.dv, s.dv);
-  gemm(true, false, nj, s.d, ni, static_cast<scalar_t>(s.scale), w.dS, nj,
+  gemm(true, false, nj, s.d, ni, static_cast<scalar_t>(s.scale), w.dSv, nj,
        g.q + (bh * s.N + i0) * s.d, s.d, scalar_t(1), g.dk + (bh * s.M + j0) * s.d, s.d);
 }
 
 // dq_tile [ni, d] += scale dS k_tile.
-template <typename scalar_t>
-void accumulate_dq(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t i0, int64_t ni,
-                   int64_t j0, int64_t nj, const TileWork<scalar_t>& w) {
-  gemm(false, false, ni, s.d, nj, static_cast<scalar_t>(s.scale), w.dS, nj,
+template <typename In, typename scalar_t>
+void accumulate_dq(const Plan& s, const Saved<In, scalar_t>& g, int64_t bh, int64_t i0,
+                   int64_t ni, int64_t j0, int64_t nj, const TileWork<In, scalar_t>& w) {
+  gemm(false, false, ni, s.d, nj, static_cast<scalar_t>(s.scale), w.dSv, nj,
        g.k + (bh * s.M + j0) * s.d, s.d, scalar_t(1), g.dq + (bh * s.N + i0) * s.d, s.d);
 }
 
 // One thread owns a whole batch-head: every tile pair once, dq, dk, dv together.
-template <typename scalar_t>
-void backward_head(const Plan& s, const Saved<scalar_t>& g, int64_t bh, TileWork<scalar_t>& w) {
+template <typename In, typename scalar_t>
+void backward_head(const Plan& s, const Saved<In, scalar_t>& g, int64_t bh,
+                   TileWork<In, scalar_t>& w) {
   for (int64_t i0 = 0; i0 < s.N; i0 += kTileQ) {
     const int64_t ni = std::min(kTileQ, s.N - i0);
     row_delta(s, g, bh, i0, ni, w);
     const int64_t j_end = s.key_end(i0 + ni);
     for (int64_t j0 = 0; j0 < j_end; j0 += kTileK) {
       const int64_t nj = std::min(kTileK, j_end - j0);
-      const scalar_t* Pv = grad_tile(s, g, bh, i0, ni, j0, nj, w);
-      accumulate_dk_dv(s, g, bh, i0, ni, j0, nj, Pv, w);
+      grad_tile(s, g, bh, i0, ni, j0, nj, w);
+      accumulate_dk_dv(s, g, bh, i0, ni, j0, nj, w);
       accumulate_dq(s, g, bh, i0, ni, j0, nj, w);
     }
   }
 }
 
 // dk, dv of keys [j0, j0 + nj) from every query tile that sees them.
-template <typename scalar_t>
-void backward_key_tile(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t j0, int64_t nj,
-                       TileWork<scalar_t>& w) {
+template <typename In, typename scalar_t>
+void backward_key_tile(const Plan& s, const Saved<In, scalar_t>& g, int64_t bh, int64_t j0,
+                       int64_t nj, TileWork<In, scalar_t>& w) {
   for (int64_t i0 = s.causal ? j0 / kTileQ * kTileQ : 0; i0 < s.N; i0 += kTileQ) {
     const int64_t ni = std::min(kTileQ, s.N - i0);
     row_delta(s, g, bh, i0, ni, w);
-    const scalar_t* Pv = grad_tile(s, g, bh, i0, ni, j0, nj, w);
-    accumulate_dk_dv(s, g, bh, i0, ni, j0, nj, Pv, w);
+    grad_tile(s, g, bh, i0, ni, j0, nj, w);
+    accumulate_dk_dv(s, g, bh, i0, ni, j0, nj, w);
   }
 }
 
 // dq of query rows [i0, i0 + ni) from every key tile they see.
-template <typename scalar_t>
-void backward_query_tile(const Plan& s, const Saved<scalar_t>& g, int64_t bh, int64_t i0,
-                         int64_t ni, TileWork<scalar_t>& w) {
+template <typename In, typename scalar_t>
+void backward_query_tile(const Plan& s, const Saved<In, scalar_t>& g, int64_t bh, int64_t i0,
+                         int64_t ni, TileWork<In, scalar_t>& w) {
   row_delta(s, g, bh, i0, ni, w);
   const int64_t j_end = s.key_end(i0 + ni);
   for (int64_t j0 = 0; j0 < j_end; j0 += kTileK) {
@@ -333,43 +375,61 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   }
   FORGE_IF_CUDA(q) return softmax_cuda(q, k, v, key_padding_mask, s);
   s.kpm = mask_bytes(key_padding_mask);
+  // Under bf16 autocast (f32 inputs) the tiles multiply bf16 copies of q, k, v
+  // once a key tile is full: one oneDNN call costs about a microsecond before
+  // any work (docs/PERFORMANCE.md), more than the f32 GEMM of a smaller tile
+  // (ViT-Ti's 17 x 17: 41 instead of 33 ms a step), while from M = 256 the
+  // bf16 tiles are 1.3-1.45x faster.
+  const bool cast = autocasts(q) && autocasts(k) && autocasts(v) && s.M >= kTileK;
+  const Tensor qc = cast ? q.to(DType::bf16) : q.detach(), kc = cast ? k.to(DType::bf16) : k.detach(),
+               vc = cast ? v.to(DType::bf16) : v.detach();
   Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
   Tensor lse = Tensor::empty({s.B, s.H, s.N}, q.dtype());  // logsumexp of each score row
   const int64_t q_tiles = (s.N + kTileQ - 1) / kTileQ;
-  FORGE_DISPATCH_FLOAT(q.dtype(), "attention::softmax", [&] {
-    const scalar_t* qp = q.data<scalar_t>();
-    const scalar_t* kp = k.data<scalar_t>();
-    const scalar_t* vp = v.data<scalar_t>();
-    scalar_t* op = out.data<scalar_t>();
-    scalar_t* lp = lse.data<scalar_t>();
+  // In: the operands' element type; T: the accumulation type (q's dtype).
+  const auto forward = [&]<typename In, typename T>() {
+    const In* qp = qc.data<In>();
+    const In* kp = kc.data<In>();
+    const In* vp = vc.data<In>();
+    T* op = out.data<T>();
+    T* lp = lse.data<T>();
     // Query tiles are independent: one task per (b, h, query tile).
     parallel_for(s.B * s.H * q_tiles, kTileQ * s.M * (s.d + s.dv), [&](int64_t t0, int64_t t1) {
-      std::vector<scalar_t> work;
+      std::vector<T> work;
+      std::vector<In> low;
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t i0 = (t % q_tiles) * kTileQ;
-        forward_tile(s, qp, kp, vp, op, lp, t / q_tiles, i0, std::min(kTileQ, s.N - i0), work);
+        forward_tile(s, qp, kp, vp, op, lp, t / q_tiles, i0, std::min(kTileQ, s.N - i0), work,
+                     low);
       }
     });
-  });
+  };
+  if (cast) {
+    forward.template operator()<BF16, float>();
+  } else {
+    FORGE_DISPATCH_FLOAT(q.dtype(), "attention::softmax",
+                         [&] { forward.template operator()<scalar_t, scalar_t>(); });
+  }
   if (!autograd::needs_grad({q, k, v})) return out;
   return autograd::record(
       "attention::softmax", {q, k, v}, out,
-      [s, q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse,
-       mask = key_padding_mask, need_q = q.requires_grad(), need_k = k.requires_grad(),
+      [s, q = qc, k = kc, v = vc, o = out.detach(), lse, cast, mask = key_padding_mask,
+       need_q = q.requires_grad(), need_k = k.requires_grad(),
        need_v = v.requires_grad()](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
-        const Tensor& dout = grads[0];
-        Tensor dq = Tensor::zeros(q.shape(), q.dtype()), dk = Tensor::zeros(k.shape(), k.dtype()),
-               dv = Tensor::zeros(v.shape(), v.dtype());
-        FORGE_DISPATCH_FLOAT(q.dtype(), "attention::softmax backward", [&] {
-          const Saved<scalar_t> g{q.data<scalar_t>(),  k.data<scalar_t>(),   v.data<scalar_t>(),
-                                  o.data<scalar_t>(),  lse.data<scalar_t>(), dout.data<scalar_t>(),
-                                  dq.data<scalar_t>(), dk.data<scalar_t>(),  dv.data<scalar_t>()};
+        const Tensor dout = cast ? grads[0].to(DType::bf16) : grads[0];
+        const DType dtype = o.dtype();  // of the outputs and the gradients
+        Tensor dq = Tensor::zeros(q.shape(), dtype), dk = Tensor::zeros(k.shape(), dtype),
+               dv = Tensor::zeros(v.shape(), dtype);
+        const auto backward = [&]<typename In, typename T>() {
+          const Saved<In, T> g{q.data<In>(),    k.data<In>(),  v.data<In>(),
+                               o.data<T>(),     lse.data<T>(), dout.data<In>(),
+                               dq.data<T>(),    dk.data<T>(),  dv.data<T>()};
           const int64_t pair_cost = kTileQ * kTileK * (2 * s.d + 2 * s.dv);
           const int64_t q_tiles = (s.N + kTileQ - 1) / kTileQ,
                         k_tiles = (s.M + kTileK - 1) / kTileK;
           if (s.B * s.H >= num_threads()) {
             parallel_for(s.B * s.H, q_tiles * k_tiles * pair_cost, [&](int64_t h0, int64_t h1) {
-              TileWork<scalar_t> w;
+              TileWork<In, T> w;
               for (int64_t bh = h0; bh < h1; ++bh) backward_head(s, g, bh, w);
             });
             return;
@@ -378,20 +438,26 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
           // and one for dq over query tiles (each recomputes P and dS), so
           // every thread writes its own rows.
           parallel_for(s.B * s.H * k_tiles, q_tiles * pair_cost, [&](int64_t t0, int64_t t1) {
-            TileWork<scalar_t> w;
+            TileWork<In, T> w;
             for (int64_t t = t0; t < t1; ++t) {
               const int64_t j0 = (t % k_tiles) * kTileK;
               backward_key_tile(s, g, t / k_tiles, j0, std::min(kTileK, s.M - j0), w);
             }
           });
           parallel_for(s.B * s.H * q_tiles, k_tiles * pair_cost, [&](int64_t t0, int64_t t1) {
-            TileWork<scalar_t> w;
+            TileWork<In, T> w;
             for (int64_t t = t0; t < t1; ++t) {
               const int64_t i0 = (t % q_tiles) * kTileQ;
               backward_query_tile(s, g, t / q_tiles, i0, std::min(kTileQ, s.N - i0), w);
             }
           });
-        });
+        };
+        if (cast) {
+          backward.template operator()<BF16, float>();
+        } else {
+          FORGE_DISPATCH_FLOAT(dtype, "attention::softmax backward",
+                               [&] { backward.template operator()<scalar_t, scalar_t>(); });
+        }
         return {need_q ? dq : Tensor(), need_k ? dk : Tensor(), need_v ? dv : Tensor()};
       });
 }

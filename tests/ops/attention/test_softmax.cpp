@@ -12,6 +12,7 @@
 #include "core/threading.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/registry.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "tests/ops/attention/attention_test_util.h"
 
@@ -194,6 +195,77 @@ TEST(AttentionSoftmax, Float32MatchesFloat64) {
       expect_close(a.k.grad(), r.k.grad(), tol_g);
       expect_close(a.v.grad(), r.v.grad(), tol_g);
     }
+}
+
+// max |a - b| over max |b|: the error relative to the tensor's scale.
+double scaled_error(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return diff / scale;
+}
+
+// Under bf16 autocast on the CPU the tiles multiply bf16 copies of q, k, v
+// (and of the probability and dS tiles, and of do) with f32 accumulation: the
+// outputs and gradients are f32 and follow the op in f64 on the bf16-rounded
+// inputs up to the rounding of P and dS (2^-9 relative each), and differ from
+// the f32 op's. Across tiles, with a mask, causality and dropout, and with
+// B = H = 1 on 4 threads (the backward's split into key and query passes).
+// With fewer keys than a tile it stays f32.
+TEST(AttentionSoftmax, Bf16AutocastOnTheCpuMultipliesInBf16) {
+  const int threads = num_threads();
+  set_num_threads(4);
+  const std::vector<std::pair<RefCase, int64_t>> cases = {
+      {{"causal+mask+dropout", 150, 150, {0, 30}, true, 0, 0.2}, 2},
+      {{"cross+mask", 70, 300, {133, 0}, false, 0, 0}, 2},
+      {{"few heads, causal+mask", 200, 200, {30}, true, 0, 0}, 1},
+  };
+  for (const auto& [c, BH] : cases) {
+    SCOPED_TRACE(c.name);
+    const Inputs base = make_inputs(BH, BH, c.N, c.M, 16, 16, 500);
+    const Tensor kpm = padding_mask(BH, c.M, c.pad);
+    att::SoftmaxOptions options;
+    options.causal = c.causal;
+    options.dropout = c.dropout;
+    const auto run = [&](const Inputs& in, bool autocast) {
+      Generator gen(11);
+      options.gen = &gen;
+      Tensor o;
+      {
+        ops::AutocastGuard guard(autocast ? DType::bf16 : DType::f32);
+        o = att::softmax(in.q, in.k, in.v, kpm, options);
+      }
+      backprop(o, 12);
+      return o;
+    };
+    const auto rounded = [](const Tensor& t) { return t.detach().to(DType::f32).to(DType::bf16); };
+    const Inputs low = fresh(base, DType::f32), f32 = fresh(base, DType::f32),
+                 ref = fresh({rounded(base.q), rounded(base.k), rounded(base.v)}, DType::f64);
+    const Tensor o_low = run(low, true), o_f32 = run(f32, false), o_ref = run(ref, false);
+    ASSERT_EQ(o_low.dtype(), DType::f32);
+    ASSERT_EQ(low.q.grad().dtype(), DType::f32);
+    // About 2.5x the errors measured (o 0.7-1.7e-3, gradients 1.6-2.9e-3; from
+    // the f32 op 2.0-2.3e-3).
+    EXPECT_LT(scaled_error(o_low, o_ref), 4e-3);
+    EXPECT_LT(scaled_error(low.q.grad(), ref.q.grad()), 7e-3);
+    EXPECT_LT(scaled_error(low.k.grad(), ref.k.grad()), 7e-3);
+    EXPECT_LT(scaled_error(low.v.grad(), ref.v.grad()), 7e-3);
+    EXPECT_GT(scaled_error(o_low, o_f32), 5e-4) << "the tiles did not run in bf16";
+  }
+  set_num_threads(threads);
+  // Fewer keys than one tile (a ViT's 17 tokens): f32 tiles, where one oneDNN
+  // call would cost more than the product; the result is the f32 op's.
+  const Inputs small = make_inputs(2, 2, 17, 17, 16, 16, 600);
+  const Inputs a = fresh(small, DType::f32), b = fresh(small, DType::f32);
+  Tensor o_auto;
+  {
+    ops::AutocastGuard guard(DType::bf16);
+    o_auto = att::softmax(a.q, a.k, a.v, Tensor(), {});
+  }
+  EXPECT_EQ(testing::max_abs_diff(o_auto, att::softmax(b.q, b.k, b.v, Tensor(), {})), 0.0);
 }
 
 TEST(AttentionSoftmax, CausalLeaksNothing) {
