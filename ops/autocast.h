@@ -5,8 +5,8 @@
 //   and local attention ops (whose tiled kernels are two GEMMs per tile), on
 //   the tensor cores, in bf16 or f16;
 // - on the CPU: matmul, linear, the patch embedding (a linear map there) and
-//   softmax attention once it has a full key tile (128 keys; smaller tiles
-//   cost more in oneDNN calls than they gain), in bf16 only (oneDNN,
+//   softmax and local attention once their tiles hold 128 keys (smaller
+//   tiles cost more in oneDNN calls than they gain), in bf16 only (oneDNN,
 //   ops/blas.h); the other attention kernels compute in f32, and f16 leaves
 //   the CPU in f32.
 // Every other op, the parameters (the f32 master weights), their gradients

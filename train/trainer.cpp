@@ -832,8 +832,8 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   if (!place.note.empty()) log->warn("{}", place.note);
   if (place.device.is_cpu()) log->info("CPU: OpenBLAS's {}", blas::kernel_summary());
   if (place.device.is_cpu() && place.autocast == DType::bf16)
-    log->info("CPU: matmuls, linear layers, the patch embedding and softmax attention from 128 "
-              "keys in bf16 with f32 accumulation (oneDNN); every other op in f32");
+    log->info("CPU: matmuls, linear layers, the patch embedding and softmax / local attention "
+              "from 128 keys in bf16 with f32 accumulation (oneDNN); every other op in f32");
   log->info(
       "model: {} {} on {} ({} parameters), attention {}, {} steps ({} per epoch, batch {} x {} "
       "accumulation), {} thread{}",

@@ -1,5 +1,6 @@
 // Shared argument checks and shape bookkeeping of the attention ops, and the
-// CPU kernels' row helpers (exp of shifted scores, row softmax, dot) (internal).
+// CPU kernels' row helpers (exp of shifted scores, row softmax, dot, bf16
+// operands) (internal).
 #pragma once
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/tensor.h"
@@ -66,6 +68,35 @@ inline void softmax_row(const T* x, T* y, int64_t n, T* lse = nullptr) {
   const T inv = T(1) / sum;
   for (int64_t i = 0; i < n; ++i) y[i] *= inv;
   if (lse) *lse = mx + std::log(sum);
+}
+
+// bf16 tiles on the CPU (softmax and local attention under bf16 autocast):
+// the kernels are templates over In, the type their GEMMs multiply (the
+// accumulation type T, or BF16), and T. Below kMinBf16Keys keys per tile a
+// oneDNN call costs more than the tile's product saves, so the kernels stay
+// in T there.
+constexpr int64_t kMinBf16Keys = 128;
+
+// x [n] as a GEMM operand of type In: x itself when In is T, else its values
+// rounded to bf16 in `low`.
+template <typename In, typename T>
+const In* operand(const T* x, int64_t n, std::vector<In>& low) {
+  if constexpr (std::is_same_v<In, T>) {
+    return x;
+  } else {
+    low.resize(static_cast<size_t>(n));
+    for (int64_t e = 0; e < n; ++e) low[static_cast<size_t>(e)] = BF16{float_to_bf16_bits(x[e])};
+    return low.data();
+  }
+}
+
+// An operand element in the accumulation type.
+template <typename T>
+T widen(T x) {
+  return x;
+}
+inline float widen(BF16 x) {
+  return bf16_bits_to_float(static_cast<uint16_t>(x));
 }
 
 struct Dims4 {

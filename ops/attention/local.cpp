@@ -9,6 +9,9 @@
 // bw = w (look_backward + 1 + look_forward): memory O(N bw), never N x N.
 // The forward saves q, k, v and the per-row logsumexp; the backward recomputes
 // the probabilities of each tile from them (and the dropout mask from Philox).
+// Under bf16 autocast on the CPU, with bands of at least kMinBf16Keys keys,
+// the tile GEMMs multiply bf16 copies of q, k, v, do and of the probability
+// and dS tiles (common.h's In = BF16); everything else stays f32.
 
 #include <algorithm>
 #include <array>
@@ -86,10 +89,11 @@ void apply_dropout(const LocalPlan& s, int64_t bh, int64_t i, int64_t pos0, int6
 
 // Forward of one window of one batch-head.
 // q [N, d], k [N, d], v [N, dv] of this batch-head; o [N, dv]; lse [N];
-// P holds one tile (w x min(bw, N) elements).
-template <typename T>
-void forward_tile(const LocalPlan& s, int64_t bh, int64_t win, const T* q, const T* k, const T* v,
-                  const uint8_t* kpm_b, T* o, T* lse, T* P) {
+// P holds one tile (w x min(bw, N) elements). In: the GEMMs' operand type (T,
+// or BF16 under bf16 autocast, common.h), P rounded to it in `low`.
+template <typename In, typename T>
+void forward_tile(const LocalPlan& s, int64_t bh, int64_t win, const In* q, const In* k,
+                  const In* v, const uint8_t* kpm_b, T* o, T* lse, T* P, std::vector<In>& low) {
   const Tile t = tile_of(s, win);
   // S [nq, nk] = d^-1/2 q_win k_band^T
   gemm(false, true, t.nq, t.nk, s.d, static_cast<T>(s.scale), q + t.i0 * s.d, s.d, k + t.j0 * s.d,
@@ -126,18 +130,19 @@ void forward_tile(const LocalPlan& s, int64_t bh, int64_t win, const T* q, const
     }
   }
   // o_win [nq, dv] = dropout(P) v_band
-  gemm(false, false, t.nq, s.dv, t.nk, T(1), P, t.nk, v + t.j0 * s.dv, s.dv, T(0), o + t.i0 * s.dv,
-       s.dv);
+  gemm(false, false, t.nq, s.dv, t.nk, T(1), operand(P, t.nq * t.nk, low), t.nk, v + t.j0 * s.dv,
+       s.dv, T(0), o + t.i0 * s.dv, s.dv);
 }
 
 // Backward of one window of one batch-head; retraces forward_tile. dq is
 // written for the window's queries; dk, dv accumulate over the band's keys (the
 // caller runs windows whose bands overlap one after another). P, Pd, dP are
-// scratch tiles of w x min(bw, N) elements.
-template <typename T>
-void backward_tile(const LocalPlan& s, int64_t bh, int64_t win, const T* q, const T* k, const T* v,
-                   const uint8_t* kpm_b, const T* lse, const T* dout, T* dq, T* dk, T* dvv, T* P,
-                   T* Pd, T* dP) {
+// scratch tiles of w x min(bw, N) elements; low_p, low_s hold dropout(P) and
+// dS as In operands.
+template <typename In, typename T>
+void backward_tile(const LocalPlan& s, int64_t bh, int64_t win, const In* q, const In* k,
+                   const In* v, const uint8_t* kpm_b, const T* lse, const In* dout, T* dq, T* dk,
+                   T* dvv, T* P, T* Pd, T* dP, std::vector<In>& low_p, std::vector<In>& low_s) {
   const Tile t = tile_of(s, win);
   // In the forward S = d^-1/2 q k^T and P = exp(S - lse) on the allowed keys.
   gemm(false, true, t.nq, t.nk, s.d, static_cast<T>(s.scale), q + t.i0 * s.d, s.d, k + t.j0 * s.d,
@@ -160,8 +165,8 @@ void backward_tile(const LocalPlan& s, int64_t bh, int64_t win, const T* q, cons
     }
   }
   // o = dropout(P) v, so dv_band += dropout(P)^T do and dPd = d dropout(P) = do v_band^T.
-  gemm(true, false, t.nk, s.dv, t.nq, T(1), Pd, t.nk, dout + t.i0 * s.dv, s.dv, T(1),
-       dvv + t.j0 * s.dv, s.dv);
+  gemm(true, false, t.nk, s.dv, t.nq, T(1), operand(Pd, t.nq * t.nk, low_p), t.nk,
+       dout + t.i0 * s.dv, s.dv, T(1), dvv + t.j0 * s.dv, s.dv);
   gemm(false, true, t.nq, t.nk, s.dv, T(1), dout + t.i0 * s.dv, s.dv, v + t.j0 * s.dv, s.dv, T(0),
        dP, t.nk);
   // Through dropout, dP = dPd keep / (1 - p); through the softmax,
@@ -177,47 +182,49 @@ void backward_tile(const LocalPlan& s, int64_t bh, int64_t win, const T* q, cons
     for (int64_t c = 0; c < t.nk; ++c) row[c] = prow[c] * drow[c] - row[c] * D;
   }
   // S = d^-1/2 q k^T: dq_win = d^-1/2 dS k_band, dk_band += d^-1/2 dS^T q_win.
-  gemm(false, false, t.nq, s.d, t.nk, static_cast<T>(s.scale), P, t.nk, k + t.j0 * s.d, s.d, T(0),
+  const In* dS = operand(P, t.nq * t.nk, low_s);
+  gemm(false, false, t.nq, s.d, t.nk, static_cast<T>(s.scale), dS, t.nk, k + t.j0 * s.d, s.d, T(0),
        dq + t.i0 * s.d, s.d);
-  gemm(true, false, t.nk, s.d, t.nq, static_cast<T>(s.scale), P, t.nk, q + t.i0 * s.d, s.d, T(1),
+  gemm(true, false, t.nk, s.d, t.nq, static_cast<T>(s.scale), dS, t.nk, q + t.i0 * s.d, s.d, T(1),
        dk + t.j0 * s.d, s.d);
 }
 
-// q, k [B, H, N, d], v [B, H, N, dv] -> o [B, H, N, dv], lse [B, H, N].
-template <typename T>
+// q, k [B, H, N, d], v [B, H, N, dv] (of In) -> o [B, H, N, dv], lse [B, H, N] (of T).
+template <typename In, typename T>
 void local_forward(const LocalPlan& s, const Tensor& q, const Tensor& k, const Tensor& v,
                    const uint8_t* kpm, Tensor& o, Tensor& lse) {
-  const T* qp = q.data<T>();
-  const T* kp = k.data<T>();
-  const T* vp = v.data<T>();
+  const In* qp = q.data<In>();
+  const In* kp = k.data<In>();
+  const In* vp = v.data<In>();
   T* op = o.data<T>();
   T* lp = lse.data<T>();
   const int64_t items = s.B * s.H * s.windows;
   parallel_for(items, s.w * s.bw * (s.d + s.dv), [&](int64_t begin, int64_t end) {
     // The band tile, from the tracked allocator so the peak counter sees it.
     Tensor P = Tensor::empty({s.w, std::min(s.bw, s.N)}, dtype_of<T>());
+    std::vector<In> low;
     for (int64_t it = begin; it < end; ++it) {
       const int64_t bh = it / s.windows, win = it % s.windows;
       const uint8_t* kpm_b = kpm ? kpm + (bh / s.H) * s.N : nullptr;
       forward_tile(s, bh, win, qp + bh * s.N * s.d, kp + bh * s.N * s.d, vp + bh * s.N * s.dv,
-                   kpm_b, op + bh * s.N * s.dv, lp + bh * s.N, P.data<T>());
+                   kpm_b, op + bh * s.N * s.dv, lp + bh * s.N, P.data<T>(), low);
     }
   });
 }
 
-// The gradients of q, k, v from do [B, H, N, dv].
-template <typename T>
+// The gradients of q, k, v (of T) from do [B, H, N, dv] (q, k, v and do of In).
+template <typename In, typename T>
 std::vector<Tensor> local_backward(const LocalPlan& s, const Tensor& q, const Tensor& k,
                                    const Tensor& v, const uint8_t* kpm, const Tensor& lse,
                                    const Tensor& dout) {
-  Tensor dq = Tensor::empty(q.shape(), q.dtype());
-  Tensor dk = Tensor::zeros(k.shape(), k.dtype());
-  Tensor dv = Tensor::zeros(v.shape(), v.dtype());
-  const T* qp = q.data<T>();
-  const T* kp = k.data<T>();
-  const T* vp = v.data<T>();
+  Tensor dq = Tensor::empty(q.shape(), dtype_of<T>());
+  Tensor dk = Tensor::zeros(k.shape(), dtype_of<T>());
+  Tensor dv = Tensor::zeros(v.shape(), dtype_of<T>());
+  const In* qp = q.data<In>();
+  const In* kp = k.data<In>();
+  const In* vp = v.data<In>();
   const T* lp = lse.data<T>();
-  const T* gp = dout.data<T>();
+  const In* gp = dout.data<In>();
   T* dqp = dq.data<T>();
   T* dkp = dk.data<T>();
   T* dvp = dv.data<T>();
@@ -231,13 +238,15 @@ std::vector<Tensor> local_backward(const LocalPlan& s, const Tensor& q, const Te
                    const int64_t tile = s.w * std::min(s.bw, s.N);
                    Tensor scratch = Tensor::empty({3, tile}, dtype_of<T>());
                    T* sp = scratch.data<T>();
+                   std::vector<In> low_p, low_s;
                    for (int64_t it = begin; it < end; ++it) {
                      const int64_t bh = it / per_bh, win = colour + (it % per_bh) * stride;
                      const uint8_t* kpm_b = kpm ? kpm + (bh / s.H) * s.N : nullptr;
                      backward_tile(s, bh, win, qp + bh * s.N * s.d, kp + bh * s.N * s.d,
                                    vp + bh * s.N * s.dv, kpm_b, lp + bh * s.N, gp + bh * s.N * s.dv,
                                    dqp + bh * s.N * s.d, dkp + bh * s.N * s.d,
-                                   dvp + bh * s.N * s.dv, sp, sp + tile, sp + 2 * tile);
+                                   dvp + bh * s.N * s.dv, sp, sp + tile, sp + 2 * tile, low_p,
+                                   low_s);
                    }
                  });
   }
@@ -312,25 +321,38 @@ Tensor local(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ke
     s.seed = r.seed, s.offset = r.offset, s.first = r.first;
   }
   FORGE_IF_CUDA(q) return local_cuda(q, k, v, key_padding_mask, s);
+  // Under bf16 autocast (f32 inputs) the tiles multiply bf16 copies of q, k, v
+  // when a band holds at least kMinBf16Keys keys (common.h).
+  const bool cast = autocasts(q) && autocasts(k) && autocasts(v) &&
+                    std::min(s.bw, s.N) >= kMinBf16Keys;
+  const Tensor qc = cast ? q.to(DType::bf16) : q.detach(), kc = cast ? k.to(DType::bf16) : k.detach(),
+               vc = cast ? v.to(DType::bf16) : v.detach();
   Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
   Tensor lse = Tensor::empty({s.B, s.H, s.N}, q.dtype());
   if (o.numel() > 0 && s.d > 0) {
-    FORGE_DISPATCH_FLOAT(q.dtype(), "attention::local", [&] {
-      local_forward<scalar_t>(s, q, k, v, mask_bytes(key_padding_mask), o, lse);
-    });
+    if (cast) {
+      local_forward<BF16, float>(s, qc, kc, vc, mask_bytes(key_padding_mask), o, lse);
+    } else {
+      FORGE_DISPATCH_FLOAT(q.dtype(), "attention::local", [&] {
+        local_forward<scalar_t, scalar_t>(s, qc, kc, vc, mask_bytes(key_padding_mask), o, lse);
+      });
+    }
   } else {
     o.fill(0.0);
   }
   if (!autograd::needs_grad({q, k, v})) return o;
   return autograd::record(
       "attention::local", {q, k, v}, o,
-      [s, q = q.detach(), k = k.detach(), v = v.detach(), kpm = key_padding_mask,
-       lse](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+      [s, q = qc, k = kc, v = vc, kpm = key_padding_mask, lse, cast,
+       dtype = q.dtype()](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
         if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0 || s.d == 0)
-          return {Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(k.shape(), k.dtype()),
-                  Tensor::zeros(v.shape(), v.dtype())};
-        return FORGE_DISPATCH_FLOAT(q.dtype(), "attention::local backward", [&] {
-          return local_backward<scalar_t>(s, q, k, v, mask_bytes(kpm), lse, grads[0]);
+          return {Tensor::zeros(q.shape(), dtype), Tensor::zeros(k.shape(), dtype),
+                  Tensor::zeros(v.shape(), dtype)};
+        if (cast)
+          return local_backward<BF16, float>(s, q, k, v, mask_bytes(kpm), lse,
+                                             grads[0].to(DType::bf16));
+        return FORGE_DISPATCH_FLOAT(dtype, "attention::local backward", [&] {
+          return local_backward<scalar_t, scalar_t>(s, q, k, v, mask_bytes(kpm), lse, grads[0]);
         });
       });
 }

@@ -8,7 +8,7 @@
 // The kernels are templates over In, the type q, k, v and the incoming
 // gradient are multiplied in, and T, the accumulation type of scores,
 // probabilities, outputs and gradients: In = T (f32 or f64), or, under bf16
-// autocast on the CPU (ops/autocast.h) with at least one full key tile, In =
+// autocast on the CPU (ops/autocast.h) with at least kMinBf16Keys keys, In =
 // BF16 with T = f32: every tile product then runs on oneDNN's bf16 GEMM
 // (ops/blas.h) with the probability and dS tiles rounded to bf16 as operands,
 // and o, L and the gradients stay f32.
@@ -18,7 +18,6 @@
 #include <bit>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "autograd/node.h"
@@ -56,28 +55,6 @@ struct Plan {
     return causal ? std::clamp<int64_t>(i - j0 + 1, 0, nj) : nj;
   }
 };
-
-// x [n] as a GEMM operand of type In: x itself when In is T, else its values
-// rounded to bf16 in `low`.
-template <typename In, typename T>
-const In* operand(const T* x, int64_t n, std::vector<In>& low) {
-  if constexpr (std::is_same_v<In, T>) {
-    return x;
-  } else {
-    low.resize(static_cast<size_t>(n));
-    for (int64_t e = 0; e < n; ++e) low[static_cast<size_t>(e)] = BF16{float_to_bf16_bits(x[e])};
-    return low.data();
-  }
-}
-
-// An input element in the accumulation type.
-template <typename T>
-T widen(T x) {
-  return x;
-}
-inline float widen(BF16 x) {
-  return bf16_bits_to_float(static_cast<uint16_t>(x));
-}
 
 // The dropout factor of one score tile: z[r, c] = 1/(1-p) where element
 // (b, h, i0 + r, j0 + c) keeps, else 0; z is [ni, nj]. Element e keeps when
@@ -376,11 +353,11 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   FORGE_IF_CUDA(q) return softmax_cuda(q, k, v, key_padding_mask, s);
   s.kpm = mask_bytes(key_padding_mask);
   // Under bf16 autocast (f32 inputs) the tiles multiply bf16 copies of q, k, v
-  // once a key tile is full: one oneDNN call costs about a microsecond before
-  // any work (docs/PERFORMANCE.md), more than the f32 GEMM of a smaller tile
-  // (ViT-Ti's 17 x 17: 41 instead of 33 ms a step), while from M = 256 the
-  // bf16 tiles are 1.3-1.45x faster.
-  const bool cast = autocasts(q) && autocasts(k) && autocasts(v) && s.M >= kTileK;
+  // once a key tile is full (common.h): one oneDNN call costs about a
+  // microsecond before any work (docs/PERFORMANCE.md), more than the f32 GEMM
+  // of a smaller tile (ViT-Ti's 17 x 17: 41 instead of 33 ms a step), while
+  // from M = 256 the bf16 tiles are 1.3-1.45x faster.
+  const bool cast = autocasts(q) && autocasts(k) && autocasts(v) && s.M >= kMinBf16Keys;
   const Tensor qc = cast ? q.to(DType::bf16) : q.detach(), kc = cast ? k.to(DType::bf16) : k.detach(),
                vc = cast ? v.to(DType::bf16) : v.detach();
   Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());

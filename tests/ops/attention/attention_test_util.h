@@ -15,6 +15,18 @@
 
 namespace forge::testing {
 
+// max |a - b| over max |b|: the error relative to the tensor's scale (for
+// low-precision results, whose errors scale with the values).
+inline double scaled_error(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return diff / scale;
+}
+
 // Uniform [lo, hi) tensor of `shape` and dtype from its own seeded generator,
 // optionally requiring grad.
 inline Tensor uniform(const Shape& shape, uint64_t seed, DType dtype = DType::f64, double lo = -1,

@@ -9,6 +9,7 @@
 
 #include "ops/attention/attention.h"
 #include "ops/attention/registry.h"
+#include "ops/autocast.h"
 #include "tests/ops/attention/attention_test_util.h"
 
 namespace forge {
@@ -169,6 +170,50 @@ TEST(AttentionLocal, F32MatchesF64) {
       EXPECT_EQ(f32[t].dtype(), DType::f32);
       EXPECT_LE(testing::max_abs_diff(f32[t].to(DType::f64), f64[t]), 2e-5) << "tensor " << t;
     }
+  }
+}
+
+// Under bf16 autocast on the CPU, bands of at least 128 keys multiply bf16
+// copies of q, k, v, do and of the probability and dS tiles with f32
+// accumulation: the output and gradients are f32, follow the op in f64 on the
+// bf16-rounded inputs up to the rounding of the tiles, and differ from the
+// f32 op's. Narrower bands stay f32 (the f32 op's result exactly).
+TEST(AttentionLocal, Bf16AutocastOnTheCpuMultipliesInBf16) {
+  const RefCase cases[] = {
+      {"w64 (band 192)+mask+dropout", 300, 64, 1, -1, false, true, 0.2},
+      {"w128 causal (band 256)+mask", 300, 128, 1, -1, true, true, 0},
+      {"w16 (band 48): f32", 300, 16, 1, -1, false, true, 0},
+  };
+  for (const RefCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int64_t B = 2, H = 2, d = 16, dv = 16;
+    const Tensor q = testing::uniform({B, H, c.N, d}, 11), k = testing::uniform({B, H, c.N, d}, 12),
+                 v = testing::uniform({B, H, c.N, dv}, 13),
+                 G = testing::uniform({B, H, c.N, dv}, 14, DType::f64, -1, 1, false);
+    const Tensor kpm = ref_mask(c.N);
+    const AttnFn fn = local_fn(options_of(c), kpm, 5);
+    const AttnFn autocast = [&](const Tensor& a, const Tensor& b, const Tensor& e) {
+      ops::AutocastGuard guard(DType::bf16);
+      return fn(a, b, e);
+    };
+    const auto f32 = [](const Tensor& t) { return t.to(DType::f32); };
+    const auto rounded = [](const Tensor& t) {
+      return t.to(DType::f32).to(DType::bf16).to(DType::f64);
+    };
+    const auto low = run_with_grads(autocast, f32(q), f32(k), f32(v), G);
+    const auto plain = run_with_grads(fn, f32(q), f32(k), f32(v), G);
+    if (c.window == 16) {
+      for (size_t t = 0; t < low.size(); ++t)
+        EXPECT_EQ(testing::max_abs_diff(low[t], plain[t]), 0.0) << "tensor " << t;
+      continue;
+    }
+    const auto ref = run_with_grads(fn, rounded(q), rounded(k), rounded(v), G);
+    for (size_t t = 0; t < low.size(); ++t) {
+      EXPECT_EQ(low[t].dtype(), DType::f32);
+      // About 2-2.5x the errors measured (o 1.6-1.9e-3, gradients 2.1-2.9e-3).
+      EXPECT_LT(testing::scaled_error(low[t], ref[t]), t == 0 ? 4e-3 : 7e-3) << "tensor " << t;
+    }
+    EXPECT_GT(testing::scaled_error(low[0], plain[0]), 5e-4) << "the tiles did not run in bf16";
   }
 }
 

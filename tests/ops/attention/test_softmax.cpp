@@ -197,17 +197,6 @@ TEST(AttentionSoftmax, Float32MatchesFloat64) {
     }
 }
 
-// max |a - b| over max |b|: the error relative to the tensor's scale.
-double scaled_error(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return diff / scale;
-}
-
 // Under bf16 autocast on the CPU the tiles multiply bf16 copies of q, k, v
 // (and of the probability and dS tiles, and of do) with f32 accumulation: the
 // outputs and gradients are f32 and follow the op in f64 on the bf16-rounded
@@ -249,11 +238,11 @@ TEST(AttentionSoftmax, Bf16AutocastOnTheCpuMultipliesInBf16) {
     ASSERT_EQ(low.q.grad().dtype(), DType::f32);
     // About 2.5x the errors measured (o 0.7-1.7e-3, gradients 1.6-2.9e-3; from
     // the f32 op 2.0-2.3e-3).
-    EXPECT_LT(scaled_error(o_low, o_ref), 4e-3);
-    EXPECT_LT(scaled_error(low.q.grad(), ref.q.grad()), 7e-3);
-    EXPECT_LT(scaled_error(low.k.grad(), ref.k.grad()), 7e-3);
-    EXPECT_LT(scaled_error(low.v.grad(), ref.v.grad()), 7e-3);
-    EXPECT_GT(scaled_error(o_low, o_f32), 5e-4) << "the tiles did not run in bf16";
+    EXPECT_LT(testing::scaled_error(o_low, o_ref), 4e-3);
+    EXPECT_LT(testing::scaled_error(low.q.grad(), ref.q.grad()), 7e-3);
+    EXPECT_LT(testing::scaled_error(low.k.grad(), ref.k.grad()), 7e-3);
+    EXPECT_LT(testing::scaled_error(low.v.grad(), ref.v.grad()), 7e-3);
+    EXPECT_GT(testing::scaled_error(o_low, o_f32), 5e-4) << "the tiles did not run in bf16";
   }
   set_num_threads(threads);
   // Fewer keys than one tile (a ViT's 17 tokens): f32 tiles, where one oneDNN
