@@ -10,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/error.h"
 #include "ops/blas.h"
 #include "ops/blas_core.h"
 
@@ -51,8 +52,13 @@ Gemm build(const Key& key) {
     post.append_sum(beta);  // c = alpha a b + beta c
     attr.set_post_ops(post);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-  return {dnnl::matmul(pd), a, b, c};
+  try {
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+    return {dnnl::matmul(pd), a, b, c};
+  } catch (const dnnl::error& e) {
+    FORGE_FAIL("gemm (bf16): oneDNN has no bf16 matmul for [{}, {}] x [{}, {}] on this CPU ({}): {}",
+               n, k, k, m, blas::describe(blas::cpu_features()), e.what());
+  }
 }
 
 }  // namespace

@@ -18,6 +18,17 @@
 #include "autograd/gradcheck.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "ops/blas_core.h"
+
+// Skips a test of the CPU's bf16 path (oneDNN's bf16 GEMMs, autocast on the
+// CPU) on a CPU that does not multiply bf16 itself, where precision: bf16 is
+// refused (train/model.cpp) and oneDNN may have no bf16 matmul.
+#define FORGE_REQUIRE_CPU_BF16()                                                        \
+  do {                                                                                  \
+    const ::forge::blas::CpuFeatures forge_cpu = ::forge::blas::cpu_features();         \
+    if (!forge_cpu.avx512_bf16 && !forge_cpu.amx_bf16)                                  \
+      GTEST_SKIP() << "this CPU has neither AVX512-BF16 nor AMX: no bf16 on the CPU";   \
+  } while (0)
 
 namespace forge::testing {
 

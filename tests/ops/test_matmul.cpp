@@ -97,6 +97,7 @@ Tensor leaf32(const Shape& shape, uint64_t seed) {
 // gradients are f32 and equal the exact products of the bf16-rounded operands
 // (and gradient) up to f32 accumulation, and differ from the f32 product.
 TEST_P(MatmulShapes, Bf16AutocastOnTheCpuMultipliesTheRoundedOperands) {
+  FORGE_REQUIRE_CPU_BF16();
   const MatmulCase& c = GetParam();
   const Tensor a = leaf32(c.a, 1), b = leaf32(c.b, 2);
   Tensor out;
@@ -122,6 +123,7 @@ TEST_P(MatmulShapes, Bf16AutocastOnTheCpuMultipliesTheRoundedOperands) {
 // linear (and so the patch embedding on the CPU) under bf16 autocast: the
 // fused f32 bias is added exactly, the product is of the rounded operands.
 TEST(Linear, Bf16AutocastOnTheCpu) {
+  FORGE_REQUIRE_CPU_BF16();
   const Tensor x = leaf32({3, 17, 40}, 21), w = leaf32({24, 40}, 22), bias = leaf32({24}, 23);
   ops::AutocastGuard bf16(DType::bf16);
   const Tensor y = ops::linear(x, w, bias);
@@ -139,6 +141,7 @@ TEST(Linear, Bf16AutocastOnTheCpu) {
 // matrices, every transpose case, k = 0, and calls from inside an OpenMP
 // region (each thread its own cached primitives), against long double loops.
 TEST(Matmul, Bf16GemmWithStridesScalesAndThreads) {
+  FORGE_REQUIRE_CPU_BF16();
   const int64_t n = 37, m = 29, k = 45, ld = 64;  // operands are tiles of 64-wide rows
   Generator gen(9);
   const auto bits = [&](int64_t count) {

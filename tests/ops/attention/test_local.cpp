@@ -179,6 +179,7 @@ TEST(AttentionLocal, F32MatchesF64) {
 // bf16-rounded inputs up to the rounding of the tiles, and differ from the
 // f32 op's. Narrower bands stay f32 (the f32 op's result exactly).
 TEST(AttentionLocal, Bf16AutocastOnTheCpuMultipliesInBf16) {
+  FORGE_REQUIRE_CPU_BF16();
   const RefCase cases[] = {
       {"w64 (band 192)+mask+dropout", 300, 64, 1, -1, false, true, 0.2},
       {"w128 causal (band 256)+mask", 300, 128, 1, -1, true, true, 0},

@@ -205,6 +205,7 @@ TEST(AttentionSoftmax, Float32MatchesFloat64) {
 // B = H = 1 on 4 threads (the backward's split into key and query passes).
 // With fewer keys than a tile it stays f32.
 TEST(AttentionSoftmax, Bf16AutocastOnTheCpuMultipliesInBf16) {
+  FORGE_REQUIRE_CPU_BF16();
   const int threads = num_threads();
   set_num_threads(4);
   const std::vector<std::pair<RefCase, int64_t>> cases = {
