@@ -3,12 +3,12 @@
 // per-thread cache, so that tiles of the attention kernels, which call from
 // inside OpenMP regions, never share one: the primitive and its stream run
 // on the calling thread.
-#include <dnnl.hpp>
-
 #include <fmt/format.h>
 
+#include <dnnl.hpp>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "ops/blas.h"
@@ -22,17 +22,19 @@ using Dims = dnnl::memory::dims;
 using dt = dnnl::memory::data_type;
 
 // Everything a primitive is built for.
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
-                       float>;
+using Key =
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   return engine;
 }
 
+// A primitive with its argument map: memory objects made once without a
+// buffer, pointed at each call's operands (no allocation per call).
 struct Gemm {
   dnnl::matmul primitive;
-  dnnl::memory::desc a, b, c;
+  std::unordered_map<int, dnnl::memory> args;
 };
 
 // Shapes seen by one thread; cleared when it grows past a few hundred (a
@@ -54,10 +56,16 @@ Gemm build(const Key& key) {
   }
   try {
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-    return {dnnl::matmul(pd), a, b, c};
+    const auto unbound = [](const dnnl::memory::desc& md) {
+      return dnnl::memory(md, cpu_engine(), DNNL_MEMORY_NONE);
+    };
+    return {
+        dnnl::matmul(pd),
+        {{DNNL_ARG_SRC, unbound(a)}, {DNNL_ARG_WEIGHTS, unbound(b)}, {DNNL_ARG_DST, unbound(c)}}};
   } catch (const dnnl::error& e) {
-    FORGE_FAIL("gemm (bf16): oneDNN has no bf16 matmul for [{}, {}] x [{}, {}] on this CPU ({}): {}",
-               n, k, k, m, blas::describe(blas::cpu_features()), e.what());
+    FORGE_FAIL(
+        "gemm (bf16): oneDNN has no bf16 matmul for [{}, {}] x [{}, {}] on this CPU ({}): {}", n, k,
+        k, m, blas::describe(blas::cpu_features()), e.what());
   }
 }
 
@@ -79,24 +87,25 @@ void gemm(bool ta, bool tb, int64_t n, int64_t m, int64_t k, float alpha, const 
     if (cache.size() >= kMaxCached) cache.clear();
     it = cache.emplace(key, build(key)).first;
   }
-  const Gemm& g = it->second;
+  Gemm& g = it->second;
   // oneDNN takes non-const handles; the operands are only read.
-  dnnl::memory am(g.a, cpu_engine(), const_cast<BF16*>(a));
-  dnnl::memory bm(g.b, cpu_engine(), const_cast<BF16*>(b));
-  dnnl::memory cm(g.c, cpu_engine(), c);
-  g.primitive.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  g.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<BF16*>(a));
+  g.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<BF16*>(b));
+  g.args.at(DNNL_ARG_DST).set_data_handle(c);
+  g.primitive.execute(stream, g.args);
   stream.wait();
 }
 
 std::string bf16_gemm_summary() {
   const dnnl_version_t* v = dnnl_version();
   const blas::CpuFeatures f = blas::cpu_features();
-  const char* native = f.amx_bf16 ? "AMX" : f.avx512_bf16 ? "AVX512-BF16" : nullptr;
-  return native ? fmt::format("oneDNN {}.{}.{}, {} on this CPU: precision: bf16 runs here",
-                              v->major, v->minor, v->patch, native)
-                : fmt::format("oneDNN {}.{}.{}; this CPU has neither AVX512-BF16 nor AMX: "
-                              "precision: bf16 is refused here",
-                              v->major, v->minor, v->patch);
+  const char* native = f.amx_bf16 ? "AMX" : "AVX512-BF16";
+  return f.bf16() ? fmt::format("oneDNN {}.{}.{}, {} on this CPU: precision: bf16 runs here",
+                                v->major, v->minor, v->patch, native)
+                  : fmt::format(
+                        "oneDNN {}.{}.{}; this CPU has neither AVX512-BF16 nor AMX: "
+                        "precision: bf16 is refused here",
+                        v->major, v->minor, v->patch);
 }
 
 }  // namespace forge::ops

@@ -33,6 +33,8 @@ struct CpuFeatures {
   bool avx512 = false;  // F, BW, DQ and VL: what OpenBLAS's SkylakeX kernels use
   bool avx512_bf16 = false;
   bool amx_bf16 = false;
+  // Multiplies bf16 itself: what precision: bf16 on the CPU needs (oneDNN).
+  bool bf16() const { return avx512_bf16 || amx_bf16; }
 };
 
 CpuFeatures cpu_features();

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -23,11 +22,10 @@
 // Skips a test of the CPU's bf16 path (oneDNN's bf16 GEMMs, autocast on the
 // CPU) on a CPU that does not multiply bf16 itself, where precision: bf16 is
 // refused (train/model.cpp) and oneDNN may have no bf16 matmul.
-#define FORGE_REQUIRE_CPU_BF16()                                                        \
-  do {                                                                                  \
-    const ::forge::blas::CpuFeatures forge_cpu = ::forge::blas::cpu_features();         \
-    if (!forge_cpu.avx512_bf16 && !forge_cpu.amx_bf16)                                  \
-      GTEST_SKIP() << "this CPU has neither AVX512-BF16 nor AMX: no bf16 on the CPU";   \
+#define FORGE_REQUIRE_CPU_BF16()                                                      \
+  do {                                                                                \
+    if (!::forge::blas::cpu_features().bf16())                                        \
+      GTEST_SKIP() << "this CPU has neither AVX512-BF16 nor AMX: no bf16 on the CPU"; \
   } while (0)
 
 namespace forge::testing {
@@ -41,6 +39,33 @@ inline Tensor leaf64(const Shape& shape, uint64_t seed, double lo = -1.0, double
   for (int64_t i = 0; i < u.numel(); ++i) p[i] = lo + (hi - lo) * p[i];
   u.set_requires_grad(true);
   return u;
+}
+
+// t's values rounded to bf16 (through f32), in f64: what the CPU's bf16
+// GEMMs multiply under autocast.
+inline Tensor bf16_rounded(const Tensor& t) {
+  return t.detach().to(DType::f32).to(DType::bf16).to(DType::f64);
+}
+
+// Token shift from its definition (linear-attention-transformer's
+// PreShiftTokens): feature f of segment s reads position i - shifts[s], zero
+// outside [0, N), from `moving` when the segment moves (shift != 0) and from
+// x when it does not (the remainder features never move).
+inline std::vector<double> naive_token_shift(const Tensor& x, const Tensor& moving,
+                                             const std::vector<int64_t>& shifts) {
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
+  const auto segments = static_cast<int64_t>(shifts.size()), per = D / segments;
+  const auto xv = x.to_vector<double>(), mv = moving.to_vector<double>();
+  std::vector<double> out;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t f = 0; f < D; ++f) {
+        const int64_t shift = f < segments * per ? shifts[static_cast<size_t>(f / per)] : 0;
+        const int64_t src = i - shift;
+        const auto at = static_cast<size_t>((b * N + src) * D + f);
+        out.push_back(src < 0 || src >= N ? 0.0 : shift == 0 ? xv[at] : mv[at]);
+      }
+  return out;
 }
 
 // Max |a - b| over all elements (same shape required), computed in f64.
@@ -121,7 +146,8 @@ inline std::map<std::string, std::string> snapshot(const std::filesystem::path& 
   std::map<std::string, std::string> out;
   if (!std::filesystem::exists(dir)) return out;
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) out[std::filesystem::relative(e.path(), dir).string()] = read_file(e.path());
+    if (e.is_regular_file())
+      out[std::filesystem::relative(e.path(), dir).string()] = read_file(e.path());
   return out;
 }
 

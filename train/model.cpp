@@ -283,14 +283,15 @@ Placement placement(const Recipe& r, int local_rank) {
     } else if (precision == "bf16") {
       // bf16 GEMMs on the CPU (oneDNN): only where the CPU multiplies bf16 itself.
       const blas::CpuFeatures f = blas::cpu_features();
-      FORGE_CHECK(f.avx512_bf16 || f.amx_bf16,
+      FORGE_CHECK(f.bf16(),
                   "recipe: precision: bf16 on the CPU needs AVX512-BF16 or AMX, and this CPU has "
                   "neither ({}); use precision: fp32 here, or bf16 on a GPU",
                   f.avx ? blas::describe(f) : "no AVX");
       p.autocast = DType::bf16;
     } else {
-      p.note = "precision fp16 is mixed precision on a GPU; on the CPU this run is fp32 (bf16 is "
-               "the CPU's mixed precision)";
+      p.note =
+          "precision fp16 is mixed precision on a GPU; on the CPU this run is fp32 (bf16 is "
+          "the CPU's mixed precision)";
     }
   }
   return p;

@@ -1,5 +1,7 @@
 #include "ops/attention/common.h"
 
+#include "ops/autocast.h"
+
 namespace forge::ops::attention {
 
 Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -72,6 +74,12 @@ Tensor gradcheck_padding_mask(int64_t M, const std::vector<int64_t>& pad) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = M - pad[static_cast<size_t>(b)]; j < M; ++j) p[b * M + j] = false;
   return m;
+}
+
+CpuOperands cpu_operands(const Tensor& q, const Tensor& k, const Tensor& v, int64_t keys) {
+  const bool low = autocasts(q) && autocasts(k) && autocasts(v) && keys >= kMinBf16Keys;
+  if (!low) return {q.detach(), k.detach(), v.detach(), false};
+  return {q.to(DType::bf16), k.to(DType::bf16), v.to(DType::bf16), true};
 }
 
 }  // namespace forge::ops::attention

@@ -99,6 +99,15 @@ inline float widen(BF16 x) {
   return bf16_bits_to_float(static_cast<uint16_t>(x));
 }
 
+// The operands of a CPU kernel whose tiles hold `keys` keys: bf16 copies of
+// q, k, v under bf16 autocast (f32 inputs) with keys >= kMinBf16Keys (low is
+// true; the kernel runs with In = BF16), else q, k, v themselves, detached.
+struct CpuOperands {
+  Tensor q, k, v;
+  bool low = false;
+};
+CpuOperands cpu_operands(const Tensor& q, const Tensor& k, const Tensor& v, int64_t keys);
+
 struct Dims4 {
   int64_t B = 0, H = 0, N = 0, M = 0, d = 0, dv = 0;
 };

@@ -233,22 +233,21 @@ std::vector<Tensor> local_backward(const LocalPlan& s, const Tensor& q, const Te
   const int64_t stride = s.lb + s.lf + 1;
   for (int64_t colour = 0; colour < std::min(stride, s.windows); ++colour) {
     const int64_t per_bh = (s.windows - colour + stride - 1) / stride;
-    parallel_for(s.B * s.H * per_bh, 2 * s.w * s.bw * (s.d + s.dv),
-                 [&](int64_t begin, int64_t end) {
-                   const int64_t tile = s.w * std::min(s.bw, s.N);
-                   Tensor scratch = Tensor::empty({3, tile}, dtype_of<T>());
-                   T* sp = scratch.data<T>();
-                   std::vector<In> low_p, low_s;
-                   for (int64_t it = begin; it < end; ++it) {
-                     const int64_t bh = it / per_bh, win = colour + (it % per_bh) * stride;
-                     const uint8_t* kpm_b = kpm ? kpm + (bh / s.H) * s.N : nullptr;
-                     backward_tile(s, bh, win, qp + bh * s.N * s.d, kp + bh * s.N * s.d,
-                                   vp + bh * s.N * s.dv, kpm_b, lp + bh * s.N, gp + bh * s.N * s.dv,
-                                   dqp + bh * s.N * s.d, dkp + bh * s.N * s.d,
-                                   dvp + bh * s.N * s.dv, sp, sp + tile, sp + 2 * tile, low_p,
-                                   low_s);
-                   }
-                 });
+    parallel_for(
+        s.B * s.H * per_bh, 2 * s.w * s.bw * (s.d + s.dv), [&](int64_t begin, int64_t end) {
+          const int64_t tile = s.w * std::min(s.bw, s.N);
+          Tensor scratch = Tensor::empty({3, tile}, dtype_of<T>());
+          T* sp = scratch.data<T>();
+          std::vector<In> low_p, low_s;
+          for (int64_t it = begin; it < end; ++it) {
+            const int64_t bh = it / per_bh, win = colour + (it % per_bh) * stride;
+            const uint8_t* kpm_b = kpm ? kpm + (bh / s.H) * s.N : nullptr;
+            backward_tile(s, bh, win, qp + bh * s.N * s.d, kp + bh * s.N * s.d,
+                          vp + bh * s.N * s.dv, kpm_b, lp + bh * s.N, gp + bh * s.N * s.dv,
+                          dqp + bh * s.N * s.d, dkp + bh * s.N * s.d, dvp + bh * s.N * s.dv, sp,
+                          sp + tile, sp + 2 * tile, low_p, low_s);
+          }
+        });
   }
   return {dq, dk, dv};
 }
@@ -323,10 +322,9 @@ Tensor local(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ke
   FORGE_IF_CUDA(q) return local_cuda(q, k, v, key_padding_mask, s);
   // Under bf16 autocast (f32 inputs) the tiles multiply bf16 copies of q, k, v
   // when a band holds at least kMinBf16Keys keys (common.h).
-  const bool cast = autocasts(q) && autocasts(k) && autocasts(v) &&
-                    std::min(s.bw, s.N) >= kMinBf16Keys;
-  const Tensor qc = cast ? q.to(DType::bf16) : q.detach(), kc = cast ? k.to(DType::bf16) : k.detach(),
-               vc = cast ? v.to(DType::bf16) : v.detach();
+  const CpuOperands in = cpu_operands(q, k, v, std::min(s.bw, s.N));
+  const Tensor &qc = in.q, &kc = in.k, &vc = in.v;
+  const bool cast = in.low;
   Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
   Tensor lse = Tensor::empty({s.B, s.H, s.N}, q.dtype());
   if (o.numel() > 0 && s.d > 0) {

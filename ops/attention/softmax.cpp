@@ -78,8 +78,8 @@ void dropout_tile(const Plan& s, int64_t bh, int64_t i0, int64_t ni, int64_t j0,
 //   acc = sum over tiles of dropout(exp(S - m_i)) v, rescaled when m_i grows;
 //   o = acc / l, L = m + log l. A row with every key masked gets o = 0, L = -inf.
 template <typename In, typename scalar_t>
-void forward_tile(const Plan& s, const In* q, const In* k, const In* v, scalar_t* o,
-                  scalar_t* lse, int64_t bh, int64_t i0, int64_t ni, std::vector<scalar_t>& work,
+void forward_tile(const Plan& s, const In* q, const In* k, const In* v, scalar_t* o, scalar_t* lse,
+                  int64_t bh, int64_t i0, int64_t ni, std::vector<scalar_t>& work,
                   std::vector<In>& low) {
   constexpr scalar_t kNegInf = -std::numeric_limits<scalar_t>::infinity();
   const int64_t b = bh / s.H, d = s.d, dv = s.dv;
@@ -159,10 +159,10 @@ void forward_tile(const Plan& s, const In* q, const In* k, const In* v, scalar_t
 // with every key masked, L = -inf) have P = 0 and so no gradient.
 template <typename In, typename scalar_t>
 struct Saved {
-  const In *q, *k, *v;        // as in the forward
-  const scalar_t *o, *lse;    // the forward's outputs
-  const In* dout;             // [B, H, N, dv]
-  scalar_t *dq, *dk, *dv;     // zeroed, accumulated into
+  const In *q, *k, *v;      // as in the forward
+  const scalar_t *o, *lse;  // the forward's outputs
+  const In* dout;           // [B, H, N, dv]
+  scalar_t *dq, *dk, *dv;   // zeroed, accumulated into
 };
 
 // Scratch of one backward tile pair.
@@ -254,8 +254,8 @@ void accumulate_dk_dv(const Plan& s, const Saved<In, scalar_t>& g, int64_t bh, i
 
 // dq_tile [ni, d] += scale dS k_tile.
 template <typename In, typename scalar_t>
-void accumulate_dq(const Plan& s, const Saved<In, scalar_t>& g, int64_t bh, int64_t i0,
-                   int64_t ni, int64_t j0, int64_t nj, const TileWork<In, scalar_t>& w) {
+void accumulate_dq(const Plan& s, const Saved<In, scalar_t>& g, int64_t bh, int64_t i0, int64_t ni,
+                   int64_t j0, int64_t nj, const TileWork<In, scalar_t>& w) {
   gemm(false, false, ni, s.d, nj, static_cast<scalar_t>(s.scale), w.dSv, nj,
        g.k + (bh * s.M + j0) * s.d, s.d, scalar_t(1), g.dq + (bh * s.N + i0) * s.d, s.d);
 }
@@ -353,13 +353,14 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   FORGE_IF_CUDA(q) return softmax_cuda(q, k, v, key_padding_mask, s);
   s.kpm = mask_bytes(key_padding_mask);
   // Under bf16 autocast (f32 inputs) the tiles multiply bf16 copies of q, k, v
-  // once a key tile is full (common.h): one oneDNN call costs about a
+  // once a key tile is full (common.h): one oneDNN call costs about half a
   // microsecond before any work (docs/PERFORMANCE.md), more than the f32 GEMM
-  // of a smaller tile (ViT-Ti's 17 x 17: 41 instead of 33 ms a step), while
-  // from M = 256 the bf16 tiles are 1.3-1.45x faster.
-  const bool cast = autocasts(q) && autocasts(k) && autocasts(v) && s.M >= kMinBf16Keys;
-  const Tensor qc = cast ? q.to(DType::bf16) : q.detach(), kc = cast ? k.to(DType::bf16) : k.detach(),
-               vc = cast ? v.to(DType::bf16) : v.detach();
+  // of a smaller tile saves (ViT-Ti's 17 x 17 tiles in bf16: 20.6-20.9
+  // instead of 19.8 ms a step), while from M = 256 the bf16 tiles are
+  // 1.45-1.57x faster.
+  const CpuOperands in = cpu_operands(q, k, v, s.M);
+  const Tensor &qc = in.q, &kc = in.k, &vc = in.v;
+  const bool cast = in.low;
   Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
   Tensor lse = Tensor::empty({s.B, s.H, s.N}, q.dtype());  // logsumexp of each score row
   const int64_t q_tiles = (s.N + kTileQ - 1) / kTileQ;
@@ -376,8 +377,7 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
       std::vector<In> low;
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t i0 = (t % q_tiles) * kTileQ;
-        forward_tile(s, qp, kp, vp, op, lp, t / q_tiles, i0, std::min(kTileQ, s.N - i0), work,
-                     low);
+        forward_tile(s, qp, kp, vp, op, lp, t / q_tiles, i0, std::min(kTileQ, s.N - i0), work, low);
       }
     });
   };
@@ -398,9 +398,9 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
         Tensor dq = Tensor::zeros(q.shape(), dtype), dk = Tensor::zeros(k.shape(), dtype),
                dv = Tensor::zeros(v.shape(), dtype);
         const auto backward = [&]<typename In, typename T>() {
-          const Saved<In, T> g{q.data<In>(),    k.data<In>(),  v.data<In>(),
-                               o.data<T>(),     lse.data<T>(), dout.data<In>(),
-                               dq.data<T>(),    dk.data<T>(),  dv.data<T>()};
+          const Saved<In, T> g{q.data<In>(), k.data<In>(),  v.data<In>(),
+                               o.data<T>(),  lse.data<T>(), dout.data<In>(),
+                               dq.data<T>(), dk.data<T>(),  dv.data<T>()};
           const int64_t pair_cost = kTileQ * kTileK * (2 * s.d + 2 * s.dv);
           const int64_t q_tiles = (s.N + kTileQ - 1) / kTileQ,
                         k_tiles = (s.M + kTileK - 1) / kTileK;

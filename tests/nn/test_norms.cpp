@@ -16,6 +16,7 @@ namespace {
 using forge::testing::expect_error;
 using forge::testing::expect_values;
 using forge::testing::leaf64;
+using forge::testing::naive_token_shift;
 
 TEST(NormsScaleNorm, ValuesAndGrad) {
   ScaleNorm norm(1e-2, DType::f64);
@@ -68,25 +69,14 @@ TEST(NormsReZero, StartsAtZeroAndGrad) {
       {leaf64({2, 3, 4}, 3), rezero.g});
 }
 
-// Token shift from its definition: feature f of segment s reads position
-// i - shifts[s], zero outside [0, N) or, for a moving segment, where the mask is false.
-std::vector<double> naive_shift(const Tensor& x, const std::vector<int64_t>& shifts,
-                                const std::vector<uint8_t>& mask) {
-  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
-  const auto segments = static_cast<int64_t>(shifts.size()), per = D / segments;
-  const auto v = x.to_vector<double>();
-  std::vector<double> out;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t f = 0; f < D; ++f) {
-        const int64_t shift = f < segments * per ? shifts[static_cast<size_t>(f / per)] : 0;
-        const int64_t src = i - shift;
-        const bool inside = src >= 0 && src < N;
-        const bool kept =
-            shift == 0 || mask.empty() || (inside && mask[static_cast<size_t>(b * N + src)]);
-        out.push_back(inside && kept ? v[static_cast<size_t>((b * N + src) * D + f)] : 0.0);
-      }
-  return out;
+// x (B, N, D) with the positions the mask (B, N) pads zeroed: what a masked
+// shift moves (its moving segments carry no padding in).
+Tensor padding_zeroed(const Tensor& x, const std::vector<uint8_t>& mask) {
+  const int64_t D = x.size(2);
+  std::vector<double> v = x.to_vector<double>();
+  for (size_t e = 0; e < v.size(); ++e)
+    if (!mask[e / static_cast<size_t>(D)]) v[e] = 0;
+  return Tensor::from_vector<double>(v, x.shape());
 }
 
 TEST(NormsTokenShift, ValuesWithAndWithoutMask) {
@@ -100,9 +90,11 @@ TEST(NormsTokenShift, ValuesWithAndWithoutMask) {
     EXPECT_EQ(shift.num_parameters(), 0);
     EXPECT_TRUE(shift.state_dict().empty());
     const Tensor x = leaf64({2, 6, 7}, 4);
-    expect_values(shift.forward(x), naive_shift(x, shifts, {}), 0.0);
-    expect_values(shift.forward(x, u8), naive_shift(x, shifts, mask), 0.0);
-    expect_values(shift.forward(x, u8.to(DType::boolean)), naive_shift(x, shifts, mask), 0.0);
+    const std::vector<double> plain = naive_token_shift(x, x, shifts),
+                              masked = naive_token_shift(x, padding_zeroed(x, mask), shifts);
+    expect_values(shift.forward(x), plain, 0.0);
+    expect_values(shift.forward(x, u8), masked, 0.0);
+    expect_values(shift.forward(x, u8.to(DType::boolean)), masked, 0.0);
   }
 }
 

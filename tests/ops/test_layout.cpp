@@ -672,25 +672,6 @@ TEST(LayoutLarge, ParallelCopiesMatchTheIndexFormula) {
   }
 }
 
-// token_shift from its definition: feature f of segment s reads position
-// i - shifts[s] (zero outside [0, N)), from `moving` when the segment moves.
-std::vector<double> naive_token_shift(const Tensor& x, const Tensor& moving,
-                                      const std::vector<int64_t>& shifts) {
-  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
-  const auto segments = static_cast<int64_t>(shifts.size()), per = D / segments;
-  const auto xv = x.to_vector<double>(), mv = moving.to_vector<double>();
-  std::vector<double> out;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t f = 0; f < D; ++f) {
-        const int64_t shift = f < segments * per ? shifts[static_cast<size_t>(f / per)] : 0;
-        const int64_t src = i - shift;
-        const auto at = static_cast<size_t>((b * N + src) * D + f);
-        out.push_back(src < 0 || src >= N ? 0.0 : shift == 0 ? xv[at] : mv[at]);
-      }
-  return out;
-}
-
 TEST(LayoutTokenShift, ValuesAgainstTheDefinition) {
   // D = 11: a remainder of 2 features for three segments; shifts past N give zeros.
   for (const auto& shifts : std::vector<std::vector<int64_t>>{
@@ -698,8 +679,8 @@ TEST(LayoutTokenShift, ValuesAgainstTheDefinition) {
     SCOPED_TRACE(shifts.size());
     for (DType dtype : {DType::f32, DType::f64}) {
       const Tensor x = leaf64({2, 6, 11}, 70).to(dtype), m = leaf64({2, 6, 11}, 71).to(dtype);
-      expect_values(ops::token_shift(x, shifts), naive_token_shift(x, x, shifts), 0.0);
-      expect_values(ops::token_shift(x, shifts, m), naive_token_shift(x, m, shifts), 0.0);
+      expect_values(ops::token_shift(x, shifts), testing::naive_token_shift(x, x, shifts), 0.0);
+      expect_values(ops::token_shift(x, shifts, m), testing::naive_token_shift(x, m, shifts), 0.0);
     }
   }
 }
@@ -711,18 +692,27 @@ TEST(LayoutTokenShift, Gradcheck) {
   EXPECT_GRADCHECK([&](const Ins& in) { return ops::token_shift(in[0], shifts, in[1]); },
                    {leaf64({2, 4, 12}, 73), leaf64({2, 4, 12}, 74)});
   // The same tensor as both sources: the two gradients add up.
-  EXPECT_GRADCHECK([&](const Ins& in) { return ops::token_shift(in[0], {1, -1}, in[0]); },
-                   {leaf64({1, 5, 5}, 75)});
+  EXPECT_GRADCHECK(
+      [&](const Ins& in) {
+        return ops::token_shift(in[0], {1, -1}, in[0]);
+      },
+      {leaf64({1, 5, 5}, 75)});
 }
 
 TEST(LayoutTokenShift, Errors) {
   const Tensor x = Tensor::zeros({2, 4, 6}, DType::f64);
   expect_error([&] { ops::token_shift(x, {}); }, {"at least one shift"});
-  expect_error([&] { ops::token_shift(Tensor::zeros({2, 4, 2}), {1, 0, -1}); },
-               {"D >= 3", "[2, 4, 2]"});
+  expect_error(
+      [&] {
+        ops::token_shift(Tensor::zeros({2, 4, 2}), {1, 0, -1});
+      },
+      {"D >= 3", "[2, 4, 2]"});
   expect_error([&] { ops::token_shift(Tensor::zeros({4, 6}), {1}); }, {"(B, N, D)", "[4, 6]"});
-  expect_error([&] { ops::token_shift(x, {1}, Tensor::zeros({2, 4, 6})); },
-               {"moving must match x", "f64 [2, 4, 6]", "f32 [2, 4, 6]"});
+  expect_error(
+      [&] {
+        ops::token_shift(x, {1}, Tensor::zeros({2, 4, 6}));
+      },
+      {"moving must match x", "f64 [2, 4, 6]", "f32 [2, 4, 6]"});
 }
 
 }  // namespace

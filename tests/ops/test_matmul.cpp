@@ -12,6 +12,7 @@
 namespace forge {
 namespace {
 
+using testing::bf16_rounded;
 using testing::leaf64;
 
 // Naive reference on f64: c[..., i, j] = sum_p op(a)[i, p] op(b)[p, j], batch
@@ -81,11 +82,6 @@ INSTANTIATE_TEST_SUITE_P(
                       MatmulCase{{2, 1, 3, 4}, {3, 4, 2}, false, false},  // broadcast both
                       MatmulCase{{2, 3, 3, 4}, {2, 3, 2, 4}, false, true}));
 
-// What a bf16 GEMM multiplies: the f32 value rounded to bf16, in f64.
-Tensor bf16_rounded(const Tensor& t) {
-  return t.detach().to(DType::f32).to(DType::bf16).to(DType::f64);
-}
-
 // An f32 leaf from leaf64's values.
 Tensor leaf32(const Shape& shape, uint64_t seed) {
   Tensor t = leaf64(shape, seed).detach().to(DType::f32);
@@ -133,8 +129,9 @@ TEST(Linear, Bf16AutocastOnTheCpu) {
       1e-5);
   // f16 autocast leaves CPU tensors in f32, and so does f64.
   ops::AutocastGuard f16(DType::f16);
-  EXPECT_EQ(testing::max_abs_diff(ops::linear(x, w), ops::matmul(x.detach(), w.detach(), false, true)),
-            0.0);
+  EXPECT_EQ(
+      testing::max_abs_diff(ops::linear(x, w), ops::matmul(x.detach(), w.detach(), false, true)),
+      0.0);
 }
 
 // The bf16 GEMM itself: alpha, beta, leading dimensions of tiles inside larger
@@ -180,8 +177,8 @@ TEST(Matmul, Bf16GemmWithStridesScalesAndThreads) {
                                 : b[static_cast<size_t>(p * ld + j)]);
                 want = 0.5L * dot + beta * static_cast<long double>(c0[at]);
               }
-              worst = std::max(worst, static_cast<double>(std::abs(
-                                          cs[static_cast<size_t>(t)][at] - want)));
+              worst = std::max(
+                  worst, static_cast<double>(std::abs(cs[static_cast<size_t>(t)][at] - want)));
             }
           EXPECT_LT(worst, 2e-5) << "call " << t;
         }

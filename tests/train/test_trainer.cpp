@@ -154,7 +154,7 @@ TEST(Trainer, Bf16OnTheCpuComputesTheGemmsInBf16OrRefuses) {
   r.set("loop.steps=6");
   r.set("loop.log_every=2");
   const blas::CpuFeatures f = blas::cpu_features();
-  if (!f.avx512_bf16 && !f.amx_bf16) {
+  if (!f.bf16()) {
     r.set("precision=bf16");
     const std::string dir = fresh_dir("bf16_refused");
     forge::testing::expect_error([&] { train(r, quiet(dir)); },

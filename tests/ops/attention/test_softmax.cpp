@@ -231,9 +231,10 @@ TEST(AttentionSoftmax, Bf16AutocastOnTheCpuMultipliesInBf16) {
       backprop(o, 12);
       return o;
     };
-    const auto rounded = [](const Tensor& t) { return t.detach().to(DType::f32).to(DType::bf16); };
+    using testing::bf16_rounded;
     const Inputs low = fresh(base, DType::f32), f32 = fresh(base, DType::f32),
-                 ref = fresh({rounded(base.q), rounded(base.k), rounded(base.v)}, DType::f64);
+                 ref = fresh({bf16_rounded(base.q), bf16_rounded(base.k), bf16_rounded(base.v)},
+                             DType::f64);
     const Tensor o_low = run(low, true), o_f32 = run(f32, false), o_ref = run(ref, false);
     ASSERT_EQ(o_low.dtype(), DType::f32);
     ASSERT_EQ(low.q.grad().dtype(), DType::f32);
