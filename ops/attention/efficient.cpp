@@ -11,8 +11,9 @@
 //   buckets before u (s == 1: over j <= i), o_i = (q'_i C) / max(q'_i . z, 1e-3)
 // The causal form is a scan over buckets with the running state (C, z); its
 // backward is a forward scan (dq needs the prefix states) and a reverse scan
-// carrying the gradients of the states. Only the inputs are saved; the feature
-// maps are recomputed. Nothing of size N x M is ever held.
+// carrying the gradients of the states. The inputs are saved, and non-causal
+// each head's C and key-softmax statistics ([d, dv] + 2 d); the feature maps
+// are recomputed. Nothing of size N x M is ever held.
 //
 // On a GPU q' and k' [B*H, len, d] are computed in the accumulation type by
 // fused kernels (linear_features_cuda.h: a softmax per row, per column, or
@@ -76,7 +77,7 @@ struct Sizes {
 // Per-thread scratch of one block: features, the state and its gradient.
 template <typename T>
 struct Scratch {
-  std::vector<T> p, kp, num, gn, gx, den, a, g, C, z, R, r, colmax, colinv;
+  std::vector<T> p, kp, num, gn, gx, den, a, g, C, z, R, r;
   explicit Scratch(const Sizes& s)
       : p(s.s * s.d),
         kp(s.s * s.d),
@@ -89,76 +90,122 @@ struct Scratch {
         C(s.d * s.dv),
         z(s.d),
         R(s.d * s.dv),
-        r(s.d),
-        colmax(s.d),
-        colinv(s.d) {}
+        r(s.d) {}
 };
 
 // ---- non-causal ----
 
+// The saved state of one head [d * dv + 2 d]: C = k'^T v [d, dv], then
+// colmax [d] and colinv [d] (below). The backward reads C and rebuilds k' from
+// the statistics (one exp per entry of k) instead of recomputing C's GEMM.
+inline int64_t state_size(const Sizes& s) {
+  return s.d * s.dv + 2 * s.d;
+}
+
+// y [cols, rows] = x^T, x [rows, cols] (the backward's GEMMs then all run
+// untransposed B operands: OpenBLAS's nt small kernel is 25% slower at 64^3).
+template <typename T>
+void transpose(const T* x, int64_t rows, int64_t cols, T* y) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) y[c * rows + r] = x[r * cols + c];
+}
+
+// k' [rows, d] of a block of keys: exp(k - colmax) * colinv (unscaled without
+// colinv), 0 on padding keys; colinv is 0 for a column with no real key.
+template <typename T>
+void key_features(const T* k, const uint8_t* keep, int64_t rows, const Sizes& s, const T* colmax,
+                  const T* colinv, T* kp) {
+  for (int64_t j = 0; j < rows; ++j) {
+    T* kj = kp + j * s.d;
+    if (keep != nullptr && !keep[j]) {
+      std::fill(kj, kj + s.d, T(0));
+      continue;
+    }
+    for (int64_t f = 0; f < s.d; ++f) kj[f] = exp_nonpos(k[j * s.d + f] - colmax[f]);
+    if (colinv != nullptr)
+      for (int64_t f = 0; f < s.d; ++f) kj[f] *= colinv[f];
+  }
+}
+
 // The per-column statistics of the key softmax, colmax [d] (max over the real
 // keys) and colinv [d] (1 / sum_j exp(k[j, f] - colmax[f]); 0 for a column
 // with no real key), and C = k'^T v [d, dv], k' = exp(k - colmax) * colinv
-// (padding keys 0, so their v never counts, as v = 0 there in the reference).
-// k [M, d], v [M, dv]. One exp per entry of k: a block of e = exp(k - colmax)
-// [c, d] goes into C = diag(colinv) (e^T v) by a GEMM, and into `stash`
-// [M, d] when given (the backward keeps it in dk to rebuild k' without exp).
+// (padding keys 0, so their v never counts, as v = 0 there in the reference),
+// into `state` (state_size). k [M, d], v [M, dv]. One exp per entry of k: a
+// block of e = exp(k - colmax) [c, d] goes into C = diag(colinv) (e^T v).
 template <typename T>
 void key_context(const T* k, const T* v, const uint8_t* keep, const Sizes& s, Scratch<T>& w,
-                 T* stash) {
-  std::fill(w.colmax.begin(), w.colmax.end(), -std::numeric_limits<T>::infinity());
-  std::fill(w.colinv.begin(), w.colinv.end(), T(0));
-  for (int64_t j = 0; j < s.M; ++j)
-    if (keep == nullptr || keep[j])
-      for (int64_t f = 0; f < s.d; ++f) w.colmax[f] = std::max(w.colmax[f], k[j * s.d + f]);
-  std::fill(w.C.begin(), w.C.end(), T(0));
+                 T* state) {
+  T* C = state;
+  T* colmax = state + s.d * s.dv;
+  T* colinv = colmax + s.d;
+  std::fill(colmax, colmax + s.d, -std::numeric_limits<T>::infinity());
+  std::fill(colinv, colinv + s.d, T(0));
+  // Four rows a pass: a pass loads and stores colmax once.
+  const auto kept = [&](int64_t j) { return keep == nullptr || keep[j] != 0; };
+  int64_t j = 0;
+  for (; j + 4 <= s.M; j += 4) {
+    if (!(kept(j) && kept(j + 1) && kept(j + 2) && kept(j + 3))) {
+      for (int64_t r = j; r < j + 4; ++r)
+        if (kept(r))
+          for (int64_t f = 0; f < s.d; ++f)
+            colmax[f] = k[r * s.d + f] > colmax[f] ? k[r * s.d + f] : colmax[f];
+      continue;
+    }
+    const T *a = k + j * s.d, *b = a + s.d, *c = b + s.d, *e = c + s.d;
+    for (int64_t f = 0; f < s.d; ++f) {
+      const T ab = a[f] > b[f] ? a[f] : b[f];
+      const T ce = c[f] > e[f] ? c[f] : e[f];
+      const T m = ab > ce ? ab : ce;
+      colmax[f] = m > colmax[f] ? m : colmax[f];
+    }
+  }
+  for (; j < s.M; ++j)
+    if (kept(j))
+      for (int64_t f = 0; f < s.d; ++f)
+        colmax[f] = k[j * s.d + f] > colmax[f] ? k[j * s.d + f] : colmax[f];
+  std::fill(C, C + s.d * s.dv, T(0));
   for (int64_t j0 = 0; j0 < s.M; j0 += s.s) {
     const int64_t c = std::min(s.s, s.M - j0);
-    for (int64_t j = 0; j < c; ++j) {
-      const T* kj = k + (j0 + j) * s.d;
-      T* ej = w.kp.data() + j * s.d;
-      if (keep != nullptr && !keep[j0 + j]) {
-        std::fill(ej, ej + s.d, T(0));
-        continue;
-      }
-      for (int64_t f = 0; f < s.d; ++f) ej[f] = exp_nonpos(kj[f] - w.colmax[f]);
-      for (int64_t f = 0; f < s.d; ++f) w.colinv[f] += ej[f];
-    }
-    if (stash) std::copy(w.kp.data(), w.kp.data() + c * s.d, stash + j0 * s.d);
-    gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, v + j0 * s.dv, s.dv, T(1), w.C.data(),
-         s.dv);
+    key_features(k + j0 * s.d, keep ? keep + j0 : nullptr, c, s, colmax,
+                 static_cast<const T*>(nullptr), w.kp.data());
+    for (int64_t r = 0; r < c; ++r)
+      for (int64_t f = 0; f < s.d; ++f) colinv[f] += w.kp[r * s.d + f];
+    gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, v + j0 * s.dv, s.dv, T(1), C, s.dv);
   }
   for (int64_t f = 0; f < s.d; ++f) {
-    w.colinv[f] = w.colinv[f] > 0 ? T(1) / w.colinv[f] : T(0);
-    for (int64_t e = 0; e < s.dv; ++e) w.C[f * s.dv + e] *= w.colinv[f];
+    colinv[f] = colinv[f] > 0 ? T(1) / colinv[f] : T(0);
+    for (int64_t e = 0; e < s.dv; ++e) C[f * s.dv + e] *= colinv[f];
   }
 }
 
 template <typename T>
 void noncausal_forward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, const Sizes& s,
-                          Scratch<T>& w, T* o) {
+                          Scratch<T>& w, T* state, T* o) {
   const T c = T(1) / std::sqrt(static_cast<T>(s.d));
-  key_context(k, v, keep, s, w, static_cast<T*>(nullptr));
+  key_context(k, v, keep, s, w, state);
   for (int64_t i0 = 0; i0 < s.N; i0 += s.s) {
     const int64_t rows = std::min(s.s, s.N - i0);
     softmax_rows(q + i0 * s.d, rows, s.d, w.p.data());
-    gemm(false, false, rows, s.dv, s.d, c, w.p.data(), s.d, w.C.data(), s.dv, T(0), o + i0 * s.dv,
-         s.dv);
+    gemm(false, false, rows, s.dv, s.d, c, w.p.data(), s.d, state, s.dv, T(0), o + i0 * s.dv, s.dv);
   }
 }
 
 template <typename T>
 void noncausal_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, const T* g,
-                           const Sizes& s, Scratch<T>& w, T* dq, T* dk, T* dv) {
+                           const T* state, const Sizes& s, Scratch<T>& w, T* dq, T* dk, T* dv) {
   const T c = T(1) / std::sqrt(static_cast<T>(s.d));
-  key_context(k, v, keep, s, w, dk);  // dk holds exp(k - colmax) until the key loop
+  const T* C = state;
+  const T* colmax = state + s.d * s.dv;
+  const T* colinv = colmax + s.d;
   // In the forward o = q' C, so dq' = g C^T and R = dC = q'^T g (summed over queries).
+  transpose(C, s.d, s.dv, w.C.data());  // C^T [dv, d]
   std::fill(w.R.begin(), w.R.end(), T(0));
   for (int64_t i0 = 0; i0 < s.N; i0 += s.s) {
     const int64_t rows = std::min(s.s, s.N - i0);
     softmax_rows(q + i0 * s.d, rows, s.d, w.p.data());
     T* dqc = dq + i0 * s.d;
-    gemm(false, true, rows, s.d, s.dv, T(1), g + i0 * s.dv, s.dv, w.C.data(), s.dv, T(0), dqc, s.d);
+    gemm(false, false, rows, s.d, s.dv, T(1), g + i0 * s.dv, s.dv, w.C.data(), s.d, T(0), dqc, s.d);
     softmax_rows_backward(w.p.data(), rows, s.d, c, dqc);
     gemm(true, false, s.d, s.dv, rows, c, w.p.data(), s.d, g + i0 * s.dv, s.dv, T(1), w.R.data(),
          s.dv);
@@ -168,16 +215,15 @@ void noncausal_backward_bh(const T* q, const T* k, const T* v, const uint8_t* ke
   // t_f = sum_j k'[j, f] dk'[j, f] = sum_e dC[f, e] C[f, e].
   for (int64_t f = 0; f < s.d; ++f) {
     T t = 0;
-    for (int64_t e = 0; e < s.dv; ++e) t += w.R[f * s.dv + e] * w.C[f * s.dv + e];
+    for (int64_t e = 0; e < s.dv; ++e) t += w.R[f * s.dv + e] * C[f * s.dv + e];
     w.r[f] = t;
   }
+  transpose(w.R.data(), s.d, s.dv, w.C.data());  // dC^T [dv, d]
   for (int64_t j0 = 0; j0 < s.M; j0 += s.s) {
     const int64_t rows = std::min(s.s, s.M - j0);
-    // k' [rows, d] = the stashed exp(k - colmax) times colinv (0 on padding keys).
+    key_features(k + j0 * s.d, keep ? keep + j0 : nullptr, rows, s, colmax, colinv, w.kp.data());
     T* dkc = dk + j0 * s.d;
-    for (int64_t j = 0; j < rows; ++j)
-      for (int64_t f = 0; f < s.d; ++f) w.kp[j * s.d + f] = dkc[j * s.d + f] * w.colinv[f];
-    gemm(false, true, rows, s.d, s.dv, T(1), v + j0 * s.dv, s.dv, w.R.data(), s.dv, T(0), dkc, s.d);
+    gemm(false, false, rows, s.d, s.dv, T(1), v + j0 * s.dv, s.dv, w.C.data(), s.d, T(0), dkc, s.d);
     for (int64_t j = 0; j < rows; ++j)
       for (int64_t f = 0; f < s.d; ++f)
         dkc[j * s.d + f] = w.kp[j * s.d + f] * (dkc[j * s.d + f] - w.r[f]);
@@ -431,10 +477,13 @@ Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   const int64_t BH = dims.B * dims.H;
   const int64_t cost = (s.N + s.M) * s.d * (s.dv + 4);
   Tensor o = Tensor::empty({dims.B, dims.H, s.N, s.dv}, q.dtype());
+  // Non-causal: each head's C and key-softmax statistics [BH, state_size] for the backward.
+  Tensor state = s.causal ? Tensor() : Tensor::empty({BH, state_size(s)}, q.dtype());
   FORGE_DISPATCH_FLOAT(q.dtype(), "attention::efficient", [&] {
     const scalar_t *qp = q.data<scalar_t>(), *kp = k.data<scalar_t>(), *vp = v.data<scalar_t>();
     const uint8_t* mask = mask_bytes(key_padding_mask);
     scalar_t* op = o.data<scalar_t>();
+    scalar_t* sp = s.causal ? nullptr : state.data<scalar_t>();
     parallel_for(BH, cost, [&](int64_t b0, int64_t b1) {
       Scratch<scalar_t> w(s);
       for (int64_t bh = b0; bh < b1; ++bh) {
@@ -444,14 +493,15 @@ Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
         if (s.causal)
           causal_forward_bh(qb, kb, vb, keep, s, w, op + bh * s.N * s.dv);
         else
-          noncausal_forward_bh(qb, kb, vb, keep, s, w, op + bh * s.N * s.dv);
+          noncausal_forward_bh(qb, kb, vb, keep, s, w, sp + bh * state_size(s),
+                               op + bh * s.N * s.dv);
       }
     });
   });
   return autograd::record(
       "attention::efficient", {q, k, v}, o,
-      [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, s, H = dims.H, BH,
-       cost](const std::vector<Tensor>& grads) {
+      [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, state, s,
+       H = dims.H, BH, cost](const std::vector<Tensor>& grads) {
         const Tensor& g = grads[0];
         Tensor dq = Tensor::empty(qs.shape(), g.dtype()), dk = Tensor::empty(ks.shape(), g.dtype()),
                dv = Tensor::empty(vs.shape(), g.dtype());
@@ -479,7 +529,9 @@ Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                 causal_backward_bh(qb, kb, vb, keep, gb, s, w, rp + bh * 2 * s.N,
                                    rp + (bh * 2 + 1) * s.N, dqb, dkb, dvb);
               else
-                noncausal_backward_bh(qb, kb, vb, keep, gb, s, w, dqb, dkb, dvb);
+                noncausal_backward_bh(qb, kb, vb, keep, gb,
+                                      state.data<scalar_t>() + bh * state_size(s), s, w, dqb, dkb,
+                                      dvb);
             }
           });
         });

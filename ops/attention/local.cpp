@@ -106,8 +106,7 @@ void forward_tile(const LocalPlan& s, int64_t bh, int64_t win, const In* q, cons
     const bool query_real = kpm_b == nullptr || kpm_b[i] != 0;
     if (query_real) {
       mask_row(s, kpm_b, i, t.j0, t.nk, row);
-#pragma omp simd reduction(max : mx)
-      for (int64_t c = 0; c < t.nk; ++c) mx = std::max(mx, row[c]);
+      mx = max_of(row, t.nk);
     }
     if (mx == -inf) {
       // A padded query, or every key masked: the row outputs 0 (lse = +inf

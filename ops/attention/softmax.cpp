@@ -109,9 +109,7 @@ void forward_tile(const Plan& s, const In* q, const In* k, const In* v, scalar_t
       std::fill(pr + c_end, pr + nj, kNegInf);
       // The max, the exps and their sum in separate loops, each in vectors
       // (a sum fused into the exp loop keeps the compiler to scalar code).
-      scalar_t tile_max = kNegInf;
-#pragma omp simd reduction(max : tile_max)
-      for (int64_t c = 0; c < c_end; ++c) tile_max = std::max(tile_max, pr[c]);
+      const scalar_t tile_max = max_of(pr, c_end);
       const scalar_t m_new = std::max(row_max[r], tile_max);
       if (m_new == kNegInf) {  // nothing visible to this row yet
         std::fill(pr, pr + nj, scalar_t(0));
