@@ -102,14 +102,6 @@ inline int64_t state_size(const Sizes& s) {
   return s.d * s.dv + 2 * s.d;
 }
 
-// y [cols, rows] = x^T, x [rows, cols] (the backward's GEMMs then all run
-// untransposed B operands: OpenBLAS's nt small kernel is 25% slower at 64^3).
-template <typename T>
-void transpose(const T* x, int64_t rows, int64_t cols, T* y) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) y[c * rows + r] = x[r * cols + c];
-}
-
 // k' [rows, d] of a block of keys: exp(k - colmax) * colinv (unscaled without
 // colinv), 0 on padding keys; colinv is 0 for a column with no real key.
 template <typename T>

@@ -8,7 +8,7 @@
 // Each batch-head keeps only the key states (s [dv], C [d, dv], z [d]) and walks
 // the queries and keys in blocks of kChunk rows, with GEMMs for every
 // [rows, d] x [d, dv] product, so nothing of size N x M (nor N x d) exists; the
-// backward saves the inputs alone and recomputes the states.
+// backward saves the inputs and each head's key states (state_size values).
 //
 // On a GPU this is the linear-family core (linear_core_cuda.h) on the features
 // q~ = [1, q'], k~ = [1, k'] (0 on padding) [B*H, len, d + 1] from a fused
@@ -57,15 +57,17 @@ void normalize_rows(const T* x, int64_t rows, int64_t d, const uint8_t* keep, T*
 
 // Per-thread scratch: the key states of one batch-head, s = sum_j v_j [dv],
 // C = sum_j k'_j v_j^T [d, dv], z = sum_j k'_j + eps [d], n = the number of
-// real keys; their gradients ds, dC, dz; one block of rows: xn [kChunk, d],
+// real keys; their gradients ds, dC, dz; CT [dv, d] for C^T or dC^T; one block
+// of rows: xn [kChunk, d],
 // inv [kChunk], num [kChunk, dv].
 template <typename T>
 struct Scratch {
-  std::vector<T> s, C, z, ds, dC, dz, xn, inv, num;
+  std::vector<T> s, C, CT, z, ds, dC, dz, xn, inv, num;
   T n = 0;
   Scratch(int64_t d, int64_t dv)
       : s(dv),
         C(d * dv),
+        CT(d * dv),
         z(d),
         ds(dv),
         dC(d * dv),
@@ -74,6 +76,30 @@ struct Scratch {
         inv(kChunk),
         num(kChunk * dv) {}
 };
+
+// The key states of one head saved for the backward: s [dv], C [d, dv], z [d], n.
+int64_t state_size(const Dims4& s) {
+  return s.dv + s.d * s.dv + s.d + 1;
+}
+
+template <typename T>
+void save_states(const Scratch<T>& w, T* state) {
+  T* p = std::copy(w.s.begin(), w.s.end(), state);
+  p = std::copy(w.C.begin(), w.C.end(), p);
+  p = std::copy(w.z.begin(), w.z.end(), p);
+  *p = w.n;
+}
+
+template <typename T>
+void load_states(const T* state, const Dims4& s, Scratch<T>& w) {
+  const T* p = state;
+  std::copy(p, p + s.dv, w.s.begin());
+  p += s.dv;
+  std::copy(p, p + s.d * s.dv, w.C.begin());
+  p += s.d * s.dv;
+  std::copy(p, p + s.d, w.z.begin());
+  w.n = p[s.d];
+}
 
 // The key states from k [M, d], v [M, dv] of one batch-head; keep [M] or null.
 template <typename T>
@@ -118,13 +144,15 @@ T query_den(const Scratch<T>& w, int64_t i, int64_t d) {
 }
 
 template <typename T>
-void forward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, T* o, const Dims4& s) {
+void forward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, T* o, T* state,
+                    const Dims4& s) {
   const int64_t N = s.N, M = s.M, d = s.d, dv = s.dv;
   parallel_for(s.B * s.H, (N + M) * d * dv, [&](int64_t begin, int64_t end) {
     Scratch<T> w(d, dv);
     for (int64_t bh = begin; bh < end; ++bh) {
       const uint8_t* mb = mask ? mask + (bh / s.H) * M : nullptr;
       key_states(k + bh * M * d, v + bh * M * dv, mb, s, w);
+      save_states(w, state + bh * state_size(s));
       for (int64_t i0 = 0; i0 < N; i0 += kChunk) {
         const int64_t rows = std::min(kChunk, N - i0);
         query_block(q + (bh * N + i0) * d, rows, s, w);
@@ -139,10 +167,10 @@ void forward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, T* 
   });
 }
 
-// g = dL/do [B, H, N, dv]; writes dq, dk, dv (same shapes as q, k, v).
+// o, g = dL/do [B, H, N, dv]; writes dq, dk, dv (same shapes as q, k, v).
 template <typename T>
-void backward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, const T* g, T* dq,
-                     T* dk, T* dvv, const Dims4& s) {
+void backward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, const T* state,
+                     const T* o, const T* g, T* dq, T* dk, T* dvv, const Dims4& s) {
   const int64_t N = s.N, M = s.M, d = s.d, dv = s.dv;
   parallel_for(s.B * s.H, 2 * (N + M) * d * dv, [&](int64_t begin, int64_t end) {
     Scratch<T> w(d, dv);
@@ -151,49 +179,51 @@ void backward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, co
       const uint8_t* mb = mask ? mask + (bh / s.H) * M : nullptr;
       const T* kb = k + bh * M * d;
       const T* vb = v + bh * M * dv;
-      key_states(kb, vb, mb, s, w);
+      load_states(state + bh * state_size(s), s, w);
+      transpose(w.C.data(), d, dv, w.CT.data());
       std::fill(w.ds.begin(), w.ds.end(), T(0));
       std::fill(w.dC.begin(), w.dC.end(), T(0));
       std::fill(w.dz.begin(), w.dz.end(), T(0));
       // Query side, a block of rows at a time. In the forward o_i = num_i / den_i,
-      // so dnum_i = g_i / den_i and dden_i = -(g_i . num_i) / den_i^2;
+      // so dnum_i = g_i / den_i and dden_i = -(g_i . num_i) / den_i^2 = -(g_i . o_i) / den_i
+      // (the saved output: no GEMM recomputes num);
       // num = s + q' C and den_i = n + q'_i . z send them on:
       //   ds += colsum(dnum), dC += q'^T dnum, dz += sum_i dden_i q'_i,
       //   dq' = dnum C^T + dden z^T [rows, d],
       // and q'_i = q_i / ||q_i|| projects: dq_i = (dq'_i - q'_i (q'_i . dq'_i)) / ||q_i||.
       for (int64_t i0 = 0; i0 < N; i0 += kChunk) {
         const int64_t rows = std::min(kChunk, N - i0);
-        query_block(q + (bh * N + i0) * d, rows, s, w);
+        normalize_rows(q + (bh * N + i0) * d, rows, d, static_cast<const uint8_t*>(nullptr),
+                       w.xn.data(), w.inv.data());
         const T* gb = g + (bh * N + i0) * dv;
-        for (int64_t i = 0; i < rows; ++i) {  // num_i becomes dnum_i in place
+        const T* ob = o + (bh * N + i0) * dv;
+        for (int64_t i = 0; i < rows; ++i) {  // num holds dnum
           const T inv_den = T(1) / query_den(w, i, d);
           const T* gi = gb + i * dv;
-          T* num = w.num.data() + i * dv;
-          T go = 0;
+          T* dnum = w.num.data() + i * dv;
+          // The reductions go through dot (vectors); a sum fused into the update
+          // loops would run in order, one scalar add an element.
+          dden[i] = -dot(gi, ob + i * dv, dv) * inv_den;
           for (int64_t e = 0; e < dv; ++e) {
-            go += gi[e] * num[e];
-            num[e] = gi[e] * inv_den;
-            w.ds[e] += num[e];
+            dnum[e] = gi[e] * inv_den;
+            w.ds[e] += dnum[e];
           }
-          dden[i] = -go * inv_den * inv_den;
           const T* qn = w.xn.data() + i * d;
           for (int64_t c = 0; c < d; ++c) w.dz[c] += dden[i] * qn[c];
         }
         gemm(true, false, d, dv, rows, T(1), w.xn.data(), d, w.num.data(), dv, T(1), w.dC.data(),
              dv);
         T* dqb = dq + (bh * N + i0) * d;
-        gemm(false, true, rows, d, dv, T(1), w.num.data(), dv, w.C.data(), dv, T(0), dqb, d);
+        gemm(false, false, rows, d, dv, T(1), w.num.data(), dv, w.CT.data(), d, T(0), dqb, d);
         for (int64_t i = 0; i < rows; ++i) {
           const T* qn = w.xn.data() + i * d;
           T* dqi = dqb + i * d;
-          T proj = 0;
-          for (int64_t c = 0; c < d; ++c) {
-            dqi[c] += dden[i] * w.z[c];
-            proj += qn[c] * dqi[c];
-          }
+          for (int64_t c = 0; c < d; ++c) dqi[c] += dden[i] * w.z[c];
+          const T proj = dot(qn, dqi, d);
           for (int64_t c = 0; c < d; ++c) dqi[c] = (dqi[c] - qn[c] * proj) * w.inv[i];
         }
       }
+      transpose(w.dC.data(), d, dv, w.CT.data());
       // Key side. s = sum_j v_j, C = sum_j k'_j v_j^T and z = sum_j k'_j + eps give
       //   dv_j = ds + dC^T k'_j,  dk'_j = dC v_j + dz  (GEMMs over a block),
       // and k'_j = k_j / ||k_j|| projects dk'_j. Masked keys were in no sum: their
@@ -206,7 +236,7 @@ void backward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, co
         T* dvb = dvv + (bh * M + j0) * dv;
         for (int64_t j = 0; j < rows; ++j) std::copy(w.ds.begin(), w.ds.end(), dvb + j * dv);
         gemm(false, false, rows, dv, d, T(1), w.xn.data(), d, w.dC.data(), dv, T(1), dvb, dv);
-        gemm(false, true, rows, d, dv, T(1), vb + j0 * dv, dv, w.dC.data(), dv, T(0), dkb, d);
+        gemm(false, false, rows, d, dv, T(1), vb + j0 * dv, dv, w.CT.data(), d, T(0), dkb, d);
         for (int64_t j = 0; j < rows; ++j) {
           T* dkj = dkb + j * d;
           if (keep && !keep[j]) {
@@ -215,11 +245,8 @@ void backward_kernel(const T* q, const T* k, const T* v, const uint8_t* mask, co
             continue;
           }
           const T* kn = w.xn.data() + j * d;
-          T proj = 0;
-          for (int64_t c = 0; c < d; ++c) {
-            dkj[c] += w.dz[c];
-            proj += kn[c] * dkj[c];
-          }
+          for (int64_t c = 0; c < d; ++c) dkj[c] += w.dz[c];
+          const T proj = dot(kn, dkj, d);
           for (int64_t c = 0; c < d; ++c) dkj[c] = (dkj[c] - kn[c] * proj) * w.inv[j];
         }
       }
@@ -262,21 +289,23 @@ Tensor taylor_linear(const Tensor& q, const Tensor& k, const Tensor& v,
   }
   const Tensor mask = key_padding_mask.defined() ? key_padding_mask.detach() : Tensor();
   Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
+  Tensor state = Tensor::empty({s.B * s.H, state_size(s)}, q.dtype());
   FORGE_DISPATCH_FLOAT(q.dtype(), "attention::taylor_linear", [&] {
     forward_kernel(q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(), mask_bytes(mask),
-                   o.data<scalar_t>(), s);
+                   o.data<scalar_t>(), state.data<scalar_t>(), s);
   });
   return autograd::record(
       "attention::taylor_linear", {q, k, v}, o,
-      [q = q.detach(), k = k.detach(), v = v.detach(), mask,
+      [q = q.detach(), k = k.detach(), v = v.detach(), mask, state, o = o.detach(),
        s](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
         const Tensor g = grads[0];
         Tensor dq = Tensor::empty(q.shape(), q.dtype()), dk = Tensor::empty(k.shape(), k.dtype()),
                dv = Tensor::empty(v.shape(), v.dtype());
         FORGE_DISPATCH_FLOAT(q.dtype(), "attention::taylor_linear backward", [&] {
           backward_kernel(q.data<scalar_t>(), k.data<scalar_t>(), v.data<scalar_t>(),
-                          mask_bytes(mask), g.data<scalar_t>(), dq.data<scalar_t>(),
-                          dk.data<scalar_t>(), dv.data<scalar_t>(), s);
+                          mask_bytes(mask), state.data<scalar_t>(), o.data<scalar_t>(),
+                          g.data<scalar_t>(), dq.data<scalar_t>(), dk.data<scalar_t>(),
+                          dv.data<scalar_t>(), s);
         });
         return {dq, dk, dv};
       });
