@@ -50,6 +50,17 @@ struct FavorDims {
   FavorOptions opt;
 };
 
+// Rows per block of the non-causal projected kernels (below).
+constexpr int64_t kRows = 128;
+
+// Non-causal softmax and relu kernels run in blocks of kRows queries or keys,
+// so that their features stay in cache ([kRows, F] buffers instead of [N, F]);
+// no_projection's key softmax over all j and the causal scan keep whole-length
+// features.
+bool blocked(const FavorDims& f) {
+  return !f.opt.causal && f.opt.kernel != FavorKernel::no_projection;
+}
+
 // Per-thread buffers for one (b, h); allocated once per parallel chunk through
 // the tensor allocator so that the peak-memory counter sees them.
 template <typename T>
@@ -71,31 +82,36 @@ struct Scratch {
   T* P;    // [kChunk, kChunk] causal intra-chunk weights
   T* D;    // [kChunk, kChunk] their backward counterpart
   T* tmp;  // [kChunk, max(F, dv)]
+  T* ST;   // [dv, F]  blocked: S^T or dS^T
+  // Blocked (non-causal projected kernels): N and M rows become kRows.
   explicit Scratch(const FavorDims& f, bool backward) {
     const Dims4& s = f.s;
     const int64_t F = f.F;
     const bool relu = f.opt.kernel == FavorKernel::relu;
-    const int64_t sizes[] = {s.N * F,
-                             relu ? s.N * F : 0,
-                             s.M * F,
-                             relu ? s.M * F : 0,
-                             s.M,
+    const bool b = blocked(f);
+    const int64_t N = b ? std::min(kRows, s.N) : s.N, M = b ? std::min(kRows, s.M) : s.M;
+    const int64_t sizes[] = {N * F,
+                             relu ? N * F : 0,
+                             M * F,
+                             relu ? M * F : 0,
+                             b ? 0 : M,
                              F * s.dv,
                              F,
                              s.dv,
-                             backward ? s.N * F : 0,
-                             backward ? s.M * F : 0,
-                             backward ? s.N * s.dv : 0,
-                             backward ? s.N : 0,
-                             kChunk * kChunk,
-                             kChunk * kChunk,
-                             kChunk * std::max(F, s.dv)};
+                             backward ? N * F : 0,
+                             backward ? M * F : 0,
+                             backward ? N * s.dv : 0,
+                             backward ? N : 0,
+                             b ? 0 : kChunk * kChunk,
+                             b ? 0 : kChunk * kChunk,
+                             b ? 0 : kChunk * std::max(F, s.dv),
+                             b && backward ? F * s.dv : 0};
     int64_t total = 0;
     for (int64_t n : sizes) total += n;
     buf = Tensor::empty({total}, dtype_of<T>());
     T* p = buf.data<T>();
-    T** slots[] = {&qf, &qx, &g, &kx, &mk, &S, &z, &vs, &dqf, &dg, &dn, &dd, &P, &D, &tmp};
-    for (int i = 0; i < 15; ++i) {
+    T** slots[] = {&qf, &qx, &g, &kx, &mk, &S, &z, &vs, &dqf, &dg, &dn, &dd, &P, &D, &tmp, &ST};
+    for (int i = 0; i < 16; ++i) {
       *slots[i] = p;
       p += sizes[i];
     }
@@ -106,31 +122,29 @@ struct Scratch {
   }
 };
 
-// phi(q) for one (b, h): q [N, d], W [m, d] -> qf [N, F] (and q' in qx).
+// phi(q) of N rows: q [N, d], W [m, d] -> qf [N, F] (and q' in qx; qx may be qf).
 template <typename T>
-void query_features(const FavorDims& f, const T* q, const T* W, Scratch<T>& w) {
-  const int64_t N = f.s.N, d = f.s.d, F = f.F;
+void query_features(const FavorDims& f, int64_t N, const T* q, const T* W, T* qx, T* qf) {
+  const int64_t d = f.s.d, F = f.F;
   const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
   if (f.opt.kernel == FavorKernel::no_projection) {
     for (int64_t i = 0; i < N; ++i) {  // softmax over the d features of each row
-      softmax_row(q + i * d, w.qf + i * F, d);
+      softmax_row(q + i * d, qf + i * F, d);
     }
     return;
   }
-  gemm(false, true, N, F, d, c, q, W, T(0), w.qx);  // q' = (c q) W^T
+  gemm(false, true, N, F, d, c, q, W, T(0), qx);  // q' = (c q) W^T
   if (f.opt.kernel == FavorKernel::relu) {
-    for (int64_t t = 0; t < N * F; ++t)
-      w.qf[t] = std::max(w.qx[t], T(0)) + static_cast<T>(kReluEps);
+    for (int64_t t = 0; t < N * F; ++t) qf[t] = std::max(qx[t], T(0)) + static_cast<T>(kReluEps);
     return;
   }
   const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(F)));
   for (int64_t i = 0; i < N; ++i) {
     const T* x = q + i * d;
-    const T* xp = w.qx + i * F;
-    T* y = w.qf + i * F;
+    const T* xp = qx + i * F;
+    T* y = qf + i * F;
     const T sq = dot(x, x, d);
-    const T shift =
-        sq * c * c / 2 + *std::max_element(xp, xp + F);  // diag(q_i) + stop-grad row max
+    const T shift = sq * c * c / 2 + max_of(xp, F);  // diag(q_i) + stop-grad row max
     for (int64_t e = 0; e < F; ++e) y[e] = xp[e] - shift;
     vmath::exp(y, y, F);  // glibc's vector math (core/vmath.h)
     for (int64_t e = 0; e < F; ++e) y[e] = r * (y[e] + static_cast<T>(kSoftmaxEps));
@@ -274,7 +288,7 @@ template <typename T>
 void favor_forward_bh(const FavorDims& f, const T* q, const T* k, const T* v, const T* W,
                       const uint8_t* mask, T* o, T* den, Scratch<T>& w) {
   const int64_t N = f.s.N, dv = f.s.dv, F = f.F;
-  query_features(f, q, W, w);
+  query_features(f, f.s.N, q, W, w.qx, w.qf);
   const auto [alpha, beta] = key_features(f, k, W, mask, w);
   if (!f.opt.causal) {
     totals(f, v, mask, alpha, beta, w);
@@ -364,12 +378,175 @@ void projected_features_backward(const FavorDims& f, int64_t R, const T* x, cons
       gx[i * d + e] += ddiag[static_cast<size_t>(i)] * c * c * x[i * d + e];
 }
 
+// ---- Non-causal softmax and relu kernels, in blocks of kRows rows ----
+// The state of one (b, h), saved by the forward for the backward
+// [F dv + F + 1]: S [F, dv], z [F] and the key stabiliser M (0 for relu).
+int64_t blocked_state_size(const FavorDims& f) {
+  return f.F * f.s.dv + f.F + 1;
+}
+
+// (alpha, beta) of phi(k) = alpha g + beta: the softmax kernel's g lacks its
+// r = F^-1/2 and r eps; relu's g is phi(k) itself.
+template <typename T>
+std::pair<T, T> key_coefficients(const FavorDims& f) {
+  if (f.opt.kernel != FavorKernel::softmax) return {T(1), T(0)};
+  const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(f.F)));
+  return {r, r * static_cast<T>(kSoftmaxEps)};
+}
+
+// g [R, F] of R keys from their projection kx = (c k) W^T [R, F]: relu(kx) +
+// eps, or exp(kx - diag(k) - M) for the softmax kernel (g may be kx); 0 on
+// padding keys (keep[j] == 0; keep may be null).
+template <typename T>
+void key_block_features(const FavorDims& f, int64_t R, const T* k, const uint8_t* keep, T M,
+                        const T* kx, T* g) {
+  const int64_t d = f.s.d, F = f.F;
+  const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
+  for (int64_t j = 0; j < R; ++j) {
+    T* y = g + j * F;
+    const T* xp = kx + j * F;
+    if (keep && !keep[j]) {
+      std::fill(y, y + F, T(0));
+    } else if (f.opt.kernel == FavorKernel::relu) {
+      for (int64_t e = 0; e < F; ++e) y[e] = std::max(xp[e], T(0)) + static_cast<T>(kReluEps);
+    } else {
+      const T shift = dot(k + j * d, k + j * d, d) * c * c / 2 + M;
+      for (int64_t e = 0; e < F; ++e) y[e] = xp[e] - shift;
+      vmath::exp(y, y, F);
+    }
+  }
+}
+
+// Forward for one (b, h): keys first, S = alpha sum_j g_j v_j^T + beta 1 vs^T and
+// z = alpha sum_j g_j + beta n block by block; the softmax kernel's M is the
+// running max of the real keys' kx, and S, z move to a larger M by exp(M_old -
+// M_new) (the result is the one of the global max). Then o_i = phi(q_i) S /
+// (phi(q_i) . z) block by block (a row whose keys are all masked is 0).
+template <typename T>
+void blocked_forward_bh(const FavorDims& f, const T* q, const T* k, const T* v, const T* W,
+                        const uint8_t* mask, T* o, T* den, T* state, Scratch<T>& w) {
+  const int64_t N = f.s.N, M = f.s.M, d = f.s.d, dv = f.s.dv, F = f.F;
+  const bool softmax = f.opt.kernel == FavorKernel::softmax;
+  const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
+  const T ninf = -std::numeric_limits<T>::infinity();
+  T* S = state;
+  T* z = state + F * dv;
+  std::fill(S, S + F * dv + F, T(0));
+  std::fill(w.vs, w.vs + dv, T(0));
+  T n = 0, run = softmax ? ninf : T(0);
+  for (int64_t j0 = 0; j0 < M; j0 += kRows) {
+    const int64_t R = std::min(kRows, M - j0);
+    const uint8_t* keep = mask ? mask + j0 : nullptr;
+    gemm(false, true, R, F, d, c, k + j0 * d, W, T(0), w.kx);  // k' = (c k) W^T
+    if (softmax) {
+      T block_max = ninf;
+      for (int64_t j = 0; j < R; ++j)
+        if (!keep || keep[j]) block_max = std::max(block_max, max_of(w.kx + j * F, F));
+      if (block_max > run) {
+        const T scale = rescale(run, block_max);
+        for (int64_t t = 0; t < F * dv + F; ++t) S[t] *= scale;
+        run = block_max;
+      }
+    }
+    key_block_features(f, R, k + j0 * d, keep, run, w.kx, w.g);
+    gemm(true, false, F, dv, R, T(1), w.g, v + j0 * dv, T(1), S);
+    for (int64_t j = 0; j < R; ++j) {
+      for (int64_t e = 0; e < F; ++e) z[e] += w.g[j * F + e];
+      if (keep && !keep[j]) continue;
+      n += 1;
+      for (int64_t e = 0; e < dv; ++e) w.vs[e] += v[(j0 + j) * dv + e];
+    }
+  }
+  const auto [alpha, beta] = key_coefficients<T>(f);
+  for (int64_t e = 0; e < F; ++e) {
+    z[e] = alpha * z[e] + beta * n;
+    for (int64_t t = 0; t < dv; ++t) S[e * dv + t] = alpha * S[e * dv + t] + beta * w.vs[t];
+  }
+  state[F * dv + F] = run == ninf ? T(0) : run;
+  for (int64_t i0 = 0; i0 < N; i0 += kRows) {
+    const int64_t R = std::min(kRows, N - i0);
+    query_features(f, R, q + i0 * d, W, w.qx, w.qf);
+    T* ob = o + i0 * dv;
+    gemm(false, false, R, dv, F, T(1), w.qf, S, T(0), ob);  // numerator phi(q) S
+    for (int64_t i = 0; i < R; ++i) {
+      T dn = dot(w.qf + i * F, z, F);
+      if (dn == T(0)) dn = T(1);  // every key masked: S = 0 and z = 0, the row is 0
+      den[i0 + i] = dn;
+      for (int64_t t = 0; t < dv; ++t) ob[i * dv + t] /= dn;
+    }
+  }
+}
+
+// Backward for one (b, h), from the saved state. Queries: dnum_i = do_i / den_i,
+// dden_i = -(do_i . o_i) / den_i; dphi(q) = dnum S^T + dden z^T; dS = phi(q)^T dnum,
+// dz = phi(q)^T dden. Keys (real ones): dg_j = alpha (dS v_j + dz),
+// dv_j = alpha dS^T g_j + beta colsum(dS). Both through their feature maps.
+template <typename T>
+void blocked_backward_bh(const FavorDims& f, const T* q, const T* k, const T* v, const T* W,
+                         const uint8_t* mask, const T* o, const T* den, const T* state, const T* go,
+                         T* gq, T* gk, T* gv, Scratch<T>& w) {
+  const int64_t N = f.s.N, M = f.s.M, d = f.s.d, dv = f.s.dv, F = f.F;
+  const T c = static_cast<T>(std::pow(static_cast<double>(d), -0.25));
+  const T* S = state;
+  const T* z = state + F * dv;
+  const T Mk = state[F * dv + F];
+  const auto [alpha, beta] = key_coefficients<T>(f);
+  T* dS = w.S;
+  T* dz = w.z;
+  std::fill(dS, dS + F * dv, T(0));
+  std::fill(dz, dz + F, T(0));
+  transpose(S, F, dv, w.ST);
+  const T r = static_cast<T>(1.0 / std::sqrt(static_cast<double>(F)));
+  for (int64_t i0 = 0; i0 < N; i0 += kRows) {
+    const int64_t R = std::min(kRows, N - i0);
+    query_features(f, R, q + i0 * d, W, w.qx, w.qf);
+    for (int64_t i = 0; i < R; ++i) {
+      const T* gi = go + (i0 + i) * dv;
+      const T inv = T(1) / den[i0 + i];
+      for (int64_t t = 0; t < dv; ++t) w.dn[i * dv + t] = gi[t] * inv;
+      w.dd[i] = -dot(gi, o + (i0 + i) * dv, dv) * inv;
+    }
+    gemm(false, false, R, F, dv, T(1), w.dn, w.ST, T(0), w.dqf);  // dnum S^T
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t e = 0; e < F; ++e) {
+        w.dqf[i * F + e] += w.dd[i] * z[e];
+        dz[e] += w.dd[i] * w.qf[i * F + e];
+      }
+    gemm(true, false, F, dv, R, T(1), w.qf, w.dn, T(1), dS);
+    // phi(q) = r (exp(...) + eps): its exp part is qf - r eps
+    projected_features_backward(f, R, q + i0 * d, w.qx, w.qf, -r * static_cast<T>(kSoftmaxEps), W,
+                                w.dqf, gq + i0 * d);
+  }
+  std::fill(w.vs, w.vs + dv, T(0));
+  for (int64_t e = 0; e < F; ++e)
+    for (int64_t t = 0; t < dv; ++t) w.vs[t] += dS[e * dv + t];
+  transpose(dS, F, dv, w.ST);
+  for (int64_t j0 = 0; j0 < M; j0 += kRows) {
+    const int64_t R = std::min(kRows, M - j0);
+    const uint8_t* keep = mask ? mask + j0 : nullptr;
+    gemm(false, true, R, F, d, c, k + j0 * d, W, T(0), w.kx);
+    key_block_features(f, R, k + j0 * d, keep, Mk, w.kx, w.g);
+    T* gvb = gv + j0 * dv;
+    gemm(false, false, R, F, dv, alpha, v + j0 * dv, w.ST, T(0), w.dg);
+    gemm(false, false, R, dv, F, alpha, w.g, dS, T(0), gvb);
+    for (int64_t j = 0; j < R; ++j) {
+      const bool real = !keep || keep[j];
+      for (int64_t e = 0; e < F; ++e)
+        w.dg[j * F + e] = real ? w.dg[j * F + e] + alpha * dz[e] : T(0);
+      for (int64_t t = 0; t < dv; ++t)
+        gvb[j * dv + t] = real ? gvb[j * dv + t] + beta * w.vs[t] : T(0);
+    }
+    // g = exp(k' - diag(k) - M) with M stop-grad: its own derivative in k'.
+    projected_features_backward(f, R, k + j0 * d, w.kx, w.g, T(0), W, w.dg, gk + j0 * d);
+  }
+}
+
 template <typename T>
 void favor_backward_bh(const FavorDims& f, const T* q, const T* k, const T* v, const T* W,
                        const uint8_t* mask, const T* o, const T* den, const T* go, T* gq, T* gk,
                        T* gv, Scratch<T>& w) {
   const int64_t N = f.s.N, M = f.s.M, d = f.s.d, dv = f.s.dv, F = f.F;
-  query_features(f, q, W, w);
+  query_features(f, f.s.N, q, W, w.qx, w.qf);
   const auto [alpha, beta] = key_features(f, k, W, mask, w);
   for (int64_t i = 0; i < N; ++i) {
     T dot = 0;
@@ -611,23 +788,34 @@ Tensor favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
   const uint8_t* mask = mask_bytes(key_padding_mask);
   Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
   Tensor den = Tensor::empty({s.B, s.H, s.N}, q.dtype());
+  // Blocked kernels: each (b, h)'s S, z and key stabiliser for the backward.
+  Tensor state =
+      blocked(f) ? Tensor::empty({s.B * s.H, blocked_state_size(f)}, q.dtype()) : Tensor();
   const int64_t cost = (s.N + s.M) * f.F * (s.d + s.dv);
   FORGE_DISPATCH_FLOAT(q.dtype(), "attention::favor", [&] {
     const scalar_t* pw = W.defined() ? W.data<scalar_t>() : nullptr;
     parallel_for(s.B * s.H, cost, [&](int64_t b0, int64_t b1) {
       Scratch<scalar_t> w(f, false);
-      for (int64_t bh = b0; bh < b1; ++bh)
-        favor_forward_bh<scalar_t>(
-            f, q.data<scalar_t>() + bh * s.N * s.d, k.data<scalar_t>() + bh * s.M * s.d,
-            v.data<scalar_t>() + bh * s.M * s.dv, pw, mask ? mask + (bh / s.H) * s.M : nullptr,
-            out.data<scalar_t>() + bh * s.N * s.dv, den.data<scalar_t>() + bh * s.N, w);
+      for (int64_t bh = b0; bh < b1; ++bh) {
+        const scalar_t *qb = q.data<scalar_t>() + bh * s.N * s.d,
+                       *kb = k.data<scalar_t>() + bh * s.M * s.d,
+                       *vb = v.data<scalar_t>() + bh * s.M * s.dv;
+        const uint8_t* mb = mask ? mask + (bh / s.H) * s.M : nullptr;
+        scalar_t *ob = out.data<scalar_t>() + bh * s.N * s.dv,
+                 *db = den.data<scalar_t>() + bh * s.N;
+        if (blocked(f))
+          blocked_forward_bh<scalar_t>(f, qb, kb, vb, pw, mb, ob, db,
+                                       state.data<scalar_t>() + bh * blocked_state_size(f), w);
+        else
+          favor_forward_bh<scalar_t>(f, qb, kb, vb, pw, mb, ob, db, w);
+      }
     });
   });
   const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
   const Tensor Wd = W.defined() ? W.detach() : Tensor();
   return autograd::record(
       "attention::favor", {q, k, v}, out,
-      [f, qd, kd, vd, Wd, od, den, key_padding_mask](const std::vector<Tensor>& g) {
+      [f, qd, kd, vd, Wd, od, den, state, key_padding_mask](const std::vector<Tensor>& g) {
         const Dims4& s = f.s;
         const Tensor go = g[0];
         Tensor gq = Tensor::empty(qd.shape(), qd.dtype()),
@@ -639,14 +827,24 @@ Tensor favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
           const scalar_t* pw = Wd.defined() ? Wd.data<scalar_t>() : nullptr;
           parallel_for(s.B * s.H, cost, [&](int64_t b0, int64_t b1) {
             Scratch<scalar_t> w(f, true);
-            for (int64_t bh = b0; bh < b1; ++bh)
-              favor_backward_bh<scalar_t>(
-                  f, qd.data<scalar_t>() + bh * s.N * s.d, kd.data<scalar_t>() + bh * s.M * s.d,
-                  vd.data<scalar_t>() + bh * s.M * s.dv, pw,
-                  mask ? mask + (bh / s.H) * s.M : nullptr, od.data<scalar_t>() + bh * s.N * s.dv,
-                  den.data<scalar_t>() + bh * s.N, go.data<scalar_t>() + bh * s.N * s.dv,
-                  gq.data<scalar_t>() + bh * s.N * s.d, gk.data<scalar_t>() + bh * s.M * s.d,
-                  gv.data<scalar_t>() + bh * s.M * s.dv, w);
+            for (int64_t bh = b0; bh < b1; ++bh) {
+              const scalar_t *qb = qd.data<scalar_t>() + bh * s.N * s.d,
+                             *kb = kd.data<scalar_t>() + bh * s.M * s.d,
+                             *vb = vd.data<scalar_t>() + bh * s.M * s.dv,
+                             *ob = od.data<scalar_t>() + bh * s.N * s.dv,
+                             *db = den.data<scalar_t>() + bh * s.N,
+                             *gb = go.data<scalar_t>() + bh * s.N * s.dv;
+              const uint8_t* mb = mask ? mask + (bh / s.H) * s.M : nullptr;
+              scalar_t *gqb = gq.data<scalar_t>() + bh * s.N * s.d,
+                       *gkb = gk.data<scalar_t>() + bh * s.M * s.d,
+                       *gvb = gv.data<scalar_t>() + bh * s.M * s.dv;
+              if (blocked(f))
+                blocked_backward_bh<scalar_t>(f, qb, kb, vb, pw, mb, ob, db,
+                                              state.data<scalar_t>() + bh * blocked_state_size(f),
+                                              gb, gqb, gkb, gvb, w);
+              else
+                favor_backward_bh<scalar_t>(f, qb, kb, vb, pw, mb, ob, db, gb, gqb, gkb, gvb, w);
+            }
           });
         });
         return std::vector<Tensor>{gq, gk, gv};

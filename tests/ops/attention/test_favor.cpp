@@ -206,6 +206,35 @@ TEST(AttentionFavorReference, MatchesNaiveCompositeF64) {
   }
 }
 
+// Non-causal softmax and relu run in blocks of 128 keys, the softmax stabiliser
+// a running max: a first block with no real key (batch 1) must add nothing and
+// leave the stabiliser unset, and a later larger key must rescale the state.
+TEST(AttentionFavorReference, BlocksOfPaddedKeysMatchNaiveCompositeF64) {
+  const int64_t B = 2, H = 2, N = 40, M = 300, d = 8, dv = 6, m = 24;
+  Generator gw(9);
+  const Tensor W = ops::attention::gaussian_orthogonal_random_matrix(m, d, 0, DType::f64, &gw);
+  Tensor mask = Tensor::ones({B, M}, DType::boolean);
+  for (int64_t j = 0; j < 140; ++j) mask.data<bool>()[M + j] = false;
+  for (FavorKernel kernel : {FavorKernel::softmax, FavorKernel::relu}) {
+    SCOPED_TRACE(kernel == FavorKernel::softmax ? "softmax" : "relu");
+    const FavorOptions opt{kernel, false, FavorStabilizer::prefix};
+    const Tensor weights = uniform({B, H, N, dv}, 19, DType::f64, -1, 1, false);
+    Tensor q = uniform({B, H, N, d}, 11), k = growing_keys({B, H, M, d}, 12, DType::f64),
+           v = uniform({B, H, M, dv}, 13);
+    Tensor q2 = q.detach().clone().set_requires_grad(true),
+           k2 = k.detach().clone().set_requires_grad(true),
+           v2 = v.detach().clone().set_requires_grad(true);
+    const Tensor o = ops::attention::favor(q, k, v, W, mask, opt);
+    const Tensor ref = naive_favor(q2, k2, v2, W, mask, opt);
+    testing::expect_close(o, ref, 1e-10);
+    autograd::backward(ops::sum(ops::mul(o, weights)));
+    autograd::backward(ops::sum(ops::mul(ref, weights)));
+    testing::expect_close(q.grad(), q2.grad(), 1e-10);
+    testing::expect_close(k.grad(), k2.grad(), 1e-10);
+    testing::expect_close(v.grad(), v2.grad(), 1e-10);
+  }
+}
+
 // f32 runs the same math as f64 to float rounding.
 TEST(AttentionFavorReference, F32MatchesF64) {
   const int64_t B = 2, H = 2, N = 150, d = 16, m = 32;
