@@ -8,13 +8,13 @@
 // Here k (the letter) is the projected length kdim. The projections are GEMMs
 // per batch-head; the scores are computed in blocks of query rows, so the op
 // holds at most a rows x kdim tile per thread (never N x M). The backward saves
-// the inputs, the row log-sum-exp [B, H, N] and the dropout's Philox (seed,
-// offset, first), and recomputes K, V and P.
+// the inputs, K and V, the row log-sum-exp [B, H, N] and the dropout's Philox
+// (seed, offset, first), and recomputes P.
 //
 // On a GPU the projections and their gradients are cuBLAS GEMMs and the
 // attention over the kdim projected keys is the flash kernels (flash_cuda.h)
-// with the CPU's dropout draws; the forward saves K, V and o besides, which
-// the flash backward needs (K, V are [B, H, kdim, d]: no N in their size).
+// with the CPU's dropout draws; the forward saves o besides, which the flash
+// backward needs.
 
 #include <algorithm>
 #include <cmath>
@@ -506,7 +506,9 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   const Tensor mask = key_padding_mask.defined() ? key_padding_mask.detach() : Tensor();
   Tensor o = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype(), q.device()),
          lse = Tensor::empty({s.B, s.H, s.N}, acc_dtype(q.dtype()), q.device());
-  Tensor K, V;  // on a GPU: the projections [B, H, kdim, d / dv], saved for the backward
+  // The projections K [B, H, kdim, d] and V [B, H, kdim, dv], saved for the backward
+  // (no N in their size).
+  Tensor K, V;
   FORGE_IF_CUDA(q) {
     FORGE_CHECK(s.d <= cuda::kFlashMaxHeadDim && s.dv <= cuda::kFlashMaxHeadDim,
                 "attention::linformer: on a GPU the head dims must be <= {}, got d = {}, dv = {}",
@@ -520,11 +522,10 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   if (q.device().is_cpu()) {
     FORGE_DISPATCH_FLOAT(q.dtype(), "attention::linformer", [&] {
       const Params<scalar_t> a = params<scalar_t>(q, k, v, E, F, bias_E, bias_F, mask);
-      // K [BH, kdim, d], V [BH, kdim, dv]
-      Tensor Kc = scratch<scalar_t>(s.B * s.H * L.kdim * s.d),
-             Vc = scratch<scalar_t>(s.B * s.H * L.kdim * s.dv);
-      project(a, L, Kc.data<scalar_t>(), Vc.data<scalar_t>());
-      forward_kernel(a.q, Kc.data<scalar_t>(), Vc.data<scalar_t>(), L, o.data<scalar_t>(),
+      K = Tensor::empty({s.B, s.H, L.kdim, s.d}, q.dtype());
+      V = Tensor::empty({s.B, s.H, L.kdim, s.dv}, q.dtype());
+      project(a, L, K.data<scalar_t>(), V.data<scalar_t>());
+      forward_kernel(a.q, K.data<scalar_t>(), V.data<scalar_t>(), L, o.data<scalar_t>(),
                      lse.data<scalar_t>());
     });
   }
@@ -539,7 +540,6 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
         FORGE_IF_CUDA(g) {
           return backward_cuda(q, k, v, E, F, bE.defined(), bF.defined(), mask, K, V, o, lse, g, L);
         }
-        const Dims4& s = L.s;
         Tensor dq = Tensor::empty(q.shape(), q.dtype()), dk = Tensor::empty(k.shape(), k.dtype()),
                dv = Tensor::empty(v.shape(), v.dtype()), dE = Tensor::zeros(E.shape(), E.dtype()),
                dF = Tensor::zeros(F.shape(), F.dtype());
@@ -547,10 +547,7 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                dbF = bF.defined() ? Tensor::empty(bF.shape(), bF.dtype()) : Tensor();
         FORGE_DISPATCH_FLOAT(q.dtype(), "attention::linformer backward", [&] {
           const Params<scalar_t> a = params<scalar_t>(q, k, v, E, F, bE, bF, mask);
-          Tensor Kc = scratch<scalar_t>(s.B * s.H * L.kdim * s.d),
-                 Vc = scratch<scalar_t>(s.B * s.H * L.kdim * s.dv);
-          project(a, L, Kc.data<scalar_t>(), Vc.data<scalar_t>());
-          backward_kernel(a, Kc.data<scalar_t>(), Vc.data<scalar_t>(), lse.data<scalar_t>(),
+          backward_kernel(a, K.data<scalar_t>(), V.data<scalar_t>(), lse.data<scalar_t>(),
                           g.data<scalar_t>(), L, dq.data<scalar_t>(), dk.data<scalar_t>(),
                           dv.data<scalar_t>(), dE.data<scalar_t>(), dF.data<scalar_t>(),
                           dbE.defined() ? dbE.data<scalar_t>() : nullptr,
