@@ -7,7 +7,8 @@
 // with the sums over every key (non-causal, M may differ from N) or over
 // j <= i (causal). The causal form is a prefix scan over chunks of kChunk
 // positions: inside a chunk a small masked [c, c] product, across chunks the
-// running state (S, z). The backward recomputes the feature maps; its causal
+// running state (S, z). The backward recomputes the feature maps (non-causal,
+// it reads S, z and o saved by the forward); its causal
 // form is a forward scan (for dq, which needs the prefix states) and a reverse
 // scan carrying the gradient states (R, r) = sum over later queries. Nothing
 // of size N x M or N x d x dv is ever held.
@@ -18,6 +19,7 @@
 // reductions non-causal, a chunkwise scan causal); the backward recomputes the
 // feature maps, runs the core's backward and maps dphi back through phi'.
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -115,13 +117,20 @@ void key_states(const T* k, const T* v, const uint8_t* keep, const Sizes& s, Scr
   }
 }
 
-// One batch-head of the forward. q [N, d], k [M, d], v [M, dv] -> o [N, dv].
+// The key states of one batch-head saved by the non-causal forward: S [d, dv], z [d].
+int64_t state_size(const Sizes& s) {
+  return s.d * s.dv + s.d;
+}
+
+// One batch-head of the forward. q [N, d], k [M, d], v [M, dv] -> o [N, dv];
+// non-causal, S and z into state (state_size).
 template <typename T>
 void linear_forward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, bool causal,
-                       const Sizes& s, Scratch<T>& w, T* o) {
+                       const Sizes& s, Scratch<T>& w, T* state, T* o) {
   const T eps = static_cast<T>(s.eps);
   if (!causal) {
     key_states(k, v, keep, s, w);
+    std::copy(w.z.begin(), w.z.end(), std::copy(w.S.begin(), w.S.end(), state));
     for (int64_t i0 = 0; i0 < s.N; i0 += kChunk) {
       const int64_t c = std::min(kChunk, s.N - i0);
       feature_map(q + i0 * s.d, c, s.d, nullptr, w.qp.data());
@@ -166,40 +175,43 @@ template <typename T>
 void output_backward(const T* g, int64_t c, const Sizes& s, Scratch<T>& w) {
   for (int64_t i = 0; i < c; ++i) {
     const T inv = T(1) / w.den[i];
-    T go = 0;
-    for (int64_t e = 0; e < s.dv; ++e) {
-      const T ge = g[i * s.dv + e];
-      go += ge * w.num[i * s.dv + e] * inv;
-      w.gn[i * s.dv + e] = ge * inv;
-    }
-    w.gd[i] = -go * inv;
+    // dot in vectors: a sum fused into the loop below would add in order.
+    w.gd[i] = -dot(g + i * s.dv, w.num.data() + i * s.dv, s.dv) * inv * inv;
+    for (int64_t e = 0; e < s.dv; ++e) w.gn[i * s.dv + e] = g[i * s.dv + e] * inv;
   }
 }
 
-// One batch-head of the backward: dq [N, d], dk [M, d], dv [M, dv] from g [N, dv].
+// One batch-head of the backward: dq [N, d], dk [M, d], dv [M, dv] from g [N, dv];
+// non-causal with the forward's state and output o [N, dv].
 template <typename T>
 void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, const T* g,
-                        bool causal, const Sizes& s, Scratch<T>& w, T* den_all, T* gd_all, T* dq,
-                        T* dk, T* dv) {
+                        bool causal, const Sizes& s, Scratch<T>& w, const T* state, const T* o,
+                        T* den_all, T* gd_all, T* dq, T* dk, T* dv) {
   const T eps = static_cast<T>(s.eps);
   std::fill(w.R.begin(), w.R.end(), T(0));
   std::fill(w.r.begin(), w.r.end(), T(0));
   if (!causal) {
-    key_states(k, v, keep, s, w);
-    // In the forward num = phi(q) S and den = phi(q) . z + eps, so
-    // d phi(q) = gn S^T + gd z^T, and R = sum_i phi(q_i) gn_i^T, r = sum_i gd_i phi(q_i)
-    // are the gradients of S and z.
+    // In the forward o = num / den with num = phi(q) S and den = phi(q) . z + eps,
+    // so gn = g / den and gd = -(g . o) / den are their gradients (o saved: no
+    // GEMM rebuilds num); d phi(q) = gn S^T + gd z^T, and R = sum_i phi(q_i) gn_i^T,
+    // r = sum_i gd_i phi(q_i) are the gradients of S and z. The GEMMs take S^T
+    // and R^T (in w.S) untransposed.
+    const T* S = state;
+    const T* z = state + s.d * s.dv;
+    transpose(S, s.d, s.dv, w.S.data());
     for (int64_t i0 = 0; i0 < s.N; i0 += kChunk) {
       const int64_t c = std::min(kChunk, s.N - i0);
       feature_map(q + i0 * s.d, c, s.d, nullptr, w.qp.data());
-      gemm(false, false, c, s.dv, s.d, T(1), w.qp.data(), s.d, w.S.data(), s.dv, T(0), w.num.data(),
-           s.dv);
-      for (int64_t i = 0; i < c; ++i) w.den[i] = dot(w.qp.data() + i * s.d, w.z.data(), s.d) + eps;
-      output_backward(g + i0 * s.dv, c, s, w);
+      const T* gc = g + i0 * s.dv;
+      for (int64_t i = 0; i < c; ++i) {
+        const T inv = T(1) / (dot(w.qp.data() + i * s.d, z, s.d) + eps);
+        w.gd[i] = -dot(gc + i * s.dv, o + (i0 + i) * s.dv, s.dv) * inv;
+        for (int64_t e = 0; e < s.dv; ++e) w.gn[i * s.dv + e] = gc[i * s.dv + e] * inv;
+      }
       T* dqc = dq + i0 * s.d;
-      gemm(false, true, c, s.d, s.dv, T(1), w.gn.data(), s.dv, w.S.data(), s.dv, T(0), dqc, s.d);
+      gemm(false, false, c, s.d, s.dv, T(1), w.gn.data(), s.dv, w.S.data(), s.d, T(0), dqc, s.d);
       for (int64_t i = 0; i < c; ++i)
-        for (int64_t f = 0; f < s.d; ++f) dqc[i * s.d + f] += w.gd[i] * w.z[f];
+        for (int64_t f = 0; f < s.d; ++f) dqc[i * s.d + f] += w.gd[i] * z[f];
       feature_map_backward(q + i0 * s.d, w.qp.data(), c, s.d, dqc);
       gemm(true, false, s.d, s.dv, c, T(1), w.qp.data(), s.d, w.gn.data(), s.dv, T(1), w.R.data(),
            s.dv);
@@ -207,12 +219,13 @@ void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
         for (int64_t f = 0; f < s.d; ++f) w.r[f] += w.gd[i] * w.qp[i * s.d + f];
     }
     // S and z summed phi(k_j) v_j^T and phi(k_j): d phi(k_j) = R v_j + r, dv_j = R^T phi(k_j).
+    transpose(w.R.data(), s.d, s.dv, w.S.data());
     for (int64_t j0 = 0; j0 < s.M; j0 += kChunk) {
       const int64_t c = std::min(kChunk, s.M - j0);
       const uint8_t* kc = keep ? keep + j0 : nullptr;
       feature_map(k + j0 * s.d, c, s.d, kc, w.kp.data());
       T* dkc = dk + j0 * s.d;
-      gemm(false, true, c, s.d, s.dv, T(1), v + j0 * s.dv, s.dv, w.R.data(), s.dv, T(0), dkc, s.d);
+      gemm(false, false, c, s.d, s.dv, T(1), v + j0 * s.dv, s.dv, w.S.data(), s.d, T(0), dkc, s.d);
       for (int64_t j = 0; j < c; ++j)
         for (int64_t f = 0; f < s.d; ++f) dkc[j * s.d + f] += w.r[f];
       feature_map_backward(k + j0 * s.d, w.kp.data(), c, s.d, dkc);
@@ -333,22 +346,26 @@ Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k
   const bool causal = options.causal;
   const int64_t cost = (s.N + s.M) * (s.d * s.dv + (causal ? kChunk * (s.d + s.dv) : 0));
   Tensor o = Tensor::empty({dims.B, dims.H, s.N, s.dv}, q.dtype());
+  // Non-causal: each batch-head's S and z [BH, state_size] for the backward.
+  Tensor state = causal ? Tensor() : Tensor::empty({BH, state_size(s)}, q.dtype());
   FORGE_DISPATCH_FLOAT(q.dtype(), "attention::linear", [&] {
     const scalar_t *qp = q.data<scalar_t>(), *kp = k.data<scalar_t>(), *vp = v.data<scalar_t>();
     const uint8_t* mask = mask_bytes(key_padding_mask);
     scalar_t* op = o.data<scalar_t>();
+    scalar_t* sp = causal ? nullptr : state.data<scalar_t>();
     parallel_for(BH, cost, [&](int64_t b0, int64_t b1) {
       Scratch<scalar_t> w(s);
       for (int64_t bh = b0; bh < b1; ++bh)
         linear_forward_bh(qp + bh * s.N * s.d, kp + bh * s.M * s.d, vp + bh * s.M * s.dv,
                           mask ? mask + bh / dims.H * s.M : nullptr, causal, s, w,
-                          op + bh * s.N * s.dv);
+                          sp ? sp + bh * state_size(s) : nullptr, op + bh * s.N * s.dv);
     });
   });
   return autograd::record(
       "attention::linear", {q, k, v}, o,
-      [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, s, H = dims.H, BH,
-       causal, cost](const std::vector<Tensor>& grads) {
+      [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, state,
+       os = causal ? Tensor() : o.detach(), s, H = dims.H, BH, causal,
+       cost](const std::vector<Tensor>& grads) {
         const Tensor& g = grads[0];
         Tensor dq = Tensor::empty(qs.shape(), g.dtype()), dk = Tensor::empty(ks.shape(), g.dtype()),
                dv = Tensor::empty(vs.shape(), g.dtype());
@@ -362,14 +379,17 @@ Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k
           // Causal: the denominator and gd of every row, [BH, 2, N], from pass 1 for pass 2.
           Tensor rows = causal ? Tensor::empty({BH, 2, s.N}, g.dtype()) : Tensor();
           scalar_t* rp = causal ? rows.data<scalar_t>() : nullptr;
+          const scalar_t* sp = causal ? nullptr : state.data<scalar_t>();
+          const scalar_t* op = causal ? nullptr : os.data<scalar_t>();
           parallel_for(BH, 2 * cost, [&](int64_t b0, int64_t b1) {
             Scratch<scalar_t> w(s);
             for (int64_t bh = b0; bh < b1; ++bh)
-              linear_backward_bh(qp + bh * s.N * s.d, kp + bh * s.M * s.d, vp + bh * s.M * s.dv,
-                                 mask ? mask + bh / H * s.M : nullptr, gp + bh * s.N * s.dv, causal,
-                                 s, w, causal ? rp + bh * 2 * s.N : nullptr,
-                                 causal ? rp + (bh * 2 + 1) * s.N : nullptr, dqp + bh * s.N * s.d,
-                                 dkp + bh * s.M * s.d, dvp + bh * s.M * s.dv);
+              linear_backward_bh(
+                  qp + bh * s.N * s.d, kp + bh * s.M * s.d, vp + bh * s.M * s.dv,
+                  mask ? mask + bh / H * s.M : nullptr, gp + bh * s.N * s.dv, causal, s, w,
+                  sp ? sp + bh * state_size(s) : nullptr, op ? op + bh * s.N * s.dv : nullptr,
+                  causal ? rp + bh * 2 * s.N : nullptr, causal ? rp + (bh * 2 + 1) * s.N : nullptr,
+                  dqp + bh * s.N * s.d, dkp + bh * s.M * s.d, dvp + bh * s.M * s.dv);
           });
         });
         return std::vector<Tensor>{dq, dk, dv};
