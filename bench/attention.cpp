@@ -9,6 +9,8 @@
 //                                                  and compares with PyTorch.
 //   SHAPE: [--batch B] [--heads H] [--dim d] [--device cpu|cuda] [--dtype f32|bf16|f16]
 //          [--autocast bf16|f16] (f32 inputs under autocast, as precision: bf16 | fp16 runs)
+//          [--flash-engine tiled|mma] (the GPU softmax / local / Linformer forward kernels:
+//          ops::attention::set_flash_engine)
 //          [--tokens T] (B = max(1, T / N) for each N) [--ns N1,N2,..] [--mechanisms a,b,..]
 // Peak memory: the allocator's peak bytes above the inputs during one
 // forward+backward (on the GPU: the CUDA allocator's); with --one on the CPU
@@ -52,7 +54,7 @@ struct Config {
   forge::Device device = forge::Device::cpu();
   DType dtype = DType::f32;
   DType autocast = DType::f32;  // bf16 / f16: every run under an AutocastGuard
-  int64_t favor_m() const {  // int(d ln d)
+  int64_t favor_m() const {     // int(d ln d)
     return static_cast<int64_t>(static_cast<double>(D) * std::log(static_cast<double>(D)));
   }
 };
@@ -287,6 +289,11 @@ int bench_attention_main(int argc, char** argv) {
       const std::string v = argv[++i];
       FORGE_CHECK(v == "bf16" || v == "f16", "--autocast must be bf16 or f16, got {}", v);
       cfg.autocast = v == "bf16" ? DType::bf16 : DType::f16;
+    } else if (a == "--flash-engine" && has_value) {
+      const std::string v = argv[++i];
+      FORGE_CHECK(v == "tiled" || v == "mma", "--flash-engine must be tiled or mma, got {}", v);
+      att::set_flash_engine(v == "tiled" ? forge::cuda::FlashEngine::tiled
+                                         : forge::cuda::FlashEngine::mma);
     } else if (a == "--list") {
       for (const Mechanism& m : mechanisms()) std::printf("%s\n", m.name.c_str());
       return 0;
@@ -297,7 +304,8 @@ int bench_attention_main(int argc, char** argv) {
     } else {
       FORGE_FAIL(
           "unknown argument {} (use --max-n N, --csv, --list, --one NAME N, --batch B, --heads H, "
-          "--dim d, --device cpu|cuda, --dtype f32|bf16|f16, --autocast bf16|f16)",
+          "--dim d, --device cpu|cuda, --dtype f32|bf16|f16, --autocast bf16|f16, "
+          "--flash-engine tiled|mma)",
           a);
     }
   }
@@ -318,11 +326,10 @@ int bench_attention_main(int argc, char** argv) {
                     "fwd+bwd ms | peak MiB |\n|---|---|---|---|---|---|\n",
               static_cast<long long>(cfg.H), static_cast<long long>(cfg.D),
               forge::dtype_name(cfg.dtype),
-              cfg.autocast == DType::bf16   ? " under bf16 autocast"
+              cfg.autocast == DType::bf16  ? " under bf16 autocast"
               : cfg.autocast == DType::f16 ? " under f16 autocast"
                                            : "",
-              cfg.device.str().c_str(), forge::num_threads(),
-              forge::num_threads() == 1 ? "" : "s");
+              cfg.device.str().c_str(), forge::num_threads(), forge::num_threads() == 1 ? "" : "s");
   if (names.empty())
     for (const Mechanism& m : mechanisms()) names.push_back(m.name);
   for (const std::string& name : names) {

@@ -11,6 +11,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "ops/attention/flash_cuda.h"
 
 namespace forge::ops::attention {
 
@@ -35,6 +36,14 @@ struct LocalOptions {
 };
 Tensor local(const Tensor& q, const Tensor& k, const Tensor& v,
              const Tensor& key_padding_mask = Tensor(), const LocalOptions& options = {});
+
+// The GPU kernels of the softmax, local and Linformer forwards, for the whole
+// process: cuda::FlashEngine::tiled (the default) or ::mma, issue 29's
+// tensor-core kernels, which have not yet run on a GPU (docs/GPU.md; bf16 /
+// f16 with d = dv = 64 or 128 and no dropout, other cases stay tiled). The
+// CPU kernels ignore it.
+void set_flash_engine(cuda::FlashEngine engine);
+cuda::FlashEngine flash_engine();
 
 // ---- efficient: Efficient Attention (Shen et al.) ----
 struct EfficientOptions {

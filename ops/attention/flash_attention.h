@@ -14,6 +14,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "ops/attention/attention.h"
 #include "ops/attention/flash_cuda.h"
 #include "ops/autocast.h"
 #include "ops/elementwise/elementwise.h"
@@ -36,6 +37,7 @@ inline Tensor flash_attention_cuda(const char* name, const Tensor& q, const Tens
     a.kpm = static_cast<const uint8_t*>(key_padding_mask.raw_device_data());
     if (mask_queries) query_real = key_padding_mask.to(DType::boolean).view({a.B, 1, a.N, 1});
   }
+  a.engine = flash_engine();
   // The dtype the kernels compute in (with autocast, the low copies of q, k, v).
   const bool cast = autocasts(q) && autocasts(k) && autocasts(v);
   a.dtype = cast ? autocast_dtype() : q.dtype();

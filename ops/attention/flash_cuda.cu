@@ -23,6 +23,7 @@
 
 #include "core/cuda_kernels.cuh"
 #include "ops/attention/flash_cuda.h"
+#include "ops/attention/mma_cuda.cuh"
 
 namespace forge::cuda {
 
@@ -510,6 +511,203 @@ __global__ void __launch_bounds__(kFlashThreads)
   }
 }
 
+// ---- forward on the tensor-core tile engine (mma_cuda.cuh; FlashEngine::mma) ----
+// FlashAttention-2's forward for bf16 / f16 with d = dv = kD (64 or 128) and
+// no dropout. A block of 4 warps takes 64 query rows, a warp 16 of them: its
+// Q fragments stay in registers for the whole walk over the key tiles, the
+// 64-key K and V tiles stream through two shared-memory stages (cp.async:
+// the next tile loads while this one is multiplied), S = Q K^T and O += P V
+// are m16n8k16 products, and the online softmax runs on the S fragments in
+// registers in base 2 (scale log2(e) folded in): each thread holds 2 rows x
+// 16 columns of a tile, and a row's max is reduced over the 4 lanes that
+// share it. P goes from the S accumulators straight into the A fragments of
+// P V. The per-row sum l stays per thread until the end.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = kMmaWarps * kWarp;
+constexpr int kMmaRows = 16 * kMmaWarps;  // query rows per block
+constexpr int kMmaKeys = 64;              // keys per tile
+
+template <int kD>
+constexpr size_t mma_forward_smem_bytes(size_t elem) {
+  // q [64, kD], k and v [2 stages][64, kD], real [2][64]
+  return (kMmaRows * kD + 4 * kMmaKeys * kD) * elem + 2 * kMmaKeys;
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kMmaThreads)
+    flash_mma_forward_kernel(Params p, const T* q, const T* k, const T* v, T* o, float* lse) {
+  namespace mma = ::forge::cuda::mma;
+  constexpr int kN = kMmaKeys;
+  extern __shared__ __align__(128) unsigned char flash_smem[];
+  T* sq = reinterpret_cast<T*>(flash_smem);                       // [kMmaRows, kD] swizzled
+  T* sk = sq + kMmaRows * kD;                                     // [2][kN, kD]
+  T* sv = sk + 2 * kN * kD;                                       // [2][kN, kD]
+  uint8_t* sreal = reinterpret_cast<uint8_t*>(sv + 2 * kN * kD);  // [2][kN]
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int g = lane / 4, t = lane % 4;
+
+  // The last query tiles first: under causality they see the most keys.
+  const int64_t tiles = (p.N + kMmaRows - 1) / kMmaRows;
+  const int64_t bh = blockIdx.x / tiles, b = bh / p.H;
+  const int64_t i0 = (tiles - 1 - blockIdx.x % tiles) * kMmaRows;
+  const int64_t i_last = std::min<int64_t>(i0 + kMmaRows, p.N) - 1;
+  q += bh * p.N * kD;
+  k += bh * p.M * kD;
+  v += bh * p.M * kD;
+  o += bh * p.N * kD;
+  lse += bh * p.N;
+
+  int64_t j_lo = 0, j_hi = 0;
+  keys_of_queries(p, i0, i_last, j_lo, j_hi);
+  const int64_t j_start = j_lo / kN * kN;
+  const int key_tiles = j_hi > j_start ? static_cast<int>((j_hi - j_start + kN - 1) / kN) : 0;
+  // Stage s of the key tile at j0: K, V and the real-key flags.
+  auto load_keys = [&](int stage, int64_t j0) {
+    mma::load_tile_async<kN, kD, kMmaThreads>(sk + stage * kN * kD, k, j0, p.M);
+    mma::load_tile_async<kN, kD, kMmaThreads>(sv + stage * kN * kD, v, j0, p.M);
+    for (int c = threadIdx.x; c < kN; c += kMmaThreads) {
+      const int64_t j = j0 + c;
+      sreal[stage * kN + c] = j < p.M && (p.kpm == nullptr || p.kpm[b * p.M + j] != 0) ? 1 : 0;
+    }
+  };
+  mma::load_tile_async<kMmaRows, kD, kMmaThreads>(sq, q, i0, p.N);
+  if (key_tiles > 0) load_keys(0, j_start);
+  mma::cp_async_commit();
+
+  const float scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  const float neg_inf = -INFINITY;
+  // This thread's two rows (g and g + 8 of the warp's 16) and their statistics
+  // in base 2: m = max of scale log2(e) s so far, l = this thread's part of sum 2^(x - m).
+  const int64_t rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
+  float m[2] = {neg_inf, neg_inf}, l[2] = {0.f, 0.f};
+  float acc[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+  uint32_t qa[kD / 16][4];
+
+  for (int it = 0; it < key_tiles; ++it) {
+    const int stage = it & 1;
+    const int64_t j0 = j_start + static_cast<int64_t>(it) * kN;
+    if (it + 1 < key_tiles) {  // the next tile loads while this one is multiplied
+      load_keys(stage ^ 1, j0 + kN);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (it == 0)
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) mma::load_a<kD>(qa[kk], sq, warp * 16, kk * 16);
+    const T* skt = sk + stage * kN * kD;
+    const T* svt = sv + stage * kN * kD;
+    const uint8_t* real = sreal + stage * kN;
+
+    // S [16, kN] of this warp = Q K^T
+    float s[kN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+      for (int n2 = 0; n2 < kN / 16; ++n2) {
+        uint32_t bf[4];
+        mma::load_b_transposed<kD>(bf, skt, n2 * 16, kk * 16);
+        mma::mma_16816<T>(s[2 * n2], qa[kk], bf[0], bf[1]);
+        mma::mma_16816<T>(s[2 * n2 + 1], qa[kk], bf[2], bf[3]);
+      }
+
+      // Online softmax on the fragments: entry (r, n, e) is row rows[r], column
+      // n * 8 + 2t + e of the tile, register s[n][2 r + e].
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int c_lo = 0, c_hi = 0;
+      if (rows[r] < p.N) visible_columns<kN>(p, rows[r], j0, c_lo, c_hi);
+      float tile_max = neg_inf;
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = n * 8 + 2 * t + e;
+          const float x = c >= c_lo && c < c_hi && real[c] ? s[n][2 * r + e] * scale_log2 : neg_inf;
+          s[n][2 * r + e] = x;
+          tile_max = fmaxf(tile_max, x);
+        }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float m_new = fmaxf(m[r], tile_max);
+      // 0 while the row has seen no key (then acc and l are still 0).
+      const float rescale = m[r] == neg_inf ? 0.f : exp2f(m[r] - m_new);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float x = s[n][2 * r + e];
+          const float pr = x == neg_inf ? 0.f : exp2f(x - m_new);
+          s[n][2 * r + e] = pr;
+          sum += pr;
+        }
+      l[r] = l[r] * rescale + sum;
+      m[r] = m_new;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        acc[n][2 * r] *= rescale;
+        acc[n][2 * r + 1] *= rescale;
+      }
+    }
+
+    // O [16, kD] += P V, P's A fragments packed from the S accumulators.
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      const uint32_t pa[4] = {mma::pack2<T>(s[2 * kk][0], s[2 * kk][1]),
+                              mma::pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              mma::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              mma::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int n2 = 0; n2 < kD / 16; ++n2) {
+        uint32_t bf[4];
+        mma::load_b<kD>(bf, svt, kk * 16, n2 * 16);
+        mma::mma_16816<T>(acc[2 * n2], pa, bf[0], bf[1]);
+        mma::mma_16816<T>(acc[2 * n2 + 1], pa, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  mma::cp_async_wait<0>();  // the Q tile, when no key tile was walked
+  __syncthreads();
+
+  // o = acc / l through the Q tile's shared memory (rows of 16-byte chunks
+  // stored coalesced), lse = (m + log2 l) ln 2; a row that saw no key gets 0
+  // and -inf.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float total = l[r];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    const int row = warp * 16 + g + 8 * r;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n)
+      *reinterpret_cast<uint32_t*>(sq + mma::swizzled<kD>(row, n * 8 + 2 * t)) =
+          mma::pack2<T>(acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
+    if (t == 0 && rows[r] < p.N)
+      lse[rows[r]] = total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : neg_inf;
+  }
+  __syncthreads();
+  constexpr int kChunks = kD / 8;
+  for (int e = threadIdx.x; e < kMmaRows * kChunks; e += kMmaThreads) {
+    const int r = e / kChunks, c = e % kChunks * 8;
+    if (i0 + r < p.N)
+      *reinterpret_cast<uint4*>(o + (i0 + r) * kD + c) =
+          *reinterpret_cast<const uint4*>(sq + mma::swizzled<kD>(r, c));
+  }
+}
+
 // ---- backward ----
 
 // From s = q_tile k_tile^T and dp = do_tile v_tile^T (rows [i0, i0 + kTile),
@@ -745,6 +943,28 @@ void launch_forward(const Params& p, int64_t BH, const void* q, const void* k, c
   FORGE_CUDA_CHECK_LAUNCH("flash_forward");
 }
 
+template <typename T, int kD>
+void launch_mma_forward(const Params& p, int64_t BH, const void* q, const void* k, const void* v,
+                        void* o, void* lse, int device) {
+  const size_t bytes = mma_forward_smem_bytes<kD>(sizeof(T));
+  allow_smem(flash_mma_forward_kernel<T, kD>, bytes);
+  flash_mma_forward_kernel<T, kD>
+      <<<grid_of(BH * ((p.N + kMmaRows - 1) / kMmaRows)), kMmaThreads, bytes, stream(device)>>>(
+          p, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+          static_cast<T*>(o), static_cast<float*>(lse));
+  FORGE_CUDA_CHECK_LAUNCH("flash_forward (mma)");
+}
+
+// Whether FlashEngine::mma takes this forward: bf16 / f16, d = dv = 64 or
+// 128, no dropout, 16-byte aligned tensors (its tile loads and stores are
+// 16-byte vectors). Other cases run the tiled kernels.
+bool mma_forward_takes(const FlashArgs& a, const void* q, const void* k, const void* v,
+                       const void* o) {
+  return a.engine == FlashEngine::mma && (a.dtype == DType::bf16 || a.dtype == DType::f16) &&
+         a.d == a.dv && (a.d == 64 || a.d == 128) && a.dropout == 0 && aligned16(q) &&
+         aligned16(k) && aligned16(v) && aligned16(o);
+}
+
 template <typename T, int kTile>
 void launch_backward_kv(const Params& p, int64_t BH, const void* q, const void* k, const void* v,
                         const void* dout, const void* lse, const void* delta, void* dk, void* dv,
@@ -784,6 +1004,14 @@ void flash_forward(const FlashArgs& a, const void* q, const void* k, const void*
   if (BH == 0 || a.N == 0) return;
   DeviceGuard guard(device);
   const Params p = make_params(a, aligned16(q) && aligned16(k), aligned16(v));
+  if (mma_forward_takes(a, q, k, v, o)) {
+    const bool bf16 = a.dtype == DType::bf16;
+    if (a.d == 64)
+      return bf16 ? launch_mma_forward<__nv_bfloat16, 64>(p, BH, q, k, v, o, lse, device)
+                  : launch_mma_forward<__half, 64>(p, BH, q, k, v, o, lse, device);
+    return bf16 ? launch_mma_forward<__nv_bfloat16, 128>(p, BH, q, k, v, o, lse, device)
+                : launch_mma_forward<__half, 128>(p, BH, q, k, v, o, lse, device);
+  }
   FORGE_CUDA_DISPATCH_FLOAT(a.dtype, "attention (flash forward)", [&] {
     const int tile = pick_tile(
         device, [&](int t) { return smem_bytes<ForwardSmem, scalar_t>(t, p); }, kTooWide);

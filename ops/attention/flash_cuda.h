@@ -24,6 +24,14 @@ namespace forge::cuda {
 // whole rows of q, k, v. The ops check it and name themselves in the error.
 constexpr int64_t kFlashMaxHeadDim = 256;
 
+// The kernels of the forward. `tiled` (the default): the kernels of
+// flash_cuda.cu's first part, every case. `mma` (issue 29; not yet run on a
+// GPU, docs/GPU.md): FlashAttention-2's forward on the tensor-core tile
+// engine (mma_cuda.cuh) for bf16 / f16 with d = dv = 64 or 128 and no
+// dropout; other cases still take `tiled`. The backward is `tiled` for both:
+// it needs only o and lse, which the two compute alike.
+enum class FlashEngine { tiled, mma };
+
 struct FlashArgs {
   int64_t B = 0, H = 0, N = 0, M = 0, d = 0, dv = 0;
   DType dtype = DType::f32;
@@ -46,6 +54,7 @@ struct FlashArgs {
   // single process): bh counts the local batch-heads.
   double dropout = 0;
   uint64_t seed = 0, offset = 0, first = 0;
+  FlashEngine engine = FlashEngine::tiled;
 };
 
 // o and lse from q, k, v.

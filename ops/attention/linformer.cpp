@@ -339,6 +339,7 @@ cuda::FlashArgs flash_args(const LinformerDims& L, DType dtype) {
   f.seed = L.seed;
   f.offset = L.offset;
   f.first = L.first;
+  f.engine = flash_engine();
   return f;
 }
 

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -331,6 +332,18 @@ Tensor softmax_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
 }
 
 }  // namespace
+
+namespace {
+std::atomic<cuda::FlashEngine> g_flash_engine{cuda::FlashEngine::tiled};
+}  // namespace
+
+void set_flash_engine(cuda::FlashEngine engine) {
+  g_flash_engine.store(engine);
+}
+
+cuda::FlashEngine flash_engine() {
+  return g_flash_engine.load();
+}
 
 Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                const SoftmaxOptions& options) {

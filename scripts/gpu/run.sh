@@ -4,7 +4,7 @@
 # the comparison), but without our Debian dependencies. Logs go to OUT_DIR.
 #
 #   scripts/gpu/run.sh [ARCHIVE=.gpu/attnforge-gpu.tar.xz] [OUT_DIR=${OUT:-gpu-out}] [WHAT=all]
-# WHAT (comma-separated): tests | train | resume | deit | loader | matmul | attention | attention64 | attention128 | steps |
+# WHAT (comma-separated): tests | mma | train | resume | deit | loader | matmul | attention | attention64 | attention128 | steps |
 #   bench (= matmul, attention, steps) | all (= tests, bench). Each part fits in one
 #   10-minute call of the device tool; raw CSV goes to OUT_DIR too.
 # Exit status: that of the tests (benchmarks report only).
@@ -80,6 +80,31 @@ if want tests; then
   xargs -P "${SUITE_JOBS:-4}" -I{} bash -c 'run_suite {}' < "$out/test_cuda/suites.txt" | tee "$out/test_cuda.summary"
   grep -h '^\[  FAILED  \] [A-Za-z]' "$out"/test_cuda/*.log | sort -u | tee -a "$out/test_cuda.summary"
   if grep -q 'rc=[^0]' "$out/test_cuda.summary"; then status=1; fi
+fi
+if want mma; then
+  # Issue 29's tensor-core forward (FlashEngine::mma; docs/GPU.md lists it as
+  # not yet run): its tests and the tiled kernels' first, then softmax
+  # attention tiled against mma, bf16, 16k tokens a step (B = 16384 / N),
+  # width 1024 (H = 1024 / d): ms forward and forward + backward (the backward
+  # is tiled for both), and the forward's TFLOP/s (4 B H N^2 d).
+  echo "== mma: test_cuda CudaFlashMma, CudaAttentionSoftmax, CudaAttentionLocal"
+  limited 240 "$root/bin/test_cuda" --gtest_filter='CudaFlashMma.*:CudaAttentionSoftmax.*:CudaAttentionLocal.*' \
+    > "$out/mma_tests.log" 2>&1
+  rc=$?
+  echo "mma tests rc=$rc"; grep -E '^\[  (FAILED|PASSED) ' "$out/mma_tests.log" | sort -u
+  ((rc == 0)) || status=1
+  echo "engine d N fwd_ms fwdbwd_ms fwd_TFLOP/s" | tee "$out/mma_bench.txt"
+  for d in 64 128; do
+    for n in 1024 4096 16384; do
+      for e in tiled mma; do
+        limited 60 "$root/bin/bench_attention" --one softmax "$n" --device cuda --dtype bf16 --dim "$d" \
+          --heads $((1024 / d)) --tokens 16384 --flash-engine "$e" 2>>"$out/mma_bench.err" | tail -n 1 |
+          awk -F, -v e="$e" -v d="$d" -v n="$n" '{ b = 16384 / n; h = 1024 / d;
+            printf "%s %d %d %s %s %.1f\n", e, d, n, $3, $4, 4 * b * h * n * n * d / ($3 * 1e-3) / 1e12 }' |
+          tee -a "$out/mma_bench.txt"
+      done
+    done
+  done
 fi
 if want train; then
   # The default recipe of `make train` on the GPU, fp32, bf16 then fp16. Its data:

@@ -1,0 +1,179 @@
+// The tensor-core forward of softmax and local attention
+// (cuda::FlashEngine::mma, issue 29: ops/attention/mma_cuda.cuh and the mma
+// section of flash_cuda.cu) against the CPU ops and against the tiled
+// kernels: bf16 and f16 with d = dv = 64 and 128 over partial tiles, cross
+// lengths, causality, key padding masks (a batch with every key masked),
+// local bands; the gradients through the tiled backward from the mma
+// forward's o and lse; runs bit-identical when repeated; and every case the
+// engine does not take (f32, other head dims, dropout) bit-identical to the
+// tiled kernels.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ops/attention/attention.h"
+#include "tests/cuda/cuda_attention_test_util.h"
+
+namespace forge {
+namespace {
+
+using cuda::FlashEngine;
+using ops::attention::LocalOptions;
+using ops::attention::SoftmaxOptions;
+using testing::AttentionFn;
+using testing::expect_cuda_matches_cpu;
+using testing::gpu;
+using testing::uniform;
+
+// Sets the process's flash engine for a scope.
+class EngineScope {
+ public:
+  explicit EngineScope(FlashEngine e) : before_(ops::attention::flash_engine()) {
+    ops::attention::set_flash_engine(e);
+  }
+  ~EngineScope() { ops::attention::set_flash_engine(before_); }
+  EngineScope(const EngineScope&) = delete;
+  EngineScope& operator=(const EngineScope&) = delete;
+
+ private:
+  FlashEngine before_;
+};
+
+std::vector<Tensor> make_inputs(int64_t B, int64_t H, int64_t N, int64_t M, int64_t d,
+                                uint64_t seed, const Tensor& mask = Tensor()) {
+  std::vector<Tensor> in = {uniform({B, H, N, d}, seed), uniform({B, H, M, d}, seed + 1),
+                            uniform({B, H, M, d}, seed + 2)};
+  if (mask.defined()) in.push_back(mask);
+  return in;
+}
+
+Tensor make_mask(int64_t B, int64_t M, const std::function<bool(int64_t, int64_t)>& keep) {
+  Tensor m = Tensor::ones({B, M}, DType::boolean);
+  bool* p = m.data<bool>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < M; ++j) p[b * M + j] = keep(b, j);
+  return m;
+}
+
+AttentionFn softmax_fn(bool causal, double dropout = 0) {
+  return [causal, dropout](const std::vector<Tensor>& in) {
+    Generator gen(7);
+    SoftmaxOptions o;
+    o.causal = causal;
+    o.dropout = dropout;
+    o.gen = &gen;
+    return ops::attention::softmax(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), o);
+  };
+}
+
+AttentionFn local_fn(int64_t window, int64_t back, int64_t forward, bool causal) {
+  return [=](const std::vector<Tensor>& in) {
+    LocalOptions o;
+    o.window = window;
+    o.look_backward = back;
+    o.look_forward = forward;
+    o.causal = causal;
+    return ops::attention::local(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), o);
+  };
+}
+
+struct Case {
+  std::string what;
+  AttentionFn fn;
+  std::vector<Tensor> in;
+};
+
+// Every case the mma engine takes, at head dim d.
+std::vector<Case> mma_cases(int64_t d) {
+  // Batch 0: key 3 and the last 37 keys padded; batch 1: every key padded.
+  const Tensor mask =
+      make_mask(2, 150, [](int64_t b, int64_t j) { return b == 0 && j != 3 && j < 113; });
+  const Tensor band_mask = make_mask(2, 200, [](int64_t b, int64_t j) { return j < 200 - 9 * b; });
+  return {
+      {"partial tiles N = M = 200", softmax_fn(false), make_inputs(2, 3, 200, 200, d, 11)},
+      {"N 70, M 190", softmax_fn(false), make_inputs(2, 2, 70, 190, d, 31)},
+      {"N 190, M 33", softmax_fn(false), make_inputs(2, 2, 190, 33, d, 32)},
+      {"N 1, M 65", softmax_fn(false), make_inputs(1, 3, 1, 65, d, 33)},
+      {"causal N 150", softmax_fn(true), make_inputs(2, 2, 150, 150, d, 21)},
+      {"mask", softmax_fn(false), make_inputs(2, 2, 150, 150, d, 41, mask)},
+      {"causal+mask", softmax_fn(true), make_inputs(2, 2, 150, 150, d, 42, mask)},
+      {"cross+mask", softmax_fn(false), make_inputs(2, 1, 80, 150, d, 43, mask)},
+      {"local w64 1/1", local_fn(64, 1, 1, false), make_inputs(2, 2, 200, 200, d, 51)},
+      {"local w48 causal", local_fn(48, 1, 0, true), make_inputs(2, 2, 200, 200, d, 52)},
+      {"local w32 2/1 mask", local_fn(32, 2, 1, false),
+       make_inputs(2, 2, 200, 200, d, 53, band_mask)},
+  };
+}
+
+TEST(CudaFlashMma, MatchesCpuForwardAndGradients) {
+  FORGE_REQUIRE_CUDA();
+  const EngineScope mma(FlashEngine::mma);
+  for (int64_t d : {64, 128})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (const Case& c : mma_cases(d))
+        expect_cuda_matches_cpu(c.fn, c.in, dt, testing::attention_tolerance(dt),
+                                c.what + ", d " + std::to_string(d) + " (" + dtype_name(dt) + ")");
+}
+
+// The GPU output of fn on `in` in `dtype` under `engine`.
+Tensor gpu_output(const AttentionFn& fn, const std::vector<Tensor>& in, DType dtype,
+                  FlashEngine engine) {
+  const EngineScope scope(engine);
+  std::vector<Tensor> g;
+  for (const Tensor& t : in) {
+    Tensor x = t.detach().to(gpu());
+    g.push_back(is_floating(x.dtype()) ? x.to(dtype) : x);
+  }
+  return fn(g);
+}
+
+TEST(CudaFlashMma, AgreesWithTheTiledKernelsAndRepeatsBitIdentically) {
+  FORGE_REQUIRE_CUDA();
+  for (int64_t d : {64, 128})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (const Case& c : mma_cases(d)) {
+        const std::string what = c.what + ", d " + std::to_string(d) + " (" + dtype_name(dt) + ")";
+        const Tensor tiled = gpu_output(c.fn, c.in, dt, FlashEngine::tiled);
+        const Tensor a = gpu_output(c.fn, c.in, dt, FlashEngine::mma);
+        const Tensor b = gpu_output(c.fn, c.in, dt, FlashEngine::mma);
+        EXPECT_LE(testing::scaled_diff(a, tiled), testing::attention_tolerance(dt)) << what;
+        EXPECT_EQ(testing::host_f32(a).to_vector<float>(), testing::host_f32(b).to_vector<float>())
+            << what << ": two runs differ";
+      }
+}
+
+// f32, head dims other than 64 / 128, d != dv and dropout stay on the tiled
+// kernels: the engine switch changes nothing there.
+TEST(CudaFlashMma, CasesItDoesNotTakeRunTheTiledKernels) {
+  FORGE_REQUIRE_CUDA();
+  const std::vector<std::pair<std::string, std::function<Tensor(FlashEngine)>>> cases = {
+      {"f32 d 64",
+       [](FlashEngine e) {
+         return gpu_output(softmax_fn(false), make_inputs(2, 2, 100, 100, 64, 61), DType::f32, e);
+       }},
+      {"bf16 d 96",
+       [](FlashEngine e) {
+         return gpu_output(softmax_fn(false), make_inputs(2, 2, 100, 100, 96, 62), DType::bf16, e);
+       }},
+      {"bf16 d 64, dv 128",
+       [](FlashEngine e) {
+         const std::vector<Tensor> in = {uniform({1, 2, 90, 64}, 63), uniform({1, 2, 90, 64}, 64),
+                                         uniform({1, 2, 90, 128}, 65)};
+         return gpu_output(softmax_fn(false), in, DType::bf16, e);
+       }},
+      {"bf16 dropout",
+       [](FlashEngine e) {
+         return gpu_output(softmax_fn(false, 0.2), make_inputs(2, 2, 100, 100, 64, 66), DType::bf16,
+                           e);
+       }},
+  };
+  for (const auto& [what, run] : cases)
+    EXPECT_EQ(testing::host_f32(run(FlashEngine::tiled)).to_vector<float>(),
+              testing::host_f32(run(FlashEngine::mma)).to_vector<float>())
+        << what;
+}
+
+}  // namespace
+}  // namespace forge
