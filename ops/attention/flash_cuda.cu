@@ -19,6 +19,7 @@
 #include <mma.h>
 
 #include <climits>
+#include <initializer_list>
 #include <type_traits>
 
 #include "core/cuda_kernels.cuh"
@@ -867,6 +868,383 @@ __global__ void __launch_bounds__(kFlashThreads)
   store_tile<T, kTile>(dq, i0, p.N, p.d, sm.dq, ldq_acc, static_cast<A>(p.scale));
 }
 
+// ---- backward on the tensor-core tile engine (FlashEngine::mma) ----
+// FlashAttention-2's backward, deterministic as the tiled one: a kernel per
+// key tile (dk, dv) and one per query tile (dq), no atomics. Each recomputes
+// P = 2^(scale log2(e) s - lse log2(e)) on S fragments in registers; dS = P
+// (dP - D) with D = rowsum(do * o). The key kernel works on the transposes,
+// S^T = K Q^T and dP^T = V do^T with a warp's 16 keys as the rows, so P^T and
+// dS^T are the A fragments of dv += P^T do and dk += dS^T q straight from the
+// accumulators; the query kernel's dS is the A fragment of dq += dS K. Q, do,
+// K and V fragments are read from shared memory (ldmatrix) at each use: the
+// accumulators (dk and dv, or dq) take the registers.
+
+// The queries [lo, hi) that see key j by position (causality, the band),
+// empty when the key does not exist or is padding.
+__device__ __forceinline__ void queries_of_key(const Params& p, int64_t b, int64_t j, int64_t& lo,
+                                               int64_t& hi) {
+  lo = p.causal ? j : 0;
+  hi = p.N;
+  if (p.window > 0) {
+    lo = std::max<int64_t>(lo, (j / p.window - p.look_forward) * p.window);
+    hi = std::min<int64_t>(hi, (j / p.window + p.look_backward + 1) * p.window);
+  }
+  if (j >= p.M || (p.kpm != nullptr && p.kpm[b * p.M + j] == 0)) hi = lo;
+}
+
+template <int kD>
+constexpr size_t mma_backward_kv_smem_bytes(size_t elem) {
+  // k, v [64, kD]; q, do [2 stages][64, kD]; lse, D [2][64] floats
+  return 6 * kMmaRows * kD * elem + 4 * kMmaRows * sizeof(float);
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kMmaThreads)
+    flash_mma_backward_kv_kernel(Params p, const T* q, const T* k, const T* v, const T* dout,
+                                 const float* lse, const float* delta, T* dk, T* dv) {
+  namespace mma = ::forge::cuda::mma;
+  constexpr int kR = kMmaRows;             // keys per block, and queries per tile
+  constexpr int kSub = kD > 64 ? 32 : kR;  // queries per pass over a tile
+  extern __shared__ __align__(128) unsigned char flash_smem[];
+  T* sk = reinterpret_cast<T*>(flash_smem);  // [kR, kD] swizzled
+  T* sv = sk + kR * kD;
+  T* sq = sv + kR * kD;                                       // [2][kR, kD]
+  T* sdo = sq + 2 * kR * kD;                                  // [2][kR, kD]
+  float* slse = reinterpret_cast<float*>(sdo + 2 * kR * kD);  // [2][kR] lse log2(e), -inf: none
+  float* sdelta = slse + 2 * kR;                              // [2][kR]
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int g = lane / 4, t = lane % 4;
+
+  const int64_t tiles = (p.M + kR - 1) / kR;
+  const int64_t bh = blockIdx.x / tiles, b = bh / p.H;
+  const int64_t j0 = blockIdx.x % tiles * kR;
+  const int64_t j_last = std::min<int64_t>(j0 + kR, p.M) - 1;
+  q += bh * p.N * kD;
+  k += bh * p.M * kD;
+  v += bh * p.M * kD;
+  dout += bh * p.N * kD;
+  lse += bh * p.N;
+  delta += bh * p.N;
+  dk += bh * p.M * kD;
+  dv += bh * p.M * kD;
+
+  constexpr float kLog2e = 1.4426950408889634f;
+  int64_t i_lo = 0, i_hi = 0;
+  queries_of_keys(p, j0, j_last, i_lo, i_hi);
+  const int64_t i_start = i_lo / kR * kR;
+  const int query_tiles = i_hi > i_start ? static_cast<int>((i_hi - i_start + kR - 1) / kR) : 0;
+  auto load_queries = [&](int stage, int64_t i0) {
+    mma::load_tile_async<kR, kD, kMmaThreads>(sq + stage * kR * kD, q, i0, p.N);
+    mma::load_tile_async<kR, kD, kMmaThreads>(sdo + stage * kR * kD, dout, i0, p.N);
+    for (int r = threadIdx.x; r < kR; r += kMmaThreads) {
+      const int64_t i = i0 + r;
+      const float L = i < p.N ? lse[i] : -INFINITY;
+      slse[stage * kR + r] = L == -INFINITY ? L : L * kLog2e;
+      sdelta[stage * kR + r] = i < p.N ? delta[i] : 0.f;
+    }
+  };
+  mma::load_tile_async<kR, kD, kMmaThreads>(sk, k, j0, p.M);
+  mma::load_tile_async<kR, kD, kMmaThreads>(sv, v, j0, p.M);
+  if (query_tiles > 0) load_queries(0, i_start);
+  mma::cp_async_commit();
+
+  const float scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  // This thread's two keys (rows g and g + 8 of the warp's 16) and the queries
+  // that see them, counted from i_start (32-bit: registers are short at d = 128).
+  int seen_lo[2], seen_hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int64_t lo = 0, hi = 0;
+    queries_of_key(p, b, j0 + warp * 16 + g + 8 * r, lo, hi);
+    const int64_t span = static_cast<int64_t>(query_tiles) * kR;
+    seen_lo[r] = static_cast<int>(std::min(std::max<int64_t>(lo - i_start, 0), span));
+    seen_hi[r] = static_cast<int>(std::min(std::max<int64_t>(hi - i_start, 0), span));
+  }
+  float acc_dk[kD / 8][4], acc_dv[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[n][e] = acc_dv[n][e] = 0.f;
+
+  for (int it = 0; it < query_tiles; ++it) {
+    const int stage = it & 1;
+    const int64_t i0 = i_start + static_cast<int64_t>(it) * kR;
+    if (it + 1 < query_tiles) {
+      load_queries(stage ^ 1, i0 + kR);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* sqt = sq + stage * kR * kD;
+    const T* sdot = sdo + stage * kR * kD;
+    const float* lse_t = slse + stage * kR;
+    const float* delta_t = sdelta + stage * kR;
+
+    // The tile's queries in passes of kSub: S^T = K Q^T and dP^T = V do^T
+    // [16 keys, kSub queries] of this warp (at d = 128 a pass of 32 keeps the
+    // accumulators of dk and dv in registers without spilling).
+#pragma unroll 1  // unrolled, K and V's fragments would stay live across passes and spill
+    for (int h = 0; h < kR / kSub; ++h) {
+      float st[kSub / 8][4], dpt[kSub / 8][4];
+#pragma unroll
+      for (int n = 0; n < kSub / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t ka[4], va[4];
+        mma::load_a<kD>(ka, sk, warp * 16, kk * 16);
+        mma::load_a<kD>(va, sv, warp * 16, kk * 16);
+#pragma unroll
+        for (int n2 = 0; n2 < kSub / 16; ++n2) {
+          uint32_t bq[4], bo[4];
+          mma::load_b_transposed<kD>(bq, sqt, h * kSub + n2 * 16, kk * 16);
+          mma::load_b_transposed<kD>(bo, sdot, h * kSub + n2 * 16, kk * 16);
+          mma::mma_16816<T>(st[2 * n2], ka, bq[0], bq[1]);
+          mma::mma_16816<T>(st[2 * n2 + 1], ka, bq[2], bq[3]);
+          mma::mma_16816<T>(dpt[2 * n2], va, bo[0], bo[1]);
+          mma::mma_16816<T>(dpt[2 * n2 + 1], va, bo[2], bo[3]);
+        }
+      }
+      // P^T and dS^T = P^T (dP^T - D): entry (r, n, e) is key j0 + 16 warp + g
+      // + 8 r, query i0 + c with c = h kSub + n * 8 + 2t + e (register [n][2 r + e]).
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int n = 0; n < kSub / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = h * kSub + n * 8 + 2 * t + e;
+            const int i = it * kR + c;  // the query i_start + i
+            const float L = lse_t[c];
+            const bool seen = i >= seen_lo[r] && i < seen_hi[r] && L != -INFINITY;
+            const float pr = seen ? exp2f(st[n][2 * r + e] * scale_log2 - L) : 0.f;
+            st[n][2 * r + e] = pr;
+            dpt[n][2 * r + e] = pr * (dpt[n][2 * r + e] - delta_t[c]);
+          }
+          // dv += P^T do, then dk += dS^T q (the queries are the k dimension).
+#pragma unroll
+      for (int kk = 0; kk < kSub / 16; ++kk) {
+        const uint32_t pa[4] = {mma::pack2<T>(st[2 * kk][0], st[2 * kk][1]),
+                                mma::pack2<T>(st[2 * kk][2], st[2 * kk][3]),
+                                mma::pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                                mma::pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+#pragma unroll
+        for (int n2 = 0; n2 < kD / 16; ++n2) {
+          uint32_t bo[4];
+          mma::load_b<kD>(bo, sdot, h * kSub + kk * 16, n2 * 16);
+          mma::mma_16816<T>(acc_dv[2 * n2], pa, bo[0], bo[1]);
+          mma::mma_16816<T>(acc_dv[2 * n2 + 1], pa, bo[2], bo[3]);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kSub / 16; ++kk) {
+        const uint32_t da[4] = {mma::pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]),
+                                mma::pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
+                                mma::pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                                mma::pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+#pragma unroll
+        for (int n2 = 0; n2 < kD / 16; ++n2) {
+          uint32_t bq[4];
+          mma::load_b<kD>(bq, sqt, h * kSub + kk * 16, n2 * 16);
+          mma::mma_16816<T>(acc_dk[2 * n2], da, bq[0], bq[1]);
+          mma::mma_16816<T>(acc_dk[2 * n2 + 1], da, bq[2], bq[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  mma::cp_async_wait<0>();  // K, V when no query tile was walked
+  __syncthreads();
+
+  // dk = scale acc_dk and dv = acc_dv through the two query stages' shared
+  // memory, stored as 16-byte rows.
+  const float scale = static_cast<float>(p.scale);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp * 16 + g + 8 * r;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      const int at = mma::swizzled<kD>(row, n * 8 + 2 * t);
+      *reinterpret_cast<uint32_t*>(sq + at) =
+          mma::pack2<T>(acc_dk[n][2 * r] * scale, acc_dk[n][2 * r + 1] * scale);
+      *reinterpret_cast<uint32_t*>(sq + kR * kD + at) =
+          mma::pack2<T>(acc_dv[n][2 * r], acc_dv[n][2 * r + 1]);
+    }
+  }
+  __syncthreads();
+  constexpr int kChunks = kD / 8;
+  for (int e = threadIdx.x; e < kR * kChunks; e += kMmaThreads) {
+    const int r = e / kChunks, c = e % kChunks * 8;
+    if (j0 + r < p.M) {
+      const int at = mma::swizzled<kD>(r, c);
+      *reinterpret_cast<uint4*>(dk + (j0 + r) * kD + c) = *reinterpret_cast<const uint4*>(sq + at);
+      *reinterpret_cast<uint4*>(dv + (j0 + r) * kD + c) =
+          *reinterpret_cast<const uint4*>(sq + kR * kD + at);
+    }
+  }
+}
+
+template <int kD>
+constexpr size_t mma_backward_q_smem_bytes(size_t elem) {
+  // q, do [64, kD]; k, v [2 stages][64, kD]; real [2][64]
+  return 6 * kMmaRows * kD * elem + 2 * kMmaKeys;
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kMmaThreads)
+    flash_mma_backward_q_kernel(Params p, const T* q, const T* k, const T* v, const T* dout,
+                                const float* lse, const float* delta, T* dq) {
+  namespace mma = ::forge::cuda::mma;
+  constexpr int kN = kMmaKeys;
+  extern __shared__ __align__(128) unsigned char flash_smem[];
+  T* sq = reinterpret_cast<T*>(flash_smem);  // [kMmaRows, kD] swizzled
+  T* sdo = sq + kMmaRows * kD;
+  T* sk = sdo + kMmaRows * kD;                                    // [2][kN, kD]
+  T* sv = sk + 2 * kN * kD;                                       // [2][kN, kD]
+  uint8_t* sreal = reinterpret_cast<uint8_t*>(sv + 2 * kN * kD);  // [2][kN]
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int g = lane / 4, t = lane % 4;
+
+  const int64_t tiles = (p.N + kMmaRows - 1) / kMmaRows;
+  const int64_t bh = blockIdx.x / tiles, b = bh / p.H;
+  const int64_t i0 = (tiles - 1 - blockIdx.x % tiles) * kMmaRows;
+  const int64_t i_last = std::min<int64_t>(i0 + kMmaRows, p.N) - 1;
+  q += bh * p.N * kD;
+  k += bh * p.M * kD;
+  v += bh * p.M * kD;
+  dout += bh * p.N * kD;
+  lse += bh * p.N;
+  delta += bh * p.N;
+  dq += bh * p.N * kD;
+
+  int64_t j_lo = 0, j_hi = 0;
+  keys_of_queries(p, i0, i_last, j_lo, j_hi);
+  const int64_t j_start = j_lo / kN * kN;
+  const int key_tiles = j_hi > j_start ? static_cast<int>((j_hi - j_start + kN - 1) / kN) : 0;
+  auto load_keys = [&](int stage, int64_t j0) {
+    mma::load_tile_async<kN, kD, kMmaThreads>(sk + stage * kN * kD, k, j0, p.M);
+    mma::load_tile_async<kN, kD, kMmaThreads>(sv + stage * kN * kD, v, j0, p.M);
+    for (int c = threadIdx.x; c < kN; c += kMmaThreads) {
+      const int64_t j = j0 + c;
+      sreal[stage * kN + c] = j < p.M && (p.kpm == nullptr || p.kpm[b * p.M + j] != 0) ? 1 : 0;
+    }
+  };
+  mma::load_tile_async<kMmaRows, kD, kMmaThreads>(sq, q, i0, p.N);
+  mma::load_tile_async<kMmaRows, kD, kMmaThreads>(sdo, dout, i0, p.N);
+  if (key_tiles > 0) load_keys(0, j_start);
+  mma::cp_async_commit();
+
+  const float scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  const int64_t rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
+  float lse2[2], D[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float L = rows[r] < p.N ? lse[rows[r]] : -INFINITY;
+    lse2[r] = L == -INFINITY ? L : L * 1.4426950408889634f;
+    D[r] = rows[r] < p.N ? delta[rows[r]] : 0.f;
+  }
+  float acc[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+
+  for (int it = 0; it < key_tiles; ++it) {
+    const int stage = it & 1;
+    const int64_t j0 = j_start + static_cast<int64_t>(it) * kN;
+    if (it + 1 < key_tiles) {
+      load_keys(stage ^ 1, j0 + kN);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* skt = sk + stage * kN * kD;
+    const T* svt = sv + stage * kN * kD;
+    const uint8_t* real = sreal + stage * kN;
+
+    // S = Q K^T and dP = do V^T [16, kN] of this warp.
+    float s[kN / 8][4], dp[kN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t qa[4], oa[4];
+      mma::load_a<kD>(qa, sq, warp * 16, kk * 16);
+      mma::load_a<kD>(oa, sdo, warp * 16, kk * 16);
+#pragma unroll
+      for (int n2 = 0; n2 < kN / 16; ++n2) {
+        uint32_t bk[4], bv[4];
+        mma::load_b_transposed<kD>(bk, skt, n2 * 16, kk * 16);
+        mma::load_b_transposed<kD>(bv, svt, n2 * 16, kk * 16);
+        mma::mma_16816<T>(s[2 * n2], qa, bk[0], bk[1]);
+        mma::mma_16816<T>(s[2 * n2 + 1], qa, bk[2], bk[3]);
+        mma::mma_16816<T>(dp[2 * n2], oa, bv[0], bv[1]);
+        mma::mma_16816<T>(dp[2 * n2 + 1], oa, bv[2], bv[3]);
+      }
+    }
+    // dS = P (dP - D) in place of dp; entry (r, n, e) is row rows[r], key j0 + n * 8 + 2t + e.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int c_lo = 0, c_hi = 0;
+      if (rows[r] < p.N && lse2[r] != -INFINITY) visible_columns<kN>(p, rows[r], j0, c_lo, c_hi);
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = n * 8 + 2 * t + e;
+          const float pr = c >= c_lo && c < c_hi && real[c]
+                               ? exp2f(s[n][2 * r + e] * scale_log2 - lse2[r])
+                               : 0.f;
+          dp[n][2 * r + e] = pr * (dp[n][2 * r + e] - D[r]);
+        }
+    }
+    // dq += dS K (the keys are the k dimension).
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      const uint32_t da[4] = {mma::pack2<T>(dp[2 * kk][0], dp[2 * kk][1]),
+                              mma::pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),
+                              mma::pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                              mma::pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+      for (int n2 = 0; n2 < kD / 16; ++n2) {
+        uint32_t bk[4];
+        mma::load_b<kD>(bk, skt, kk * 16, n2 * 16);
+        mma::mma_16816<T>(acc[2 * n2], da, bk[0], bk[1]);
+        mma::mma_16816<T>(acc[2 * n2 + 1], da, bk[2], bk[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  mma::cp_async_wait<0>();
+  __syncthreads();
+
+  // dq = scale acc through the Q tile's shared memory, stored as 16-byte rows.
+  const float scale = static_cast<float>(p.scale);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp * 16 + g + 8 * r;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n)
+      *reinterpret_cast<uint32_t*>(sq + mma::swizzled<kD>(row, n * 8 + 2 * t)) =
+          mma::pack2<T>(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
+  }
+  __syncthreads();
+  constexpr int kChunks = kD / 8;
+  for (int e = threadIdx.x; e < kMmaRows * kChunks; e += kMmaThreads) {
+    const int r = e / kChunks, c = e % kChunks * 8;
+    if (i0 + r < p.N)
+      *reinterpret_cast<uint4*>(dq + (i0 + r) * kD + c) =
+          *reinterpret_cast<const uint4*>(sq + mma::swizzled<kD>(r, c));
+  }
+}
+
 // ---- launch ----
 
 Params make_params(const FlashArgs& a, bool vec_d, bool vec_dv) {
@@ -955,14 +1333,44 @@ void launch_mma_forward(const Params& p, int64_t BH, const void* q, const void* 
   FORGE_CUDA_CHECK_LAUNCH("flash_forward (mma)");
 }
 
-// Whether FlashEngine::mma takes this forward: bf16 / f16, d = dv = 64 or
-// 128, no dropout, 16-byte aligned tensors (its tile loads and stores are
-// 16-byte vectors). Other cases run the tiled kernels.
-bool mma_forward_takes(const FlashArgs& a, const void* q, const void* k, const void* v,
-                       const void* o) {
-  return a.engine == FlashEngine::mma && (a.dtype == DType::bf16 || a.dtype == DType::f16) &&
-         a.d == a.dv && (a.d == 64 || a.d == 128) && a.dropout == 0 && aligned16(q) &&
-         aligned16(k) && aligned16(v) && aligned16(o);
+template <typename T, int kD>
+void launch_mma_backward(const Params& p, int64_t BH, const void* q, const void* k, const void* v,
+                         const void* dout, const void* lse, const void* delta, void* dq, void* dk,
+                         void* dv, int device) {
+  const auto* qt = static_cast<const T*>(q);
+  const auto* kt = static_cast<const T*>(k);
+  const auto* vt = static_cast<const T*>(v);
+  const auto* dot = static_cast<const T*>(dout);
+  const auto* lsef = static_cast<const float*>(lse);
+  const auto* deltaf = static_cast<const float*>(delta);
+  if (p.M > 0) {
+    const size_t bytes = mma_backward_kv_smem_bytes<kD>(sizeof(T));
+    allow_smem(flash_mma_backward_kv_kernel<T, kD>, bytes);
+    flash_mma_backward_kv_kernel<T, kD>
+        <<<grid_of(BH * ((p.M + kMmaRows - 1) / kMmaRows)), kMmaThreads, bytes, stream(device)>>>(
+            p, qt, kt, vt, dot, lsef, deltaf, static_cast<T*>(dk), static_cast<T*>(dv));
+    FORGE_CUDA_CHECK_LAUNCH("flash_backward (mma, dk, dv)");
+  }
+  if (p.N > 0) {
+    const size_t bytes = mma_backward_q_smem_bytes<kD>(sizeof(T));
+    allow_smem(flash_mma_backward_q_kernel<T, kD>, bytes);
+    flash_mma_backward_q_kernel<T, kD>
+        <<<grid_of(BH * ((p.N + kMmaRows - 1) / kMmaRows)), kMmaThreads, bytes, stream(device)>>>(
+            p, qt, kt, vt, dot, lsef, deltaf, static_cast<T*>(dq));
+    FORGE_CUDA_CHECK_LAUNCH("flash_backward (mma, dq)");
+  }
+}
+
+// Whether FlashEngine::mma takes this forward or backward: bf16 / f16, d = dv
+// = 64 or 128, no dropout, every tensor 16-byte aligned (its tile loads and
+// stores are 16-byte vectors). Other cases run the tiled kernels.
+bool mma_takes(const FlashArgs& a, std::initializer_list<const void*> tensors) {
+  if (a.engine != FlashEngine::mma || !(a.dtype == DType::bf16 || a.dtype == DType::f16) ||
+      a.d != a.dv || !(a.d == 64 || a.d == 128) || a.dropout != 0)
+    return false;
+  for (const void* t : tensors)
+    if (!aligned16(t)) return false;
+  return true;
 }
 
 template <typename T, int kTile>
@@ -1004,7 +1412,7 @@ void flash_forward(const FlashArgs& a, const void* q, const void* k, const void*
   if (BH == 0 || a.N == 0) return;
   DeviceGuard guard(device);
   const Params p = make_params(a, aligned16(q) && aligned16(k), aligned16(v));
-  if (mma_forward_takes(a, q, k, v, o)) {
+  if (mma_takes(a, {q, k, v, o})) {
     const bool bf16 = a.dtype == DType::bf16;
     if (a.d == 64)
       return bf16 ? launch_mma_forward<__nv_bfloat16, 64>(p, BH, q, k, v, o, lse, device)
@@ -1036,6 +1444,16 @@ void flash_backward(const FlashArgs& a, const void* q, const void* k, const void
           static_cast<const scalar_t*>(dout), static_cast<const scalar_t*>(o), rows, a.dv,
           static_cast<acc_type*>(scratch));
       FORGE_CUDA_CHECK_LAUNCH("flash_backward (rowsum(do * o))");
+    }
+    if constexpr (std::is_same_v<scalar_t, __nv_bfloat16> || std::is_same_v<scalar_t, __half>) {
+      if (mma_takes(a, {q, k, v, o, dout, dq, dk, dv})) {
+        if (a.d == 64)
+          launch_mma_backward<scalar_t, 64>(p, BH, q, k, v, dout, lse, scratch, dq, dk, dv, device);
+        else
+          launch_mma_backward<scalar_t, 128>(p, BH, q, k, v, dout, lse, scratch, dq, dk, dv,
+                                             device);
+        return;
+      }
     }
     if (a.M > 0) {
       const int tile = pick_tile(

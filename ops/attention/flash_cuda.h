@@ -24,12 +24,12 @@ namespace forge::cuda {
 // whole rows of q, k, v. The ops check it and name themselves in the error.
 constexpr int64_t kFlashMaxHeadDim = 256;
 
-// The kernels of the forward. `tiled` (the default): the kernels of
-// flash_cuda.cu's first part, every case. `mma` (issue 29; not yet run on a
-// GPU, docs/GPU.md): FlashAttention-2's forward on the tensor-core tile
-// engine (mma_cuda.cuh) for bf16 / f16 with d = dv = 64 or 128 and no
-// dropout; other cases still take `tiled`. The backward is `tiled` for both:
-// it needs only o and lse, which the two compute alike.
+// The kernels. `tiled` (the default): the kernels of flash_cuda.cu's first
+// part, every case. `mma` (issue 29; not yet run on a GPU, docs/GPU.md):
+// FlashAttention-2's forward and backward on the tensor-core tile engine
+// (mma_cuda.cuh) for bf16 / f16 with d = dv = 64 or 128 and no dropout;
+// other cases still take `tiled`. Both save the same o and lse, so either
+// backward follows either forward.
 enum class FlashEngine { tiled, mma };
 
 struct FlashArgs {

@@ -85,8 +85,8 @@ if want mma; then
   # Issue 29's tensor-core forward (FlashEngine::mma; docs/GPU.md lists it as
   # not yet run): its tests and the tiled kernels' first, then softmax
   # attention tiled against mma, bf16, 16k tokens a step (B = 16384 / N),
-  # width 1024 (H = 1024 / d): ms forward and forward + backward (the backward
-  # is tiled for both), and the forward's TFLOP/s (4 B H N^2 d).
+  # width 1024 (H = 1024 / d): ms forward and forward + backward, and the
+  # forward's TFLOP/s (4 B H N^2 d).
   echo "== mma: test_cuda CudaFlashMma, CudaAttentionSoftmax, CudaAttentionLocal"
   limited 240 "$root/bin/test_cuda" --gtest_filter='CudaFlashMma.*:CudaAttentionSoftmax.*:CudaAttentionLocal.*' \
     > "$out/mma_tests.log" 2>&1

@@ -1,12 +1,11 @@
-// The tensor-core forward of softmax and local attention
+// The tensor-core kernels of softmax and local attention
 // (cuda::FlashEngine::mma, issue 29: ops/attention/mma_cuda.cuh and the mma
-// section of flash_cuda.cu) against the CPU ops and against the tiled
-// kernels: bf16 and f16 with d = dv = 64 and 128 over partial tiles, cross
-// lengths, causality, key padding masks (a batch with every key masked),
-// local bands; the gradients through the tiled backward from the mma
-// forward's o and lse; runs bit-identical when repeated; and every case the
-// engine does not take (f32, other head dims, dropout) bit-identical to the
-// tiled kernels.
+// sections of flash_cuda.cu), forward and backward, against the CPU ops and
+// against the tiled kernels: bf16 and f16 with d = dv = 64 and 128 over
+// partial tiles, cross lengths, causality, key padding masks (a batch with
+// every key masked), local bands; runs bit-identical when repeated; and every
+// case the engine does not take (f32, other head dims, dropout) bit-identical
+// to the tiled kernels.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -117,17 +116,24 @@ TEST(CudaFlashMma, MatchesCpuForwardAndGradients) {
                                 c.what + ", d " + std::to_string(d) + " (" + dtype_name(dt) + ")");
 }
 
-// The GPU output of fn on `in` in `dtype` under `engine`.
-Tensor gpu_output(const AttentionFn& fn, const std::vector<Tensor>& in, DType dtype,
-                  FlashEngine engine) {
+// The GPU output of fn on `in` in `dtype` under `engine`, then the gradients
+// of q, k, v for a fixed output gradient: {o, dq, dk, dv}.
+std::vector<Tensor> gpu_run(const AttentionFn& fn, const std::vector<Tensor>& in, DType dtype,
+                            FlashEngine engine) {
   const EngineScope scope(engine);
   std::vector<Tensor> g;
-  for (const Tensor& t : in) {
-    Tensor x = t.detach().to(gpu());
-    g.push_back(is_floating(x.dtype()) ? x.to(dtype) : x);
+  for (size_t i = 0; i < in.size(); ++i) {
+    Tensor x = in[i].detach().to(gpu());
+    if (is_floating(x.dtype())) x = x.to(dtype);
+    if (i < 3) x.set_requires_grad(true);
+    g.push_back(x);
   }
-  return fn(g);
+  const Tensor o = fn(g);
+  autograd::backward({o}, {uniform(o.shape(), 99, DType::f32, -1, 1, false).to(gpu()).to(dtype)});
+  return {o, g[0].grad(), g[1].grad(), g[2].grad()};
 }
+
+const char* const kOutputs[] = {"o", "dq", "dk", "dv"};
 
 TEST(CudaFlashMma, AgreesWithTheTiledKernelsAndRepeatsBitIdentically) {
   FORGE_REQUIRE_CUDA();
@@ -135,44 +141,46 @@ TEST(CudaFlashMma, AgreesWithTheTiledKernelsAndRepeatsBitIdentically) {
     for (DType dt : {DType::bf16, DType::f16})
       for (const Case& c : mma_cases(d)) {
         const std::string what = c.what + ", d " + std::to_string(d) + " (" + dtype_name(dt) + ")";
-        const Tensor tiled = gpu_output(c.fn, c.in, dt, FlashEngine::tiled);
-        const Tensor a = gpu_output(c.fn, c.in, dt, FlashEngine::mma);
-        const Tensor b = gpu_output(c.fn, c.in, dt, FlashEngine::mma);
-        EXPECT_LE(testing::scaled_diff(a, tiled), testing::attention_tolerance(dt)) << what;
-        EXPECT_EQ(testing::host_f32(a).to_vector<float>(), testing::host_f32(b).to_vector<float>())
-            << what << ": two runs differ";
+        const auto tiled = gpu_run(c.fn, c.in, dt, FlashEngine::tiled);
+        const auto a = gpu_run(c.fn, c.in, dt, FlashEngine::mma);
+        const auto b = gpu_run(c.fn, c.in, dt, FlashEngine::mma);
+        for (size_t i = 0; i < 4; ++i) {
+          EXPECT_LE(testing::scaled_diff(a[i], tiled[i]), testing::attention_tolerance(dt))
+              << what << ": " << kOutputs[i];
+          EXPECT_EQ(testing::host_f32(a[i]).to_vector<float>(),
+                    testing::host_f32(b[i]).to_vector<float>())
+              << what << ": " << kOutputs[i] << " differs between two runs";
+        }
       }
 }
 
 // f32, head dims other than 64 / 128, d != dv and dropout stay on the tiled
-// kernels: the engine switch changes nothing there.
+// kernels: the engine switch changes nothing there, forward or backward.
 TEST(CudaFlashMma, CasesItDoesNotTakeRunTheTiledKernels) {
   FORGE_REQUIRE_CUDA();
-  const std::vector<std::pair<std::string, std::function<Tensor(FlashEngine)>>> cases = {
-      {"f32 d 64",
-       [](FlashEngine e) {
-         return gpu_output(softmax_fn(false), make_inputs(2, 2, 100, 100, 64, 61), DType::f32, e);
-       }},
-      {"bf16 d 96",
-       [](FlashEngine e) {
-         return gpu_output(softmax_fn(false), make_inputs(2, 2, 100, 100, 96, 62), DType::bf16, e);
-       }},
-      {"bf16 d 64, dv 128",
-       [](FlashEngine e) {
-         const std::vector<Tensor> in = {uniform({1, 2, 90, 64}, 63), uniform({1, 2, 90, 64}, 64),
-                                         uniform({1, 2, 90, 128}, 65)};
-         return gpu_output(softmax_fn(false), in, DType::bf16, e);
-       }},
-      {"bf16 dropout",
-       [](FlashEngine e) {
-         return gpu_output(softmax_fn(false, 0.2), make_inputs(2, 2, 100, 100, 64, 66), DType::bf16,
-                           e);
-       }},
+  struct Other {
+    std::string what;
+    AttentionFn fn;
+    std::vector<Tensor> in;
+    DType dtype;
   };
-  for (const auto& [what, run] : cases)
-    EXPECT_EQ(testing::host_f32(run(FlashEngine::tiled)).to_vector<float>(),
-              testing::host_f32(run(FlashEngine::mma)).to_vector<float>())
-        << what;
+  const std::vector<Other> cases = {
+      {"f32 d 64", softmax_fn(false), make_inputs(2, 2, 100, 100, 64, 61), DType::f32},
+      {"bf16 d 96", softmax_fn(false), make_inputs(2, 2, 100, 100, 96, 62), DType::bf16},
+      {"bf16 d 64, dv 128",
+       softmax_fn(false),
+       {uniform({1, 2, 90, 64}, 63), uniform({1, 2, 90, 64}, 64), uniform({1, 2, 90, 128}, 65)},
+       DType::bf16},
+      {"bf16 dropout", softmax_fn(false, 0.2), make_inputs(2, 2, 100, 100, 64, 66), DType::bf16},
+  };
+  for (const Other& c : cases) {
+    const auto tiled = gpu_run(c.fn, c.in, c.dtype, FlashEngine::tiled);
+    const auto mma = gpu_run(c.fn, c.in, c.dtype, FlashEngine::mma);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_EQ(testing::host_f32(tiled[i]).to_vector<float>(),
+                testing::host_f32(mma[i]).to_vector<float>())
+          << c.what << ": " << kOutputs[i];
+  }
 }
 
 }  // namespace
