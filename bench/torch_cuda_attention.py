@@ -2,8 +2,9 @@
 """The GPU attention benchmark: every mechanism of ATTENTION.md, ours
 (bench_attention --device cuda) against the same math in eager PyTorch (the
 composites of bench/torch_attention.py) and, for softmax, against
-torch.nn.functional.scaled_dot_product_attention (its FlashAttention / cuDNN
-backends), in the same run on the same GPU.
+torch.nn.functional.scaled_dot_product_attention with each of its backends
+forced in turn (torch.nn.attention.sdpa_kernel: FlashAttention-2, cuDNN,
+memory-efficient), in the same run on the same GPU.
 
 Shapes (issue 7): B x N = --tokens (16384) tokens, H = 16, d = dv = 64 and
 128, bf16, N = 1024 .. 65536. Work per configuration: one forward, and one
@@ -16,7 +17,8 @@ TFLOP/s for softmax counts 4 B H N^2 d for the forward (half when causal) and
 
     python3 bench/torch_cuda_attention.py --ours PATH/bench_attention \
         [--dims 64,128] [--ns 1024,...,65536] [--tokens 16384] [--heads 16] \
-        [--dtype bf16] [--mechanisms softmax,linear,...] [--raw OUT.csv]
+        [--dtype bf16] [--mechanisms softmax,linear,...] [--raw OUT.csv] \
+        [--flash-engine tiled|mma]   (our softmax / local kernels: issue 29's switch)
 
 Prints a Markdown table per head dimension; --raw also writes every figure as CSV.
 Needs PyTorch with CUDA (PyTorch 2.11 on the GPU machine).
@@ -31,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_attention as eager  # noqa: E402  (the composites, parameterised by its globals)
 
 ALL_NS = "1024,2048,4096,8192,16384,32768,65536"
+SDPA_BACKENDS = ("flash", "cudnn", "efficient")
 SOFTMAX_LIKE = {"softmax": False, "softmax_causal": True}
 
 
@@ -75,10 +78,25 @@ def torch_run(torch, fn, x):
         return f, fb, peak
     except torch.cuda.OutOfMemoryError:
         return "out of memory"
+    except RuntimeError as e:  # an SDPA backend that does not take this case
+        return "unsupported" if "kernel" in str(e).lower() else f"error: {str(e)[:60]}"
     finally:
         for t in leaves:
             t.grad = None
         torch.cuda.empty_cache()
+
+
+def sdpa_fn(torch, backend, causal):
+    """SDPA with one backend forced; a shape or dtype it does not take raises."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    kind = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+
+    def fn(y):
+        with sdpa_kernel(kind):
+            return torch.nn.functional.scaled_dot_product_attention(y["q"], y["k"], y["v"],
+                                                                    is_causal=causal)
+    return fn
 
 
 def make_inputs(torch, b, h, n, d, dtype):
@@ -100,6 +118,8 @@ def run_ours(args, d):
            str(d), "--tokens", str(args.tokens), "--ns", args.ns, "--csv"]
     if args.mechanisms:
         cmd += ["--mechanisms", args.mechanisms]
+    if args.flash_engine:
+        cmd += ["--flash-engine", args.flash_engine]
     p = subprocess.run(cmd, capture_output=True, text=True)
     sys.stderr.write(p.stderr)
     ours = {}
@@ -125,6 +145,7 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
     ap.add_argument("--mechanisms", default="")
     ap.add_argument("--raw", default="")
+    ap.add_argument("--flash-engine", default="", choices=["", "tiled", "mma"])
     a = ap.parse_args()
     import torch
     F = torch.nn.functional
@@ -141,8 +162,9 @@ def main():
         ours = run_ours(a, d)
         print(f"### d = dv = {d}\n")
         print("| mechanism | B | N | ours fwd ms | eager fwd ms | ours fwd+bwd ms | eager fwd+bwd ms "
-              "| eager/ours (fwd+bwd) | SDPA fwd+bwd ms | ours/SDPA throughput | ours TFLOP/s (fwd+bwd) "
-              "| ours peak MiB | eager peak MiB | SDPA peak MiB |")
+              "| eager/ours (fwd+bwd) | SDPA fwd+bwd ms: flash / cudnn / efficient "
+              "| ours / fastest SDPA throughput (fwd, fwd+bwd) | ours TFLOP/s (fwd, fwd+bwd) "
+              "| ours peak MiB | eager peak MiB | SDPA peak MiB (fastest) |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name in names:
             for n in ns:
@@ -150,24 +172,31 @@ def main():
                 o = ours.get((name, n))
                 x = make_inputs(torch, b, a.heads, n, d, dtype)
                 t = torch_run(torch, comps[name], x)
-                s = None
+                sdpa = {}
                 if name in SOFTMAX_LIKE:
-                    causal = SOFTMAX_LIKE[name]
-                    s = torch_run(torch, lambda y: F.scaled_dot_product_attention(
-                        y["q"], y["k"], y["v"], is_causal=causal), x)
+                    for backend in SDPA_BACKENDS:
+                        sdpa[backend] = torch_run(torch, sdpa_fn(torch, backend, SOFTMAX_LIKE[name]), x)
                 del x
                 of, ofb, opk = o if isinstance(o, tuple) else (o, None, None)
                 tf, tfb, tpk = t if isinstance(t, tuple) else (t, None, None)
-                sf, sfb, spk = s if isinstance(s, tuple) else (s, None, None)
+                ran = [r for r in sdpa.values() if isinstance(r, tuple)]
+                best_f = min((r[0] for r in ran), default=None)
+                best_fb = min((r[1] for r in ran), default=None)
+                best_pk = min(ran, key=lambda r: r[1])[2] if ran else None
                 ratio = tfb / ofb if isinstance(t, tuple) and isinstance(o, tuple) else None
-                sratio = sfb / ofb if isinstance(s, tuple) and isinstance(o, tuple) else None
+                sratio = (f"{best_f / of:.2f}, {best_fb / ofb:.2f}"
+                          if ran and isinstance(o, tuple) else None)
                 fl = flops_fwd(name, b, a.heads, n, d)
-                tflops = fl * 3.5 / (ofb * 1e-3) / 1e12 if fl and isinstance(o, tuple) else None
+                tflops = (f"{fl / (of * 1e-3) / 1e12:.1f}, {fl * 3.5 / (ofb * 1e-3) / 1e12:.1f}"
+                          if fl and isinstance(o, tuple) else None)
+                sdpa_ms = (" / ".join(fmt(r[1] if isinstance(r, tuple) else r) for r in sdpa.values())
+                           if sdpa else None)
                 print(f"| {name} | {b} | {n} | {fmt(of)} | {fmt(tf)} | {fmt(ofb)} | {fmt(tfb)} | "
-                      f"{fmt(ratio)} | {fmt(sfb)} | {fmt(sratio)} | {fmt(tflops, '.1f')} | "
-                      f"{fmt(opk, '.1f')} | {fmt(tpk, '.1f')} | {fmt(spk, '.1f')} |")
+                      f"{fmt(ratio)} | {fmt(sdpa_ms)} | {fmt(sratio)} | {fmt(tflops)} | "
+                      f"{fmt(opk, '.1f')} | {fmt(tpk, '.1f')} | {fmt(best_pk, '.1f')} |")
                 sys.stdout.flush()
-                for side, r in (("ours", o), ("eager", t), ("sdpa", s)):
+                sides = [("ours", o), ("eager", t)] + [(f"sdpa_{k}", r) for k, r in sdpa.items()]
+                for side, r in sides:
                     if r is not None:
                         vals = r if isinstance(r, tuple) else (r, r, r)
                         raw.append(f"{d},{name},{b},{n},{side}," + ",".join(str(v) for v in vals))

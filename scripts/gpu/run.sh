@@ -49,7 +49,8 @@ want() {
 }
 # Each part runs under `timeout`, never past DEADLINE seconds after the start
 # (default 540: one 10-minute call of the device tool, with time to pack the logs).
-# ATTN_NS (e.g. 4096,16384) limits the attention parts' sequence lengths.
+# ATTN_NS (e.g. 4096,16384) limits the attention parts' sequence lengths;
+# FLASH_ENGINE (tiled | mma) picks our softmax / local kernels there.
 deadline=$((SECONDS + ${DEADLINE:-540}))
 left() { local l=$((deadline - SECONDS)); ((l > ${1:-0})) && echo "$l" || echo 0; }
 limited() { # limited SECONDS CMD...: CMD under timeout, capped by the deadline
@@ -203,7 +204,7 @@ for d in 64 128; do
   if want "attention$d" || want attention bench; then
     echo "== attention ops, d = $d, bf16, ours vs eager PyTorch vs SDPA"
     (cd "$src" && limited 300 python3 bench/torch_cuda_attention.py --ours "$root/bin/bench_attention" --dims "$d" ${ATTN_NS:+--ns "$ATTN_NS"} \
-        --raw "$out/attention_d$d.csv") 2>&1 | tee "$out/bench_attention_d$d.log"
+        ${FLASH_ENGINE:+--flash-engine "$FLASH_ENGINE"} --raw "$out/attention_d$d.csv") 2>&1 | tee "$out/bench_attention_d$d.log"
   fi
 done
 if want steps bench; then
