@@ -40,7 +40,8 @@
 // (the maxima are stop-grad). W gets no gradient.
 //
 // Every tiled kernel runs kTileThreads = 256 threads on a 64 x 64 output tile
-// (each thread 4 x 4 outputs) through tile_mma, in the accumulation type.
+// (each thread 4 x 4 outputs) through the tile engine's FMA product
+// (tile_engine.cuh), in the accumulation type.
 #include <cmath>
 #include <limits>
 
@@ -48,6 +49,7 @@
 #include "core/cuda_tensor.h"
 #include "ops/attention/favor_cuda.h"
 #include "ops/attention/linear_core_cuda.h"
+#include "ops/attention/tile_engine.cuh"
 
 namespace forge::cuda {
 
@@ -64,30 +66,28 @@ constexpr int kColRows = 32;  // key rows at a time in the column softmax (block
 // no_projection: 1), far above the floor.
 constexpr double kEmptyRowDen = 1e-20;
 
-// Shared-memory depth of one tile_mma step: 8 for f64 keeps the blocks that
-// also hold a [64, 65] matrix under the 48 KB of static shared memory.
+// The tiled kernels' products are the tile engine's FMA tile product
+// (tile_engine.cuh): thread threadIdx.x owns the outputs at rows tile_row(0..3),
+// columns tile_col(0..3).
 template <typename A>
-struct TileDepth {
-  static constexpr int value = 16;
-};
-template <>
-struct TileDepth<double> {
-  static constexpr int value = 8;
-};
+using TileSmem = tiles::FmaSmem<A>;
+static_assert(kT == tiles::kFmaTile && kTileThreads == tiles::kFmaThreads,
+              "the kernels' tiles are the engine's");
 
-template <typename A>
-struct TileSmem {
-  static constexpr int kK = TileDepth<A>::value;
-  A a[kT][kK + 1];  // A operand: [output row][k], padded against bank conflicts
-  A b[kT][kK + 1];  // B operand: [output column][k]
-};
-
-// The outputs thread threadIdx.x owns: rows tile_row(0..3), columns tile_col(0..3).
 __device__ __forceinline__ int tile_row(int a) {
-  return static_cast<int>(threadIdx.x) / 16 + 16 * a;
+  return tiles::fma_row(a);
 }
 __device__ __forceinline__ int tile_col(int b) {
-  return static_cast<int>(threadIdx.x) % 16 + 16 * b;
+  return tiles::fma_col(b);
+}
+
+// acc[a][b] += sum_{k < K} la(tile_row(a), k) lb(k, tile_col(b)); kAk / kBk:
+// the operand is contiguous along k (tiles::fma_tile_product, whose argument
+// order this keeps from the kernels' first version).
+template <bool kAk, bool kBk, typename A, typename LA, typename LB>
+__device__ __forceinline__ void tile_mma(A (&acc)[4][4], int64_t K, const LA& la, const LB& lb,
+                                         TileSmem<A>& sm) {
+  tiles::fma_tile_product<kAk, kBk>(acc, K, sm, la, lb);
 }
 
 template <typename A>
@@ -96,44 +96,6 @@ __device__ __forceinline__ void zero(A (&acc)[4][4]) {
   for (int a = 0; a < 4; ++a)
 #pragma unroll
     for (int b = 0; b < 4; ++b) acc[a][b] = A(0);
-}
-
-// acc[a][b] += sum_{k < K} la(tile_row(a), k) lb(k, tile_col(b)), the product
-// of a [64, K] and a [K, 64] operand. la(o, k) and lb(k, o) return one element
-// in A and must give 0 for rows / columns o outside the operand (they are
-// called only for k < K). kAk / kBk: the operand is contiguous along k in
-// memory (else along o): the shared-memory fill runs along that index so that
-// global loads coalesce. Every thread of the (256-thread) block must call it;
-// it synchronises the block before returning.
-template <bool kAk, bool kBk, typename A, typename LA, typename LB>
-__device__ void tile_mma(A (&acc)[4][4], int64_t K, const LA& la, const LB& lb, TileSmem<A>& sm) {
-  constexpr int kK = TileSmem<A>::kK;
-  const int tid = static_cast<int>(threadIdx.x);
-  for (int64_t k0 = 0; k0 < K; k0 += kK) {
-    for (int t = tid; t < kT * kK; t += kTileThreads) {
-      const int o = kAk ? t / kK : t % kT, kk = kAk ? t % kK : t / kT;
-      sm.a[o][kk] = k0 + kk < K ? la(o, k0 + kk) : A(0);
-    }
-    for (int t = tid; t < kT * kK; t += kTileThreads) {
-      const int o = kBk ? t / kK : t % kT, kk = kBk ? t % kK : t / kT;
-      sm.b[o][kk] = k0 + kk < K ? lb(k0 + kk, o) : A(0);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kK; ++kk) {
-      A ra[4], rb[4];
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        ra[x] = sm.a[tile_row(x)][kk];
-        rb[x] = sm.b[tile_col(x)][kk];
-      }
-#pragma unroll
-      for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int b = 0; b < 4; ++b) acc[a][b] += ra[a] * rb[b];
-    }
-    __syncthreads();
-  }
 }
 
 // Max over the 16 threads that own the same tile rows (consecutive lanes).

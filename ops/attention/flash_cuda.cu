@@ -24,7 +24,7 @@
 
 #include "core/cuda_kernels.cuh"
 #include "ops/attention/flash_cuda.h"
-#include "ops/attention/mma_cuda.cuh"
+#include "ops/attention/tile_engine.cuh"
 
 namespace forge::cuda {
 
@@ -512,7 +512,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   }
 }
 
-// ---- forward on the tensor-core tile engine (mma_cuda.cuh; FlashEngine::mma) ----
+// ---- forward on the tensor-core tile engine (tile_engine.cuh; FlashEngine::mma) ----
 // FlashAttention-2's forward for bf16 / f16 with d = dv = kD (64 or 128) and
 // no dropout. A block of 4 warps takes 64 query rows, a warp 16 of them: its
 // Q fragments stay in registers for the whole walk over the key tiles, the
@@ -537,7 +537,6 @@ constexpr size_t mma_forward_smem_bytes(size_t elem) {
 template <typename T, int kD>
 __global__ void __launch_bounds__(kMmaThreads)
     flash_mma_forward_kernel(Params p, const T* q, const T* k, const T* v, T* o, float* lse) {
-  namespace mma = ::forge::cuda::mma;
   constexpr int kN = kMmaKeys;
   extern __shared__ __align__(128) unsigned char flash_smem[];
   T* sq = reinterpret_cast<T*>(flash_smem);                       // [kMmaRows, kD] swizzled
@@ -564,16 +563,16 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int key_tiles = j_hi > j_start ? static_cast<int>((j_hi - j_start + kN - 1) / kN) : 0;
   // Stage s of the key tile at j0: K, V and the real-key flags.
   auto load_keys = [&](int stage, int64_t j0) {
-    mma::load_tile_async<kN, kD, kMmaThreads>(sk + stage * kN * kD, k, j0, p.M);
-    mma::load_tile_async<kN, kD, kMmaThreads>(sv + stage * kN * kD, v, j0, p.M);
+    tiles::load_tile_async<kN, kD, kMmaThreads>(sk + stage * kN * kD, k, j0, p.M);
+    tiles::load_tile_async<kN, kD, kMmaThreads>(sv + stage * kN * kD, v, j0, p.M);
     for (int c = threadIdx.x; c < kN; c += kMmaThreads) {
       const int64_t j = j0 + c;
       sreal[stage * kN + c] = j < p.M && (p.kpm == nullptr || p.kpm[b * p.M + j] != 0) ? 1 : 0;
     }
   };
-  mma::load_tile_async<kMmaRows, kD, kMmaThreads>(sq, q, i0, p.N);
+  tiles::load_tile_async<kMmaRows, kD, kMmaThreads>(sq, q, i0, p.N);
   if (key_tiles > 0) load_keys(0, j_start);
-  mma::cp_async_commit();
+  tiles::cp_async_commit();
 
   const float scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   const float neg_inf = -INFINITY;
@@ -593,15 +592,15 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t j0 = j_start + static_cast<int64_t>(it) * kN;
     if (it + 1 < key_tiles) {  // the next tile loads while this one is multiplied
       load_keys(stage ^ 1, j0 + kN);
-      mma::cp_async_commit();
-      mma::cp_async_wait<1>();
+      tiles::cp_async_commit();
+      tiles::cp_async_wait<1>();
     } else {
-      mma::cp_async_wait<0>();
+      tiles::cp_async_wait<0>();
     }
     __syncthreads();
     if (it == 0)
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) mma::load_a<kD>(qa[kk], sq, warp * 16, kk * 16);
+      for (int kk = 0; kk < kD / 16; ++kk) tiles::load_a<kD>(qa[kk], sq, warp * 16, kk * 16);
     const T* skt = sk + stage * kN * kD;
     const T* svt = sv + stage * kN * kD;
     const uint8_t* real = sreal + stage * kN;
@@ -617,9 +616,9 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int n2 = 0; n2 < kN / 16; ++n2) {
         uint32_t bf[4];
-        mma::load_b_transposed<kD>(bf, skt, n2 * 16, kk * 16);
-        mma::mma_16816<T>(s[2 * n2], qa[kk], bf[0], bf[1]);
-        mma::mma_16816<T>(s[2 * n2 + 1], qa[kk], bf[2], bf[3]);
+        tiles::load_b_transposed<kD>(bf, skt, n2 * 16, kk * 16);
+        tiles::mma_16816<T>(s[2 * n2], qa[kk], bf[0], bf[1]);
+        tiles::mma_16816<T>(s[2 * n2 + 1], qa[kk], bf[2], bf[3]);
       }
 
       // Online softmax on the fragments: entry (r, n, e) is row rows[r], column
@@ -665,21 +664,21 @@ __global__ void __launch_bounds__(kMmaThreads)
     // O [16, kD] += P V, P's A fragments packed from the S accumulators.
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      const uint32_t pa[4] = {mma::pack2<T>(s[2 * kk][0], s[2 * kk][1]),
-                              mma::pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                              mma::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              mma::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t pa[4] = {tiles::pack2<T>(s[2 * kk][0], s[2 * kk][1]),
+                              tiles::pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                              tiles::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              tiles::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int n2 = 0; n2 < kD / 16; ++n2) {
         uint32_t bf[4];
-        mma::load_b<kD>(bf, svt, kk * 16, n2 * 16);
-        mma::mma_16816<T>(acc[2 * n2], pa, bf[0], bf[1]);
-        mma::mma_16816<T>(acc[2 * n2 + 1], pa, bf[2], bf[3]);
+        tiles::load_b<kD>(bf, svt, kk * 16, n2 * 16);
+        tiles::mma_16816<T>(acc[2 * n2], pa, bf[0], bf[1]);
+        tiles::mma_16816<T>(acc[2 * n2 + 1], pa, bf[2], bf[3]);
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
-  mma::cp_async_wait<0>();  // the Q tile, when no key tile was walked
+  tiles::cp_async_wait<0>();  // the Q tile, when no key tile was walked
   __syncthreads();
 
   // o = acc / l through the Q tile's shared memory (rows of 16-byte chunks
@@ -694,8 +693,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int row = warp * 16 + g + 8 * r;
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n)
-      *reinterpret_cast<uint32_t*>(sq + mma::swizzled<kD>(row, n * 8 + 2 * t)) =
-          mma::pack2<T>(acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(sq + tiles::swizzled<kD>(row, n * 8 + 2 * t)) =
+          tiles::pack2<T>(acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
     if (t == 0 && rows[r] < p.N)
       lse[rows[r]] = total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : neg_inf;
   }
@@ -705,7 +704,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int r = e / kChunks, c = e % kChunks * 8;
     if (i0 + r < p.N)
       *reinterpret_cast<uint4*>(o + (i0 + r) * kD + c) =
-          *reinterpret_cast<const uint4*>(sq + mma::swizzled<kD>(r, c));
+          *reinterpret_cast<const uint4*>(sq + tiles::swizzled<kD>(r, c));
   }
 }
 
@@ -902,7 +901,6 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kMmaThreads)
     flash_mma_backward_kv_kernel(Params p, const T* q, const T* k, const T* v, const T* dout,
                                  const float* lse, const float* delta, T* dk, T* dv) {
-  namespace mma = ::forge::cuda::mma;
   constexpr int kR = kMmaRows;             // keys per block, and queries per tile
   constexpr int kSub = kD > 64 ? 32 : kR;  // queries per pass over a tile
   extern __shared__ __align__(128) unsigned char flash_smem[];
@@ -934,8 +932,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t i_start = i_lo / kR * kR;
   const int query_tiles = i_hi > i_start ? static_cast<int>((i_hi - i_start + kR - 1) / kR) : 0;
   auto load_queries = [&](int stage, int64_t i0) {
-    mma::load_tile_async<kR, kD, kMmaThreads>(sq + stage * kR * kD, q, i0, p.N);
-    mma::load_tile_async<kR, kD, kMmaThreads>(sdo + stage * kR * kD, dout, i0, p.N);
+    tiles::load_tile_async<kR, kD, kMmaThreads>(sq + stage * kR * kD, q, i0, p.N);
+    tiles::load_tile_async<kR, kD, kMmaThreads>(sdo + stage * kR * kD, dout, i0, p.N);
     for (int r = threadIdx.x; r < kR; r += kMmaThreads) {
       const int64_t i = i0 + r;
       const float L = i < p.N ? lse[i] : -INFINITY;
@@ -943,10 +941,10 @@ __global__ void __launch_bounds__(kMmaThreads)
       sdelta[stage * kR + r] = i < p.N ? delta[i] : 0.f;
     }
   };
-  mma::load_tile_async<kR, kD, kMmaThreads>(sk, k, j0, p.M);
-  mma::load_tile_async<kR, kD, kMmaThreads>(sv, v, j0, p.M);
+  tiles::load_tile_async<kR, kD, kMmaThreads>(sk, k, j0, p.M);
+  tiles::load_tile_async<kR, kD, kMmaThreads>(sv, v, j0, p.M);
   if (query_tiles > 0) load_queries(0, i_start);
-  mma::cp_async_commit();
+  tiles::cp_async_commit();
 
   const float scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   // This thread's two keys (rows g and g + 8 of the warp's 16) and the queries
@@ -971,10 +969,10 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t i0 = i_start + static_cast<int64_t>(it) * kR;
     if (it + 1 < query_tiles) {
       load_queries(stage ^ 1, i0 + kR);
-      mma::cp_async_commit();
-      mma::cp_async_wait<1>();
+      tiles::cp_async_commit();
+      tiles::cp_async_wait<1>();
     } else {
-      mma::cp_async_wait<0>();
+      tiles::cp_async_wait<0>();
     }
     __syncthreads();
     const T* sqt = sq + stage * kR * kD;
@@ -995,17 +993,17 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         uint32_t ka[4], va[4];
-        mma::load_a<kD>(ka, sk, warp * 16, kk * 16);
-        mma::load_a<kD>(va, sv, warp * 16, kk * 16);
+        tiles::load_a<kD>(ka, sk, warp * 16, kk * 16);
+        tiles::load_a<kD>(va, sv, warp * 16, kk * 16);
 #pragma unroll
         for (int n2 = 0; n2 < kSub / 16; ++n2) {
           uint32_t bq[4], bo[4];
-          mma::load_b_transposed<kD>(bq, sqt, h * kSub + n2 * 16, kk * 16);
-          mma::load_b_transposed<kD>(bo, sdot, h * kSub + n2 * 16, kk * 16);
-          mma::mma_16816<T>(st[2 * n2], ka, bq[0], bq[1]);
-          mma::mma_16816<T>(st[2 * n2 + 1], ka, bq[2], bq[3]);
-          mma::mma_16816<T>(dpt[2 * n2], va, bo[0], bo[1]);
-          mma::mma_16816<T>(dpt[2 * n2 + 1], va, bo[2], bo[3]);
+          tiles::load_b_transposed<kD>(bq, sqt, h * kSub + n2 * 16, kk * 16);
+          tiles::load_b_transposed<kD>(bo, sdot, h * kSub + n2 * 16, kk * 16);
+          tiles::mma_16816<T>(st[2 * n2], ka, bq[0], bq[1]);
+          tiles::mma_16816<T>(st[2 * n2 + 1], ka, bq[2], bq[3]);
+          tiles::mma_16816<T>(dpt[2 * n2], va, bo[0], bo[1]);
+          tiles::mma_16816<T>(dpt[2 * n2 + 1], va, bo[2], bo[3]);
         }
       }
       // P^T and dS^T = P^T (dP^T - D): entry (r, n, e) is key j0 + 16 warp + g
@@ -1027,36 +1025,36 @@ __global__ void __launch_bounds__(kMmaThreads)
           // dv += P^T do, then dk += dS^T q (the queries are the k dimension).
 #pragma unroll
       for (int kk = 0; kk < kSub / 16; ++kk) {
-        const uint32_t pa[4] = {mma::pack2<T>(st[2 * kk][0], st[2 * kk][1]),
-                                mma::pack2<T>(st[2 * kk][2], st[2 * kk][3]),
-                                mma::pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                                mma::pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+        const uint32_t pa[4] = {tiles::pack2<T>(st[2 * kk][0], st[2 * kk][1]),
+                                tiles::pack2<T>(st[2 * kk][2], st[2 * kk][3]),
+                                tiles::pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                                tiles::pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
 #pragma unroll
         for (int n2 = 0; n2 < kD / 16; ++n2) {
           uint32_t bo[4];
-          mma::load_b<kD>(bo, sdot, h * kSub + kk * 16, n2 * 16);
-          mma::mma_16816<T>(acc_dv[2 * n2], pa, bo[0], bo[1]);
-          mma::mma_16816<T>(acc_dv[2 * n2 + 1], pa, bo[2], bo[3]);
+          tiles::load_b<kD>(bo, sdot, h * kSub + kk * 16, n2 * 16);
+          tiles::mma_16816<T>(acc_dv[2 * n2], pa, bo[0], bo[1]);
+          tiles::mma_16816<T>(acc_dv[2 * n2 + 1], pa, bo[2], bo[3]);
         }
       }
 #pragma unroll
       for (int kk = 0; kk < kSub / 16; ++kk) {
-        const uint32_t da[4] = {mma::pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]),
-                                mma::pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
-                                mma::pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                                mma::pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+        const uint32_t da[4] = {tiles::pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]),
+                                tiles::pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
+                                tiles::pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                                tiles::pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
 #pragma unroll
         for (int n2 = 0; n2 < kD / 16; ++n2) {
           uint32_t bq[4];
-          mma::load_b<kD>(bq, sqt, h * kSub + kk * 16, n2 * 16);
-          mma::mma_16816<T>(acc_dk[2 * n2], da, bq[0], bq[1]);
-          mma::mma_16816<T>(acc_dk[2 * n2 + 1], da, bq[2], bq[3]);
+          tiles::load_b<kD>(bq, sqt, h * kSub + kk * 16, n2 * 16);
+          tiles::mma_16816<T>(acc_dk[2 * n2], da, bq[0], bq[1]);
+          tiles::mma_16816<T>(acc_dk[2 * n2 + 1], da, bq[2], bq[3]);
         }
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
-  mma::cp_async_wait<0>();  // K, V when no query tile was walked
+  tiles::cp_async_wait<0>();  // K, V when no query tile was walked
   __syncthreads();
 
   // dk = scale acc_dk and dv = acc_dv through the two query stages' shared
@@ -1067,11 +1065,11 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int row = warp * 16 + g + 8 * r;
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n) {
-      const int at = mma::swizzled<kD>(row, n * 8 + 2 * t);
+      const int at = tiles::swizzled<kD>(row, n * 8 + 2 * t);
       *reinterpret_cast<uint32_t*>(sq + at) =
-          mma::pack2<T>(acc_dk[n][2 * r] * scale, acc_dk[n][2 * r + 1] * scale);
+          tiles::pack2<T>(acc_dk[n][2 * r] * scale, acc_dk[n][2 * r + 1] * scale);
       *reinterpret_cast<uint32_t*>(sq + kR * kD + at) =
-          mma::pack2<T>(acc_dv[n][2 * r], acc_dv[n][2 * r + 1]);
+          tiles::pack2<T>(acc_dv[n][2 * r], acc_dv[n][2 * r + 1]);
     }
   }
   __syncthreads();
@@ -1079,7 +1077,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int e = threadIdx.x; e < kR * kChunks; e += kMmaThreads) {
     const int r = e / kChunks, c = e % kChunks * 8;
     if (j0 + r < p.M) {
-      const int at = mma::swizzled<kD>(r, c);
+      const int at = tiles::swizzled<kD>(r, c);
       *reinterpret_cast<uint4*>(dk + (j0 + r) * kD + c) = *reinterpret_cast<const uint4*>(sq + at);
       *reinterpret_cast<uint4*>(dv + (j0 + r) * kD + c) =
           *reinterpret_cast<const uint4*>(sq + kR * kD + at);
@@ -1097,7 +1095,6 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kMmaThreads)
     flash_mma_backward_q_kernel(Params p, const T* q, const T* k, const T* v, const T* dout,
                                 const float* lse, const float* delta, T* dq) {
-  namespace mma = ::forge::cuda::mma;
   constexpr int kN = kMmaKeys;
   extern __shared__ __align__(128) unsigned char flash_smem[];
   T* sq = reinterpret_cast<T*>(flash_smem);  // [kMmaRows, kD] swizzled
@@ -1125,17 +1122,17 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t j_start = j_lo / kN * kN;
   const int key_tiles = j_hi > j_start ? static_cast<int>((j_hi - j_start + kN - 1) / kN) : 0;
   auto load_keys = [&](int stage, int64_t j0) {
-    mma::load_tile_async<kN, kD, kMmaThreads>(sk + stage * kN * kD, k, j0, p.M);
-    mma::load_tile_async<kN, kD, kMmaThreads>(sv + stage * kN * kD, v, j0, p.M);
+    tiles::load_tile_async<kN, kD, kMmaThreads>(sk + stage * kN * kD, k, j0, p.M);
+    tiles::load_tile_async<kN, kD, kMmaThreads>(sv + stage * kN * kD, v, j0, p.M);
     for (int c = threadIdx.x; c < kN; c += kMmaThreads) {
       const int64_t j = j0 + c;
       sreal[stage * kN + c] = j < p.M && (p.kpm == nullptr || p.kpm[b * p.M + j] != 0) ? 1 : 0;
     }
   };
-  mma::load_tile_async<kMmaRows, kD, kMmaThreads>(sq, q, i0, p.N);
-  mma::load_tile_async<kMmaRows, kD, kMmaThreads>(sdo, dout, i0, p.N);
+  tiles::load_tile_async<kMmaRows, kD, kMmaThreads>(sq, q, i0, p.N);
+  tiles::load_tile_async<kMmaRows, kD, kMmaThreads>(sdo, dout, i0, p.N);
   if (key_tiles > 0) load_keys(0, j_start);
-  mma::cp_async_commit();
+  tiles::cp_async_commit();
 
   const float scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
   const int64_t rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
@@ -1157,10 +1154,10 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t j0 = j_start + static_cast<int64_t>(it) * kN;
     if (it + 1 < key_tiles) {
       load_keys(stage ^ 1, j0 + kN);
-      mma::cp_async_commit();
-      mma::cp_async_wait<1>();
+      tiles::cp_async_commit();
+      tiles::cp_async_wait<1>();
     } else {
-      mma::cp_async_wait<0>();
+      tiles::cp_async_wait<0>();
     }
     __syncthreads();
     const T* skt = sk + stage * kN * kD;
@@ -1176,17 +1173,17 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       uint32_t qa[4], oa[4];
-      mma::load_a<kD>(qa, sq, warp * 16, kk * 16);
-      mma::load_a<kD>(oa, sdo, warp * 16, kk * 16);
+      tiles::load_a<kD>(qa, sq, warp * 16, kk * 16);
+      tiles::load_a<kD>(oa, sdo, warp * 16, kk * 16);
 #pragma unroll
       for (int n2 = 0; n2 < kN / 16; ++n2) {
         uint32_t bk[4], bv[4];
-        mma::load_b_transposed<kD>(bk, skt, n2 * 16, kk * 16);
-        mma::load_b_transposed<kD>(bv, svt, n2 * 16, kk * 16);
-        mma::mma_16816<T>(s[2 * n2], qa, bk[0], bk[1]);
-        mma::mma_16816<T>(s[2 * n2 + 1], qa, bk[2], bk[3]);
-        mma::mma_16816<T>(dp[2 * n2], oa, bv[0], bv[1]);
-        mma::mma_16816<T>(dp[2 * n2 + 1], oa, bv[2], bv[3]);
+        tiles::load_b_transposed<kD>(bk, skt, n2 * 16, kk * 16);
+        tiles::load_b_transposed<kD>(bv, svt, n2 * 16, kk * 16);
+        tiles::mma_16816<T>(s[2 * n2], qa, bk[0], bk[1]);
+        tiles::mma_16816<T>(s[2 * n2 + 1], qa, bk[2], bk[3]);
+        tiles::mma_16816<T>(dp[2 * n2], oa, bv[0], bv[1]);
+        tiles::mma_16816<T>(dp[2 * n2 + 1], oa, bv[2], bv[3]);
       }
     }
     // dS = P (dP - D) in place of dp; entry (r, n, e) is row rows[r], key j0 + n * 8 + 2t + e.
@@ -1208,21 +1205,21 @@ __global__ void __launch_bounds__(kMmaThreads)
     // dq += dS K (the keys are the k dimension).
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      const uint32_t da[4] = {mma::pack2<T>(dp[2 * kk][0], dp[2 * kk][1]),
-                              mma::pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),
-                              mma::pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                              mma::pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+      const uint32_t da[4] = {tiles::pack2<T>(dp[2 * kk][0], dp[2 * kk][1]),
+                              tiles::pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),
+                              tiles::pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                              tiles::pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
 #pragma unroll
       for (int n2 = 0; n2 < kD / 16; ++n2) {
         uint32_t bk[4];
-        mma::load_b<kD>(bk, skt, kk * 16, n2 * 16);
-        mma::mma_16816<T>(acc[2 * n2], da, bk[0], bk[1]);
-        mma::mma_16816<T>(acc[2 * n2 + 1], da, bk[2], bk[3]);
+        tiles::load_b<kD>(bk, skt, kk * 16, n2 * 16);
+        tiles::mma_16816<T>(acc[2 * n2], da, bk[0], bk[1]);
+        tiles::mma_16816<T>(acc[2 * n2 + 1], da, bk[2], bk[3]);
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
-  mma::cp_async_wait<0>();
+  tiles::cp_async_wait<0>();
   __syncthreads();
 
   // dq = scale acc through the Q tile's shared memory, stored as 16-byte rows.
@@ -1232,8 +1229,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int row = warp * 16 + g + 8 * r;
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n)
-      *reinterpret_cast<uint32_t*>(sq + mma::swizzled<kD>(row, n * 8 + 2 * t)) =
-          mma::pack2<T>(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
+      *reinterpret_cast<uint32_t*>(sq + tiles::swizzled<kD>(row, n * 8 + 2 * t)) =
+          tiles::pack2<T>(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
   }
   __syncthreads();
   constexpr int kChunks = kD / 8;
@@ -1241,7 +1238,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int r = e / kChunks, c = e % kChunks * 8;
     if (i0 + r < p.N)
       *reinterpret_cast<uint4*>(dq + (i0 + r) * kD + c) =
-          *reinterpret_cast<const uint4*>(sq + mma::swizzled<kD>(r, c));
+          *reinterpret_cast<const uint4*>(sq + tiles::swizzled<kD>(r, c));
   }
 }
 

@@ -27,7 +27,7 @@ constexpr int64_t kFlashMaxHeadDim = 256;
 // The kernels. `tiled` (the default): the kernels of flash_cuda.cu's first
 // part, every case. `mma` (issue 29; not yet run on a GPU, docs/GPU.md):
 // FlashAttention-2's forward and backward on the tensor-core tile engine
-// (mma_cuda.cuh) for bf16 / f16 with d = dv = 64 or 128 and no dropout;
+// (tile_engine.cuh) for bf16 / f16 with d = dv = 64 or 128 and no dropout;
 // other cases still take `tiled`. Both save the same o and lse, so either
 // backward follows either forward.
 enum class FlashEngine { tiled, mma };

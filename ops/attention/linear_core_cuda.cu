@@ -1,10 +1,11 @@
 // The linear-attention core on the GPU (see linear_core_cuda.h): attention on
 // feature maps as tiled, GEMM-shaped kernels.
 //
-// Every product goes through one block-level routine, tile_product: a block
-// of 256 threads (16 x 16) accumulates a 64 x 64 output tile, each thread
-// 4 x 4 entries (rows ty + 16 r, columns tx + 16 c), with both operands
-// staged through shared memory in k-steps of 16 (f32) or 8 (f64). Features
+// Every product goes through the tile engine's block-level FMA routine
+// (tile_engine.cuh, tiles::fma_tile_product): a block of 256 threads
+// (16 x 16) accumulates a 64 x 64 output tile, each thread 4 x 4 entries
+// (rows ty + 16 r, columns tx + 16 c), with both operands staged through
+// shared memory in k-steps of 16 (f32) or 8 (f64). Features
 // and states are in the accumulation type A; V, O, dO and dV are loaded and
 // stored in the tensor dtype T.
 //
@@ -35,6 +36,7 @@
 #include "core/allocator.h"
 #include "core/cuda_kernels.cuh"
 #include "ops/attention/linear_core_cuda.h"
+#include "ops/attention/tile_engine.cuh"
 
 namespace forge::cuda {
 
@@ -47,53 +49,11 @@ constexpr int kBlock = kSide * kSide;  // 256 threads
 constexpr int kWarps = kBlock / kWarp;
 constexpr int64_t kPartial = 256;  // rows per partial state of the non-causal reductions
 
-// The k-step of tile_product: 16 (8 for f64, to keep the shared memory of the
-// row kernels under 48 KiB).
+// Every product is the tile engine's FMA tile product (tile_engine.cuh).
 template <typename A>
-constexpr int kDepth = sizeof(A) == 8 ? 8 : 16;
-
-template <typename A>
-struct TileSmem {
-  A a[kDepth<A>][kTile + 1];  // a[k][m]
-  A b[kDepth<A>][kTile + 1];  // b[k][n]
-};
-
-// acc[r][c] += sum_{k < K} ga(m, k) gb(k, n) with m = ty + 16 r, n = tx + 16 c:
-// the block's 64 x 64 tile of a product. ga and gb return 0 outside their
-// operand's rows and columns (k < K is bounded here). kFastA says that
-// consecutive k of ga are adjacent in memory (else consecutive m are), so the
-// loads of a warp are coalesced either way; kFastB likewise for k of gb
-// (else n). Every thread of the block calls it with the same K.
-template <bool kFastA, bool kFastB, typename A, typename GA, typename GB>
-__device__ void tile_product(A (&acc)[kPer][kPer], int64_t K, TileSmem<A>& sm, GA ga, GB gb) {
-  constexpr int D = kDepth<A>;
-  const int tx = threadIdx.x % kSide, ty = threadIdx.x / kSide;
-  for (int64_t k0 = 0; k0 < K; k0 += D) {
-    for (int e = threadIdx.x; e < D * kTile; e += kBlock) {
-      const int kk = kFastA ? e % D : e / kTile, m = kFastA ? e / D : e % kTile;
-      sm.a[kk][m] = k0 + kk < K ? ga(m, k0 + kk) : A(0);
-    }
-    for (int e = threadIdx.x; e < D * kTile; e += kBlock) {
-      const int kk = kFastB ? e % D : e / kTile, n = kFastB ? e / D : e % kTile;
-      sm.b[kk][n] = k0 + kk < K ? gb(k0 + kk, n) : A(0);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < D; ++kk) {
-      A x[kPer], y[kPer];
-#pragma unroll
-      for (int r = 0; r < kPer; ++r) {
-        x[r] = sm.a[kk][ty + kSide * r];
-        y[r] = sm.b[kk][tx + kSide * r];
-      }
-#pragma unroll
-      for (int r = 0; r < kPer; ++r)
-#pragma unroll
-        for (int c = 0; c < kPer; ++c) acc[r][c] += x[r] * y[c];
-    }
-    __syncthreads();
-  }
-}
+using TileSmem = tiles::FmaSmem<A>;
+static_assert(kTile == tiles::kFmaTile && kSide == tiles::kFmaSide && kBlock == tiles::kFmaThreads,
+              "the kernels' tiles are the engine's");
 
 // The sum over the 16 threads of a block row (tx = 0..15: half a warp); every
 // thread of the warp must call it.
@@ -181,7 +141,7 @@ __global__ void __launch_bounds__(kBlock)
   const A* xs = x + base * F;
   const T* ys = y + base * dv;
   A acc[kPer][kPer] = {};
-  tile_product<false, false>(
+  tiles::fma_tile_product<false, false>(
       acc, rows, sm, [&](int m, int64_t j) { return f0 + m < F ? xs[j * F + f0 + m] : A(0); },
       [&](int64_t j, int n) {
         return e0 + n < dv ? (w ? w[base + j] : A(1)) * to_acc<A>(ys[j * dv + e0 + n]) : A(0);
@@ -244,11 +204,11 @@ __device__ void numerator_tile(A (&acc)[kPer][kPer], const Core<T, A>& p, const 
                                const T* v, const A (*sp)[kTile + 1], int rows, int64_t e0,
                                TileSmem<A>& sm) {
   const int64_t F = p.F, dv = p.dv;
-  tile_product<true, false>(
+  tiles::fma_tile_product<true, false>(
       acc, F, sm, [&](int m, int64_t f) { return m < rows ? qf[m * F + f] : A(0); },
       [&](int64_t f, int n) { return e0 + n < dv ? S[f * dv + e0 + n] : A(0); });
   if (p.intra)
-    tile_product<true, false>(
+    tiles::fma_tile_product<true, false>(
         acc, rows, sm, [&](int m, int64_t j) { return sp[m][j]; },
         [&](int64_t j, int n) { return e0 + n < dv ? to_acc<A>(v[j * dv + e0 + n]) : A(0); });
 }
@@ -282,7 +242,7 @@ __global__ void __launch_bounds__(kBlock)
   // P = visible(Qf Kf^T) over the chunk.
   if (p.intra) {
     A acc[kPer][kPer] = {};
-    tile_product<true, true>(
+    tiles::fma_tile_product<true, true>(
         acc, F, sm, [&](int m, int64_t f) { return m < rows ? qf[m * F + f] : A(0); },
         [&](int64_t f, int n) { return n < rows ? kf[n * F + f] : A(0); });
 #pragma unroll
@@ -362,7 +322,7 @@ __global__ void __launch_bounds__(kBlock)
     // G = visible(gn V^T + gd 1^T) over the chunk, in place of P.
     if (p.intra) {
       A acc[kPer][kPer] = {};
-      tile_product<true, true>(acc, dv, sm, gn, [&](int64_t e, int n) {
+      tiles::fma_tile_product<true, true>(acc, dv, sm, gn, [&](int64_t e, int n) {
         return n < rows ? to_acc<A>(v[n * dv + e]) : A(0);
       });
 #pragma unroll
@@ -378,11 +338,11 @@ __global__ void __launch_bounds__(kBlock)
     // dQf = gn S^T + G Kf + gd z^T.
     for (int64_t f0 = 0; f0 < F; f0 += kTile) {
       A acc[kPer][kPer] = {};
-      tile_product<true, true>(acc, dv, sm, gn, [&](int64_t e, int n) {
+      tiles::fma_tile_product<true, true>(acc, dv, sm, gn, [&](int64_t e, int n) {
         return f0 + n < F ? S[(f0 + n) * dv + e] : A(0);
       });
       if (p.intra)
-        tile_product<true, false>(
+        tiles::fma_tile_product<true, false>(
             acc, rows, sm, [&](int m, int64_t j) { return sp[m][j]; },
             [&](int64_t j, int n) { return f0 + n < F ? kf[j * F + f0 + n] : A(0); });
 #pragma unroll
@@ -429,7 +389,7 @@ __global__ void __launch_bounds__(kBlock)
       s_gd[threadIdx.x] = row_gd[key0 + threadIdx.x];
     }
     A acc[kPer][kPer] = {};
-    tile_product<true, true>(
+    tiles::fma_tile_product<true, true>(
         acc, F, sm, [&](int m, int64_t f) { return m < rows ? qf[m * F + f] : A(0); },
         [&](int64_t f, int n) { return n < rows ? kf[n * F + f] : A(0); });
 #pragma unroll
@@ -446,11 +406,11 @@ __global__ void __launch_bounds__(kBlock)
   // dV = Kf R + P^T gn.
   for (int64_t e0 = 0; e0 < dv; e0 += kTile) {
     A acc[kPer][kPer] = {};
-    tile_product<true, false>(
+    tiles::fma_tile_product<true, false>(
         acc, F, sm, [&](int m, int64_t f) { return m < rows ? kf[m * F + f] : A(0); },
         [&](int64_t f, int n) { return e0 + n < dv ? R[f * dv + e0 + n] : A(0); });
     if (p.intra)
-      tile_product<false, false>(
+      tiles::fma_tile_product<false, false>(
           acc, rows, sm, [&](int m, int64_t i) { return sp[i][m]; },
           [&](int64_t i, int n) { return e0 + n < dv ? gn(i, e0 + n) : A(0); });
 #pragma unroll
@@ -466,7 +426,7 @@ __global__ void __launch_bounds__(kBlock)
   // G = visible(gn V^T + gd 1^T) over the chunk, in place of P.
   if (p.intra) {
     A acc[kPer][kPer] = {};
-    tile_product<true, true>(
+    tiles::fma_tile_product<true, true>(
         acc, dv, sm, [&](int m, int64_t e) { return m < rows ? gn(m, e) : A(0); },
         [&](int64_t e, int n) { return n < rows ? to_acc<A>(v[n * dv + e]) : A(0); });
     __syncthreads();  // every read of P is done (also when dv = 0)
@@ -484,11 +444,11 @@ __global__ void __launch_bounds__(kBlock)
   // dKf = V R^T + G^T Qf + r.
   for (int64_t f0 = 0; f0 < F; f0 += kTile) {
     A acc[kPer][kPer] = {};
-    tile_product<true, true>(
+    tiles::fma_tile_product<true, true>(
         acc, dv, sm, [&](int m, int64_t e) { return m < rows ? to_acc<A>(v[m * dv + e]) : A(0); },
         [&](int64_t e, int n) { return f0 + n < F ? R[(f0 + n) * dv + e] : A(0); });
     if (p.intra)
-      tile_product<false, false>(
+      tiles::fma_tile_product<false, false>(
           acc, rows, sm, [&](int m, int64_t i) { return sp[i][m]; },
           [&](int64_t i, int n) { return f0 + n < F ? qf[i * F + f0 + n] : A(0); });
 #pragma unroll

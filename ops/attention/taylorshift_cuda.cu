@@ -32,6 +32,7 @@
 
 #include "core/cuda_kernels.cuh"
 #include "ops/attention/taylorshift_cuda.h"
+#include "ops/attention/tile_engine.cuh"
 
 namespace forge::cuda {
 
@@ -139,18 +140,6 @@ struct DirectParams {
   const int64_t* counts;  // [B] real keys, or null (all M are real)
 };
 
-// Xs [64, kChunkPitch] = x[r0 + r, c0 + cc] (r < 64, cc < kChunk) of x [rows, cols],
-// zero outside x.
-template <typename T, typename A>
-__device__ __forceinline__ void load_chunk(A* Xs, const T* x, int64_t r0, int64_t rows, int64_t c0,
-                                           int64_t cols) {
-  for (int idx = threadIdx.x; idx < kTile * kChunk; idx += kTileThreads) {
-    const int r = idx / kChunk, cc = idx % kChunk;
-    const int64_t row = r0 + r, col = c0 + cc;
-    Xs[r * kChunkPitch + cc] = row < rows && col < cols ? to_acc<A>(x[row * cols + col]) : A(0);
-  }
-}
-
 // Xs [64, 64] = x[r0 + r, c0 + cc] of x [rows, cols], zero outside x.
 template <typename T, typename A>
 __device__ __forceinline__ void load_block(A* Xs, const T* x, int64_t r0, int64_t rows, int64_t c0,
@@ -163,35 +152,32 @@ __device__ __forceinline__ void load_block(A* Xs, const T* x, int64_t r0, int64_
 }
 
 // acc[r][c] = x[x0 + ty + 16 r] . y[y0 + tx + 16 c] for rows of x [xrows, n] and
-// y [yrows, n] (0 past their ends), chunk by chunk through shared Xs, Ys
-// [64, kChunkPitch]. Starts with a barrier: whatever the block wrote to shared
-// memory before the call is visible after it.
+// y [yrows, n] (0 past their ends), ty = threadIdx.x / 16, tx = threadIdx.x %
+// 16: the tile engine's FMA product (tile_engine.cuh), its operand tiles in
+// the shared memory of Xs and the Ys after it ([64, kChunkPitch] each). Starts with a barrier:
+// whatever the block wrote to shared memory before the call is visible after it, and Xs, Ys may be
+// overwritten.
 template <typename T, typename A>
-__device__ __forceinline__ void tile_dots(A* Xs, A* Ys, const T* x, int64_t x0, int64_t xrows,
-                                          const T* y, int64_t y0, int64_t yrows, int64_t n, int ty,
-                                          int tx, A (&acc)[kMicro][kMicro]) {
+__device__ __forceinline__ void tile_dots(A* Xs, const T* x, int64_t x0, int64_t xrows, const T* y,
+                                          int64_t y0, int64_t yrows, int64_t n,
+                                          A (&acc)[kMicro][kMicro]) {
+  static_assert(sizeof(tiles::FmaSmem<A>) <= 2 * kTile * kChunkPitch * sizeof(A),
+                "the engine's operand tiles fit in Xs, Ys");
 #pragma unroll
   for (int r = 0; r < kMicro; ++r)
 #pragma unroll
     for (int c = 0; c < kMicro; ++c) acc[r][c] = A(0);
-  for (int64_t k0 = 0; k0 < n; k0 += kChunk) {
-    __syncthreads();  // the previous readers of Xs, Ys are done
-    load_chunk(Xs, x, x0, xrows, k0, n);
-    load_chunk(Ys, y, y0, yrows, k0, n);
-    __syncthreads();
-#pragma unroll 4
-    for (int kk = 0; kk < kChunk; ++kk) {
-      A xr[kMicro], yc[kMicro];
-#pragma unroll
-      for (int r = 0; r < kMicro; ++r) xr[r] = Xs[(ty + kSide * r) * kChunkPitch + kk];
-#pragma unroll
-      for (int c = 0; c < kMicro; ++c) yc[c] = Ys[(tx + kSide * c) * kChunkPitch + kk];
-#pragma unroll
-      for (int r = 0; r < kMicro; ++r)
-#pragma unroll
-        for (int c = 0; c < kMicro; ++c) acc[r][c] += xr[r] * yc[c];
-    }
-  }
+  __syncthreads();  // the previous readers of Xs, Ys are done
+  tiles::fma_tile_product<true, true>(
+      acc, n, *reinterpret_cast<tiles::FmaSmem<A>*>(Xs),
+      [&](int m, int64_t k) {
+        const int64_t row = x0 + m;
+        return row < xrows ? to_acc<A>(x[row * n + k]) : A(0);
+      },
+      [&](int64_t k, int c) {
+        const int64_t row = y0 + c;
+        return row < yrows ? to_acc<A>(y[row * n + k]) : A(0);
+      });
 }
 
 // acc[ch][r][c] += sum_j S[ty + 16 r, j] x[x0 + j, 64 ch + tx + 16 c]: a score tile
@@ -285,8 +271,8 @@ __global__ void __launch_bounds__(kTileThreads)
                           acc_t<T>* l_out) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem[];
-  A* Xs = reinterpret_cast<A*>(smem);  // [64, kChunkPitch] q chunks, then [64, 64] v blocks
-  A* Ys = Xs + kTile * kChunkPitch;    // [64, kChunkPitch] k chunks
+  A* Xs = reinterpret_cast<A*>(smem);  // tile_dots' q, k tiles (with Ys), then [64, 64] v blocks
+  A* Ys = Xs + kTile * kChunkPitch;    // [64, kChunkPitch]: the rest of tile_dots' tiles
   A* Ts = Ys + kTile * kChunkPitch;    // [64 queries, kScorePitch] T of the tile
   A* qs = Ts + kTile * kScorePitch;    // [64] tau / ||q_i||, 0 past N
   A* ks = qs + kTile;                  // [64] 1 / ||k_j||, 0 past M
@@ -310,7 +296,7 @@ __global__ void __launch_bounds__(kTileThreads)
       kr[tid] = j < p.M && is_real(p.kpm, b, p.M, j) ? A(1) : A(0);
     }
     A s[kMicro][kMicro];
-    tile_dots(Xs, Ys, qb, i0, p.N, kb, j0, p.M, p.d, ty, tx, s);
+    tile_dots(Xs, qb, i0, p.N, kb, j0, p.M, p.d, s);
 #pragma unroll
     for (int r = 0; r < kMicro; ++r)
 #pragma unroll
@@ -352,8 +338,8 @@ __global__ void __launch_bounds__(kTileThreads)
                      const acc_t<T>* D, const T* dout, T* dq, acc_t<T>* dtau_rows) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem[];
-  A* Xs = reinterpret_cast<A*>(smem);  // [64, kChunkPitch] q / do chunks, then [64, 64] k blocks
-  A* Ys = Xs + kTile * kChunkPitch;    // [64, kChunkPitch] k / v chunks
+  A* Xs = reinterpret_cast<A*>(smem);  // tile_dots' tiles (with Ys), then [64, 64] k blocks
+  A* Ys = Xs + kTile * kChunkPitch;    // [64, kChunkPitch]: the rest of tile_dots' tiles
   A* dAs = Ys + kTile * kChunkPitch;   // [64 queries, kScorePitch] dA_ij / ||k_j||
   A* qs = dAs + kTile * kScorePitch;   // [64] tau / ||q_i||, 0 past N
   A* il = qs + kTile;                  // [64] 1 / l_i (0 where l_i = 0 or past N)
@@ -386,8 +372,8 @@ __global__ void __launch_bounds__(kTileThreads)
       kr[tid] = j < p.M && is_real(p.kpm, b, p.M, j) ? A(1) : A(0);
     }
     A s[kMicro][kMicro], dp[kMicro][kMicro];
-    tile_dots(Xs, Ys, qb, i0, p.N, kb, j0, p.M, p.d, ty, tx, s);
-    tile_dots(Xs, Ys, gb, i0, p.N, vb, j0, p.M, p.dv, ty, tx, dp);
+    tile_dots(Xs, qb, i0, p.N, kb, j0, p.M, p.d, s);
+    tile_dots(Xs, gb, i0, p.N, vb, j0, p.M, p.dv, dp);
 #pragma unroll
     for (int r = 0; r < kMicro; ++r)
 #pragma unroll
@@ -429,8 +415,8 @@ __global__ void __launch_bounds__(kTileThreads)
                        const acc_t<T>* D, const T* dout, T* dk, T* dv) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem[];
-  A* Xs = reinterpret_cast<A*>(smem);  // [64, kChunkPitch] k / v chunks; [64, 64] do / q blocks
-  A* Ys = Xs + kTile * kChunkPitch;    // [64, kChunkPitch] q / do chunks
+  A* Xs = reinterpret_cast<A*>(smem);  // tile_dots' tiles (with Ys); [64, 64] do / q blocks
+  A* Ys = Xs + kTile * kChunkPitch;    // [64, kChunkPitch]: the rest of tile_dots' tiles
   A* Ps = Ys + kTile * kChunkPitch;    // [64 keys, kScorePitch] scale * P_ij
   A* dAs = Ps + kTile * kScorePitch;   // [64 keys, kScorePitch] dA_ij tau / ||q_i||
   A* ks = dAs + kTile * kScorePitch;   // [64] 1 / ||k_j||, 0 past M
@@ -465,8 +451,8 @@ __global__ void __launch_bounds__(kTileThreads)
     }
     // Transposed tiles: entry (r, c) is key j = ty + 16 r, query i = tx + 16 c.
     A s[kMicro][kMicro], dp[kMicro][kMicro];
-    tile_dots(Xs, Ys, kb, j0, p.M, qb, i0, p.N, p.d, ty, tx, s);
-    tile_dots(Xs, Ys, vb, j0, p.M, gb, i0, p.N, p.dv, ty, tx, dp);
+    tile_dots(Xs, kb, j0, p.M, qb, i0, p.N, p.d, s);
+    tile_dots(Xs, vb, j0, p.M, gb, i0, p.N, p.dv, dp);
 #pragma unroll
     for (int r = 0; r < kMicro; ++r)
 #pragma unroll

@@ -1,5 +1,5 @@
 // The tensor-core kernels of softmax and local attention
-// (cuda::FlashEngine::mma, issue 29: ops/attention/mma_cuda.cuh and the mma
+// (cuda::FlashEngine::mma, issue 29: ops/attention/tile_engine.cuh and the mma
 // sections of flash_cuda.cu), forward and backward, against the CPU ops and
 // against the tiled kernels: bf16 and f16 with d = dv = 64 and 128 over
 // partial tiles, cross lengths, causality, key padding masks (a batch with

@@ -1,9 +1,14 @@
-// The tensor-core tile engine of the CUDA attention kernels (issue 29), at
-// header level: 16-byte asynchronous tile loads into swizzled shared memory,
-// ldmatrix fragment loads and mma.sync m16n8k16 products (bf16 / f16
-// operands, f32 accumulators), for sm_80 and later. A kernel built on it keeps
-// its operand fragments and accumulators in registers; shared memory only
-// stages tiles.
+// The tile engine of the CUDA attention kernels (issue 29), at header level.
+// Two paths:
+// - tensor cores, for bf16 / f16 operands with f32 accumulators (sm_80 and
+//   later): 16-byte asynchronous tile loads into swizzled shared memory,
+//   ldmatrix fragment loads, mma.sync m16n8k16 products; a kernel built on it
+//   keeps its operand fragments and accumulators in registers, and shared
+//   memory only stages tiles (softmax / local: flash_cuda.cu's mma sections);
+// - FMA, for products in f32 / f64 (and the families whose bf16 / f16 kernels
+//   still compute in the accumulation type): fma_tile_product, a 64 x 64
+//   output tile per block of 256 threads, operands read through accessors
+//   (FAVOR+, the linear-family core, TaylorShift).
 //
 // Fragments of one warp (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4:
@@ -22,7 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace forge::cuda::mma {
+namespace forge::cuda::tiles {
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -147,4 +152,71 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[4], const T* tile, int k0, 
                     tile + swizzled<kCols>(k0 + lane % 8 + (lane / 8) % 2 * 8, n0 + lane / 16 * 8));
 }
 
-}  // namespace forge::cuda::mma
+// ---- FMA tile products ----
+// A block of kFmaThreads = 256 threads (kFmaSide x kFmaSide) accumulates a
+// kFmaTile x kFmaTile = 64 x 64 output tile, each thread kFmaPer x kFmaPer =
+// 4 x 4 entries: its entry [r][c] is output row fma_row(r), column
+// fma_col(c). Both operands go through shared memory in k-steps of
+// kFmaDepth (16; 8 for f64, which keeps the kernels that hold a [64, 65]
+// matrix beside it under 48 KiB of static shared memory).
+constexpr int kFmaTile = 64;
+constexpr int kFmaSide = 16;
+constexpr int kFmaPer = kFmaTile / kFmaSide;
+constexpr int kFmaThreads = kFmaSide * kFmaSide;
+
+template <typename A>
+constexpr int kFmaDepth = sizeof(A) == 8 ? 8 : 16;
+
+template <typename A>
+struct FmaSmem {
+  A a[kFmaDepth<A>][kFmaTile + 1];  // a[k][m], padded against bank conflicts
+  A b[kFmaDepth<A>][kFmaTile + 1];  // b[k][n]
+};
+
+__device__ __forceinline__ int fma_row(int r) {
+  return static_cast<int>(threadIdx.x) / kFmaSide + kFmaSide * r;
+}
+__device__ __forceinline__ int fma_col(int c) {
+  return static_cast<int>(threadIdx.x) % kFmaSide + kFmaSide * c;
+}
+
+// acc[r][c] += sum_{k < K} ga(fma_row(r), k) gb(k, fma_col(c)): the block's
+// 64 x 64 tile of the product of a [64, K] and a [K, 64] operand, summed in
+// the order of k. ga(m, k) and gb(k, n) return one element in A and must give
+// 0 for rows / columns outside their operand (they are called only for k <
+// K). kFastA: consecutive k of ga are adjacent in memory (else consecutive m
+// are), so the shared-memory fill runs along that index and a warp's global
+// loads coalesce; kFastB likewise for gb's k (else n). Every thread of the
+// block calls it with the same K; it synchronises the block before returning.
+template <bool kFastA, bool kFastB, typename A, typename GA, typename GB>
+__device__ void fma_tile_product(A (&acc)[kFmaPer][kFmaPer], int64_t K, FmaSmem<A>& sm,
+                                 const GA& ga, const GB& gb) {
+  constexpr int D = kFmaDepth<A>;
+  for (int64_t k0 = 0; k0 < K; k0 += D) {
+    for (int e = threadIdx.x; e < D * kFmaTile; e += kFmaThreads) {
+      const int kk = kFastA ? e % D : e / kFmaTile, m = kFastA ? e / D : e % kFmaTile;
+      sm.a[kk][m] = k0 + kk < K ? ga(m, k0 + kk) : A(0);
+    }
+    for (int e = threadIdx.x; e < D * kFmaTile; e += kFmaThreads) {
+      const int kk = kFastB ? e % D : e / kFmaTile, n = kFastB ? e / D : e % kFmaTile;
+      sm.b[kk][n] = k0 + kk < K ? gb(k0 + kk, n) : A(0);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < D; ++kk) {
+      A x[kFmaPer], y[kFmaPer];
+#pragma unroll
+      for (int r = 0; r < kFmaPer; ++r) {
+        x[r] = sm.a[kk][fma_row(r)];
+        y[r] = sm.b[kk][fma_col(r)];
+      }
+#pragma unroll
+      for (int r = 0; r < kFmaPer; ++r)
+#pragma unroll
+        for (int c = 0; c < kFmaPer; ++c) acc[r][c] += x[r] * y[c];
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace forge::cuda::tiles
