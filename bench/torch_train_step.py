@@ -181,6 +181,8 @@ def main():
     p.add_argument("--attention", choices=["softmax", "favor", "taylorshift"], default="softmax")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument("--flash-engine", choices=["tiled", "mma"], default="tiled",
+                   help="our softmax attention kernels on the GPU (issue 29's switch)")
     p.add_argument("--torch-one", type=int, metavar="BATCH",
                    help="(internal) time PyTorch's step at this batch in this process; print ms,peak")
     args = p.parse_args()
@@ -192,13 +194,15 @@ def main():
         return
     where = (torch.cuda.get_device_name(0) if args.device == "cuda" else f"{args.threads} CPU threads")
     print(f"{args.model} with {args.attention} attention, one training step (AdamW), {args.precision}, "
-          f"{where}, torch {torch.__version__}")
+          f"{where}, torch {torch.__version__}"
+          + (f"; our flash engine: {args.flash_engine}" if args.device == "cuda" else ""))
     print("| batch | ours ms | torch ms | ours samples/s | torch samples/s | torch / ours (time) | ours peak MB | torch peak MB |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     for b in [int(v) for v in args.batches.split(",")]:
         out = subprocess.run([args.ours, "--batch", str(b), "--steps", str(args.steps), "--model", args.model,
-                              "--attention", args.attention, "--device", args.device, "--precision", args.precision],
+                              "--attention", args.attention, "--device", args.device, "--precision", args.precision,
+                              "--flash-engine", args.flash_engine],
                              check=True, capture_output=True, text=True, env=env).stdout.strip()
         _, _, ours_ms, ours_ips, peak = out.split(",")
         line = subprocess.run([sys.executable, os.path.abspath(__file__), "--torch-one", str(b), "--ours", args.ours,

@@ -3,7 +3,8 @@
 // (bench/torch_train_step.py runs both in one process tree).
 //
 //   bench_train_step [--model tiny|p4|s16] [--device cpu|cuda] [--precision fp32|bf16|fp16]
-//                  [--batch 128] [--steps 30] [--warmup 5]
+//                  [--batch 128] [--steps 30] [--warmup 5] [--flash-engine tiled|mma]
+// (--flash-engine: the GPU softmax attention kernels, ops::attention::set_flash_engine)
 // tiny: the default recipe's ViT (recipes/vit/fmnist_tiny.yaml: 28x28x1
 // images, 7x7 patches, width 96, depth 6, 4 heads, feed-forward 192).
 // p4: the default recipe's ViT before issue 18 (4x4 patches, width 64, depth
@@ -26,6 +27,7 @@
 #include "autograd/engine.h"
 #include "core/allocator.h"
 #include "nn/models.h"
+#include "ops/attention/attention.h"
 #include "ops/autocast.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
@@ -52,6 +54,9 @@ int main(int argc, char** argv) {
       precision = v;
     else if (a == "--attention")
       attention = v;
+    else if (a == "--flash-engine" && (v == "tiled" || v == "mma"))
+      ops::attention::set_flash_engine(v == "tiled" ? cuda::FlashEngine::tiled
+                                                    : cuda::FlashEngine::mma);
     else {
       std::fprintf(stderr, "bench_train_step: unknown option %s\n", a.c_str());
       return 2;

@@ -106,6 +106,11 @@ if want mma; then
       done
     done
   done
+  echo "engine ViT-S/16 step (bf16, batch 128): ours,batch,ms,images/s,peak MB" | tee -a "$out/mma_bench.txt"
+  for e in tiled mma; do
+    echo "$e $(limited 90 "$root/bin/bench_train_step" --model s16 --device cuda --precision bf16 --batch 128 \
+      --steps 10 --flash-engine "$e" 2>>"$out/mma_bench.err" | tail -n 1)" | tee -a "$out/mma_bench.txt"
+  done
 fi
 if want train; then
   # The default recipe of `make train` on the GPU, fp32, bf16 then fp16. Its data:
@@ -213,7 +218,8 @@ if want steps bench; then
     for att in softmax favor taylorshift; do
       echo "== $model training step, $att attention, bf16, ours vs PyTorch"
       (cd "$src" && limited 120 python3 bench/torch_train_step.py --ours "$root/bin/bench_train_step" --model "$model" \
-          --attention "$att" --device cuda --precision bf16 --batches "$batch" --steps 10) 2>&1 |
+          --attention "$att" --device cuda --precision bf16 --batches "$batch" --steps 10 \
+          --flash-engine "${FLASH_ENGINE:-tiled}") 2>&1 |
         tee "$out/bench_step_${model}_$att.log"
     done
   done
