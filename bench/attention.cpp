@@ -9,7 +9,7 @@
 //                                                  and compares with PyTorch.
 //   SHAPE: [--batch B] [--heads H] [--dim d] [--device cpu|cuda] [--dtype f32|bf16|f16]
 //          [--autocast bf16|f16] (f32 inputs under autocast, as precision: bf16 | fp16 runs)
-//          [--flash-engine tiled|mma] (the GPU softmax / local / Linformer forward kernels:
+//          [--flash-engine tiled|mma|cudnn] (the GPU softmax / local / Linformer forward kernels:
 //          ops::attention::set_flash_engine)
 //          [--tokens T] (B = max(1, T / N) for each N) [--ns N1,N2,..] [--mechanisms a,b,..]
 // Peak memory: the allocator's peak bytes above the inputs during one
@@ -291,9 +291,11 @@ int bench_attention_main(int argc, char** argv) {
       cfg.autocast = v == "bf16" ? DType::bf16 : DType::f16;
     } else if (a == "--flash-engine" && has_value) {
       const std::string v = argv[++i];
-      FORGE_CHECK(v == "tiled" || v == "mma", "--flash-engine must be tiled or mma, got {}", v);
+      FORGE_CHECK(v == "tiled" || v == "mma" || v == "cudnn",
+                  "--flash-engine must be tiled, mma or cudnn, got {}", v);
       att::set_flash_engine(v == "tiled" ? forge::cuda::FlashEngine::tiled
-                                         : forge::cuda::FlashEngine::mma);
+                            : v == "mma" ? forge::cuda::FlashEngine::mma
+                                         : forge::cuda::FlashEngine::cudnn);
     } else if (a == "--list") {
       for (const Mechanism& m : mechanisms()) std::printf("%s\n", m.name.c_str());
       return 0;
@@ -305,7 +307,7 @@ int bench_attention_main(int argc, char** argv) {
       FORGE_FAIL(
           "unknown argument {} (use --max-n N, --csv, --list, --one NAME N, --batch B, --heads H, "
           "--dim d, --device cpu|cuda, --dtype f32|bf16|f16, --autocast bf16|f16, "
-          "--flash-engine tiled|mma)",
+          "--flash-engine tiled|mma|cudnn)",
           a);
     }
   }

@@ -18,7 +18,7 @@ TFLOP/s for softmax counts 4 B H N^2 d for the forward (half when causal) and
     python3 bench/torch_cuda_attention.py --ours PATH/bench_attention \
         [--dims 64,128] [--ns 1024,...,65536] [--tokens 16384] [--heads 16] \
         [--dtype bf16] [--mechanisms softmax,linear,...] [--raw OUT.csv] \
-        [--flash-engine tiled|mma]   (our softmax / local kernels: issue 29's switch)
+        [--flash-engine tiled|mma|cudnn]   (our softmax / local kernels: issue 29's switch)
 
 Prints a Markdown table per head dimension; --raw also writes every figure as CSV.
 Needs PyTorch with CUDA (PyTorch 2.11 on the GPU machine).
@@ -145,7 +145,7 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
     ap.add_argument("--mechanisms", default="")
     ap.add_argument("--raw", default="")
-    ap.add_argument("--flash-engine", default="", choices=["", "tiled", "mma"])
+    ap.add_argument("--flash-engine", default="", choices=["", "tiled", "mma", "cudnn"])
     a = ap.parse_args()
     import torch
     F = torch.nn.functional

@@ -181,7 +181,7 @@ def main():
     p.add_argument("--attention", choices=["softmax", "favor", "taylorshift"], default="softmax")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
-    p.add_argument("--flash-engine", choices=["tiled", "mma"], default="tiled",
+    p.add_argument("--flash-engine", choices=["tiled", "mma", "cudnn"], default="tiled",
                    help="our softmax attention kernels on the GPU (issue 29's switch)")
     p.add_argument("--torch-one", type=int, metavar="BATCH",
                    help="(internal) time PyTorch's step at this batch in this process; print ms,peak")

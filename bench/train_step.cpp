@@ -3,7 +3,7 @@
 // (bench/torch_train_step.py runs both in one process tree).
 //
 //   bench_train_step [--model tiny|p4|s16] [--device cpu|cuda] [--precision fp32|bf16|fp16]
-//                  [--batch 128] [--steps 30] [--warmup 5] [--flash-engine tiled|mma]
+//                  [--batch 128] [--steps 30] [--warmup 5] [--flash-engine tiled|mma|cudnn]
 // (--flash-engine: the GPU softmax attention kernels, ops::attention::set_flash_engine)
 // tiny: the default recipe's ViT (recipes/vit/fmnist_tiny.yaml: 28x28x1
 // images, 7x7 patches, width 96, depth 6, 4 heads, feed-forward 192).
@@ -54,9 +54,10 @@ int main(int argc, char** argv) {
       precision = v;
     else if (a == "--attention")
       attention = v;
-    else if (a == "--flash-engine" && (v == "tiled" || v == "mma"))
+    else if (a == "--flash-engine" && (v == "tiled" || v == "mma" || v == "cudnn"))
       ops::attention::set_flash_engine(v == "tiled" ? cuda::FlashEngine::tiled
-                                                    : cuda::FlashEngine::mma);
+                                       : v == "mma" ? cuda::FlashEngine::mma
+                                                    : cuda::FlashEngine::cudnn);
     else {
       std::fprintf(stderr, "bench_train_step: unknown option %s\n", a.c_str());
       return 2;

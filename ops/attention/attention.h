@@ -38,10 +38,11 @@ Tensor local(const Tensor& q, const Tensor& k, const Tensor& v,
              const Tensor& key_padding_mask = Tensor(), const LocalOptions& options = {});
 
 // The GPU kernels of softmax, local and Linformer attention (forward and
-// backward), for the whole process: cuda::FlashEngine::tiled (the default) or ::mma, issue 29's
-// tensor-core kernels, which have not yet run on a GPU (docs/GPU.md; bf16 /
-// f16 with d = dv = 64 or 128 and no dropout, other cases stay tiled). The
-// CPU kernels ignore it.
+// backward), for the whole process: cuda::FlashEngine::tiled (the default),
+// ::mma (issue 29's tensor-core kernels: bf16 / f16 with d = dv = 64 or 128
+// and no dropout, other cases stay tiled) or ::cudnn (cuDNN's fused attention
+// where it takes the case, else as mma); mma and cudnn have not yet run on a
+// GPU (docs/GPU.md). The CPU kernels ignore it.
 void set_flash_engine(cuda::FlashEngine engine);
 cuda::FlashEngine flash_engine();
 

@@ -1362,8 +1362,9 @@ void launch_mma_backward(const Params& p, int64_t BH, const void* q, const void*
 // = 64 or 128, no dropout, every tensor 16-byte aligned (its tile loads and
 // stores are 16-byte vectors). Other cases run the tiled kernels.
 bool mma_takes(const FlashArgs& a, std::initializer_list<const void*> tensors) {
-  if (a.engine != FlashEngine::mma || !(a.dtype == DType::bf16 || a.dtype == DType::f16) ||
-      a.d != a.dv || !(a.d == 64 || a.d == 128) || a.dropout != 0)
+  const bool engine = a.engine == FlashEngine::mma || a.engine == FlashEngine::cudnn;
+  if (!engine || !(a.dtype == DType::bf16 || a.dtype == DType::f16) || a.d != a.dv ||
+      !(a.d == 64 || a.d == 128) || a.dropout != 0)
     return false;
   for (const void* t : tensors)
     if (!aligned16(t)) return false;
@@ -1408,6 +1409,7 @@ void flash_forward(const FlashArgs& a, const void* q, const void* k, const void*
   const int64_t BH = a.B * a.H;
   if (BH == 0 || a.N == 0) return;
   DeviceGuard guard(device);
+  if (cudnn_sdpa_takes(a) && cudnn_sdpa_forward(a, q, k, v, o, lse, device)) return;
   const Params p = make_params(a, aligned16(q) && aligned16(k), aligned16(v));
   if (mma_takes(a, {q, k, v, o})) {
     const bool bf16 = a.dtype == DType::bf16;
@@ -1432,6 +1434,8 @@ void flash_backward(const FlashArgs& a, const void* q, const void* k, const void
   const int64_t BH = a.B * a.H;
   if (BH == 0) return;
   DeviceGuard guard(device);
+  if (cudnn_sdpa_takes(a) && cudnn_sdpa_backward(a, q, k, v, o, lse, dout, dq, dk, dv, device))
+    return;
   const Params p = make_params(a, aligned16(q) && aligned16(k), aligned16(v) && aligned16(dout));
   FORGE_CUDA_DISPATCH_FLOAT(a.dtype, "attention (flash backward)", [&] {
     const int64_t rows = BH * a.N;

@@ -28,9 +28,12 @@ constexpr int64_t kFlashMaxHeadDim = 256;
 // part, every case. `mma` (issue 29; not yet run on a GPU, docs/GPU.md):
 // FlashAttention-2's forward and backward on the tensor-core tile engine
 // (tile_engine.cuh) for bf16 / f16 with d = dv = 64 or 128 and no dropout;
-// other cases still take `tiled`. Both save the same o and lse, so either
-// backward follows either forward.
-enum class FlashEngine { tiled, mma };
+// other cases still take `tiled`. `cudnn` (issue 29; not yet run): cuDNN's
+// fused attention (sdpa_cudnn_cuda.cpp) where it takes the case (bf16 / f16,
+// d = dv <= 128, no mask, band, causality or dropout, cuDNN >= 9.13.1, an
+// engine from its heuristics), else as `mma`. All save the same o and lse,
+// so any backward follows any forward.
+enum class FlashEngine { tiled, mma, cudnn };
 
 struct FlashArgs {
   int64_t B = 0, H = 0, N = 0, M = 0, d = 0, dv = 0;
@@ -60,6 +63,17 @@ struct FlashArgs {
 // o and lse from q, k, v.
 void flash_forward(const FlashArgs& a, const void* q, const void* k, const void* v, void* o,
                    void* lse, int device);
+
+// cuDNN's fused attention (FlashEngine::cudnn; sdpa_cudnn_cuda.cpp): whether
+// it may take the case (engine, cuDNN version, dtype, shape, no mask, band,
+// causality or dropout), and the forward / backward, which return false,
+// doing nothing, when cuDNN has no engine for it. lse, as the flash kernels'.
+bool cudnn_sdpa_takes(const FlashArgs& a);
+bool cudnn_sdpa_forward(const FlashArgs& a, const void* q, const void* k, const void* v, void* o,
+                        void* lse, int device);
+bool cudnn_sdpa_backward(const FlashArgs& a, const void* q, const void* k, const void* v,
+                         const void* o, const void* lse, const void* dout, void* dq, void* dk,
+                         void* dv, int device);
 
 // dq, dk, dv (each overwritten) from the forward's inputs, its o and lse, and
 // do = the gradient of o. `scratch` holds BH * N accumulation-type values

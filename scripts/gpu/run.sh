@@ -83,13 +83,13 @@ if want tests; then
   if grep -q 'rc=[^0]' "$out/test_cuda.summary"; then status=1; fi
 fi
 if want mma; then
-  # Issue 29's tensor-core forward (FlashEngine::mma; docs/GPU.md lists it as
-  # not yet run): its tests and the tiled kernels' first, then softmax
-  # attention tiled against mma, bf16, 16k tokens a step (B = 16384 / N),
+  # Issue 29's engines (FlashEngine::mma and ::cudnn; docs/GPU.md lists them
+  # as not yet run): their tests and the tiled kernels' first, then softmax
+  # attention under each engine, bf16, 16k tokens a step (B = 16384 / N),
   # width 1024 (H = 1024 / d): ms forward and forward + backward, and the
   # forward's TFLOP/s (4 B H N^2 d).
-  echo "== mma: test_cuda CudaFlashMma, CudaAttentionSoftmax, CudaAttentionLocal"
-  limited 240 "$root/bin/test_cuda" --gtest_filter='CudaFlashMma.*:CudaAttentionSoftmax.*:CudaAttentionLocal.*' \
+  echo "== mma: test_cuda CudaFlashMma, CudaFlashCudnn, CudaAttentionSoftmax, CudaAttentionLocal"
+  limited 240 "$root/bin/test_cuda" --gtest_filter='CudaFlashMma.*:CudaFlashCudnn.*:CudaAttentionSoftmax.*:CudaAttentionLocal.*' \
     > "$out/mma_tests.log" 2>&1
   rc=$?
   echo "mma tests rc=$rc"; grep -E '^\[  (FAILED|PASSED) ' "$out/mma_tests.log" | sort -u
@@ -97,7 +97,7 @@ if want mma; then
   echo "engine d N fwd_ms fwdbwd_ms fwd_TFLOP/s" | tee "$out/mma_bench.txt"
   for d in 64 128; do
     for n in 1024 4096 16384; do
-      for e in tiled mma; do
+      for e in tiled mma cudnn; do
         limited 60 "$root/bin/bench_attention" --one softmax "$n" --device cuda --dtype bf16 --dim "$d" \
           --heads $((1024 / d)) --tokens 16384 --flash-engine "$e" 2>>"$out/mma_bench.err" | tail -n 1 |
           awk -F, -v e="$e" -v d="$d" -v n="$n" '{ b = 16384 / n; h = 1024 / d;
@@ -107,7 +107,7 @@ if want mma; then
     done
   done
   echo "engine ViT-S/16 step (bf16, batch 128): ours,batch,ms,images/s,peak MB" | tee -a "$out/mma_bench.txt"
-  for e in tiled mma; do
+  for e in tiled mma cudnn; do
     echo "$e $(limited 90 "$root/bin/bench_train_step" --model s16 --device cuda --precision bf16 --batch 128 \
       --steps 10 --flash-engine "$e" 2>>"$out/mma_bench.err" | tail -n 1)" | tee -a "$out/mma_bench.txt"
   done

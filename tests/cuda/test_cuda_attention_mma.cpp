@@ -5,7 +5,9 @@
 // partial tiles, cross lengths, causality, key padding masks (a batch with
 // every key masked), local bands; runs bit-identical when repeated; and every
 // case the engine does not take (f32, other head dims, dropout) bit-identical
-// to the tiled kernels.
+// to the tiled kernels. Then cuda::FlashEngine::cudnn (cuDNN's fused
+// attention, sdpa_cudnn_cuda.cpp) against the CPU and the tiled kernels, and
+// the cases it leaves to the mma kernels.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -181,6 +183,63 @@ TEST(CudaFlashMma, CasesItDoesNotTakeRunTheTiledKernels) {
                 testing::host_f32(mma[i]).to_vector<float>())
           << c.what << ": " << kOutputs[i];
   }
+}
+
+// ---- FlashEngine::cudnn: cuDNN's fused attention where it takes the case ----
+
+// The cases cuDNN's native SDPA operations take (no mask, band, causality or dropout).
+std::vector<Case> cudnn_cases(int64_t d) {
+  return {
+      {"N = M = 200", softmax_fn(false), make_inputs(2, 3, 200, 200, d, 71)},
+      {"N 70, M 190", softmax_fn(false), make_inputs(2, 2, 70, 190, d, 72)},
+      {"N = M = 1024", softmax_fn(false), make_inputs(1, 4, 1024, 1024, d, 73)},
+  };
+}
+
+TEST(CudaFlashCudnn, MatchesCpuForwardAndGradients) {
+  FORGE_REQUIRE_CUDA();
+  const EngineScope cudnn(FlashEngine::cudnn);
+  for (int64_t d : {64, 128})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (const Case& c : cudnn_cases(d))
+        expect_cuda_matches_cpu(c.fn, c.in, dt, testing::attention_tolerance(dt),
+                                c.what + ", d " + std::to_string(d) + " (" + dtype_name(dt) + ")");
+}
+
+TEST(CudaFlashCudnn, AgreesWithTheTiledKernelsAndRepeatsItsForward) {
+  FORGE_REQUIRE_CUDA();
+  for (int64_t d : {64, 128})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (const Case& c : cudnn_cases(d)) {
+        const std::string what = c.what + ", d " + std::to_string(d) + " (" + dtype_name(dt) + ")";
+        const auto tiled = gpu_run(c.fn, c.in, dt, FlashEngine::tiled);
+        const auto a = gpu_run(c.fn, c.in, dt, FlashEngine::cudnn);
+        const auto b = gpu_run(c.fn, c.in, dt, FlashEngine::cudnn);
+        for (size_t i = 0; i < 4; ++i)
+          EXPECT_LE(testing::scaled_diff(a[i], tiled[i]), testing::attention_tolerance(dt))
+              << what << ": " << kOutputs[i];
+        EXPECT_EQ(testing::host_f32(a[0]).to_vector<float>(),
+                  testing::host_f32(b[0]).to_vector<float>())
+            << what << ": o differs between two runs";
+      }
+}
+
+// Masks, bands and causality are not cuDNN's here: the cudnn engine runs them
+// as the mma engine does, bit for bit.
+TEST(CudaFlashCudnn, CasesItDoesNotTakeRunAsMma) {
+  FORGE_REQUIRE_CUDA();
+  for (DType dt : {DType::bf16, DType::f16})
+    for (const Case& c : mma_cases(64)) {
+      const auto mma = gpu_run(c.fn, c.in, dt, FlashEngine::mma);
+      const auto cudnn = gpu_run(c.fn, c.in, dt, FlashEngine::cudnn);
+      const bool cudnn_may_take = c.in.size() == 3 && c.what.find("causal") == std::string::npos &&
+                                  c.what.find("local") == std::string::npos;
+      if (cudnn_may_take) continue;  // the plain cases above
+      for (size_t i = 0; i < 4; ++i)
+        EXPECT_EQ(testing::host_f32(mma[i]).to_vector<float>(),
+                  testing::host_f32(cudnn[i]).to_vector<float>())
+            << c.what << " (" << dtype_name(dt) << "): " << kOutputs[i];
+    }
 }
 
 }  // namespace
