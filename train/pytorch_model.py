@@ -502,6 +502,7 @@ _ATTENTION_KEYS = {
     "local_heads_at": "ignored", "local_rotary": "ignored",  # local heads only (refused)
     "dropout": "ignored", "bucket_size": "ignored", "favor_stabilizer": "ignored",  # causal only
     "favor_scaling": "ignored", "feature_redraw_interval": "ignored", "n0": "ignored",
+    "backend": "ignored",  # which GPU kernels compute the same function
 }
 
 

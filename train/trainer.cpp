@@ -25,6 +25,7 @@
 #include "dist/group.h"
 #include "dist/reducer.h"
 #include "nn/models.h"
+#include "ops/attention/attention.h"
 #include "ops/autocast.h"
 #include "ops/blas_core.h"
 #include "ops/linalg/matmul.h"
@@ -455,6 +456,16 @@ void write_attention_maps(TaskModel& model, data::DataLoader& loader, const Plac
                                       : "");
 }
 
+// The recipe's choices of GPU kernels: TF32 for f32 GEMMs, and the kernels
+// of softmax / local / linformer attention (model.attention.backend).
+void apply_gpu_kernels(const Recipe& r) {
+  ops::set_allow_tf32(r.boolean("allow_tf32"));
+  const std::string backend = r.string("model.attention.backend");
+  ops::attention::set_flash_engine(backend == "mma"     ? cuda::FlashEngine::mma
+                                   : backend == "cudnn" ? cuda::FlashEngine::cudnn
+                                                        : cuda::FlashEngine::tiled);
+}
+
 // The recipe's threads, or every core of the host shared evenly by the
 // processes of a data-parallel job on it.
 void apply_threads(const Recipe& r, const dist::Group& group) {
@@ -638,7 +649,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
               "--resume {}: {} holds checkpoints but none can be read ({}). Nothing was changed",
               run_dir, ckpts.dir(), fmt::join(ckpts.warnings(), "; "));
   const DType dtype = place.dtype;
-  ops::set_allow_tf32(r.boolean("allow_tf32"));
+  apply_gpu_kernels(r);
   apply_threads(r, group);
   autograd::set_check_nan(opt.check_nan || r.boolean("loop.check_nan"));
 
@@ -831,6 +842,10 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
 
   if (!place.note.empty()) log->warn("{}", place.note);
   if (place.device.is_cpu()) log->info("CPU: OpenBLAS's {}", blas::kernel_summary());
+  if (place.device.is_cuda())
+    log->info("GPU: softmax / local / linformer attention on the {} kernels "
+              "(model.attention.backend)",
+              r.string("model.attention.backend"));
   if (place.device.is_cpu() && place.autocast == DType::bf16)
     log->info("CPU: matmuls, linear layers, the patch embedding and softmax / local attention "
               "from 128 keys in bf16 with f32 accumulation (oneDNN); every other op in f32");
@@ -1158,7 +1173,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
   for (const std::string& s : overrides) r.set(s);
   group.set_timeout(r.number("distributed.timeout_s"));
   const Placement place = placement(r, group.local_rank());
-  ops::set_allow_tf32(r.boolean("allow_tf32"));
+  apply_gpu_kernels(r);
   apply_threads(r, group);
   TaskData data = build_data(r, split, false, [](const std::string&) {});
   data::LoaderOptions lo = loader_options(r, data, false);

@@ -18,6 +18,7 @@
 #include "core/safetensors.h"
 #include "core/version.h"
 #include "data/image_io.h"
+#include "ops/attention/attention.h"
 #include "ops/blas_core.h"
 #include "tests/test_util.h"
 #include "train/checkpoint.h"
@@ -185,6 +186,36 @@ TEST(Trainer, Bf16OnTheCpuComputesTheGemmsInBf16OrRefuses) {
     differs = differs || bf16[i] != fp32[i];
   }
   EXPECT_TRUE(differs) << "the bf16 run equals the fp32 one: its GEMMs did not run in bf16";
+}
+
+// model.attention.backend picks the GPU kernels of softmax attention for the
+// process (ops::attention::set_flash_engine); the CPU kernels ignore it, so a
+// CPU run is the same with either, to the last digit; a bad value names the choices.
+TEST(Trainer, AttentionBackendPicksTheGpuKernelsAndTheCpuIgnoresIt) {
+  Recipe r = tiny_recipe();
+  r.set("device=cpu");
+  r.set("loop.epochs=0");
+  r.set("loop.steps=4");
+  r.set("loop.log_every=2");
+  const auto losses = [&](const std::string& backend) {
+    r.set("model.attention.backend=" + backend);
+    const std::string dir = fresh_dir("backend_" + backend);
+    EXPECT_EQ(train(r, quiet(dir)).steps, 4);
+    std::vector<double> out;
+    for (const auto& rec : read_metrics((fs::path(dir) / "metrics.jsonl").string()))
+      if (rec.at("split").as_string() == "train") out.push_back(rec.at("loss").as_double());
+    fs::remove_all(dir);
+    return out;
+  };
+  const std::vector<double> tiled = losses("tiled");
+  EXPECT_EQ(ops::attention::flash_engine(), cuda::FlashEngine::tiled);
+  EXPECT_EQ(losses("cudnn"), tiled);
+  EXPECT_EQ(ops::attention::flash_engine(), cuda::FlashEngine::cudnn);
+  EXPECT_EQ(losses("mma"), tiled);
+  EXPECT_EQ(ops::attention::flash_engine(), cuda::FlashEngine::mma);
+  ops::attention::set_flash_engine(cuda::FlashEngine::tiled);
+  forge::testing::expect_error([&] { r.set("model.attention.backend=fast"); },
+                               {"model.attention.backend", "tiled", "mma", "cudnn"});
 }
 
 TEST(Trainer, TinyRecipeLearns) {
