@@ -227,6 +227,34 @@ Result measure(const Mechanism& m, int64_t N, double budget) {
   return r;
 }
 
+// The device's copy bandwidth in bytes/s (bytes read plus written), from the
+// median of copying 256 MiB between two buffers: the ceiling of a
+// memory-bound kernel.
+double copy_bandwidth() {
+  static double measured = 0;
+  if (measured == 0) {
+    const int64_t n = int64_t{1} << 26;  // f32 values
+    Tensor src = Tensor::full({n}, 1.0, DType::f32, cfg.device);
+    Tensor dst = Tensor::empty({n}, DType::f32, cfg.device);
+    const double t = median_time([&] { dst.copy_from(src); }, 0.5);
+    measured = 2.0 * static_cast<double>(n) * 4 / t;
+  }
+  return measured;
+}
+
+// The fewest bytes one forward + backward of m must move through memory: q, k,
+// v read and o written by the forward; q, k, v and do read and dq, dk, dv
+// written by the backward (d = dv here, N = M); Linformer's E and F (shared
+// by every head) read twice and their gradients written. Over the copy
+// bandwidth, the time no kernel can beat.
+double floor_ms(const Mechanism& m, int64_t N) {
+  const double elem = static_cast<double>(forge::dtype_size(cfg.dtype));
+  const double per_head = 11.0 * static_cast<double>(N * cfg.D);  // 4 N d + 7 N d
+  double bytes = elem * per_head * static_cast<double>(cfg.B * cfg.H);
+  if (m.name.rfind("linformer", 0) == 0) bytes += elem * 6.0 * 256 * static_cast<double>(N);
+  return 1e3 * bytes / copy_bandwidth();
+}
+
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
   size_t at = 0;
@@ -323,15 +351,17 @@ int bench_attention_main(int argc, char** argv) {
                 r.fwd_ms, r.fwdbwd_ms, static_cast<long long>(r.peak_bytes), r.rss_growth_kib);
     return 0;
   }
-  std::printf(csv ? "mechanism,B,N,fwd_ms,fwdbwd_ms,peak_MiB\n"
-                  : "H = %lld, d = %lld, %s%s on %s, %d thread%s\n\n| mechanism | B | N | fwd ms | "
-                    "fwd+bwd ms | peak MiB |\n|---|---|---|---|---|---|\n",
+  std::printf(csv ? "mechanism,B,N,fwd_ms,fwdbwd_ms,peak_MiB,floor_ms\n"
+                  : "H = %lld, d = %lld, %s%s on %s, %d thread%s; copy bandwidth %.1f GB/s\n\n"
+                    "| mechanism | B | N | fwd ms | fwd+bwd ms | peak MiB | floor ms | "
+                    "fwd+bwd / floor |\n|---|---|---|---|---|---|---|---|\n",
               static_cast<long long>(cfg.H), static_cast<long long>(cfg.D),
               forge::dtype_name(cfg.dtype),
               cfg.autocast == DType::bf16  ? " under bf16 autocast"
               : cfg.autocast == DType::f16 ? " under f16 autocast"
                                            : "",
-              cfg.device.str().c_str(), forge::num_threads(), forge::num_threads() == 1 ? "" : "s");
+              cfg.device.str().c_str(), forge::num_threads(), forge::num_threads() == 1 ? "" : "s",
+              copy_bandwidth() / 1e9);
   if (names.empty())
     for (const Mechanism& m : mechanisms()) names.push_back(m.name);
   for (const std::string& name : names) {
@@ -343,16 +373,23 @@ int bench_attention_main(int argc, char** argv) {
       try {
         r = measure(*m, N, 0.5);
       } catch (const std::exception& e) {  // out of memory, most likely: say so, go on
-        std::printf(
-            csv ? "%s,%lld,%lld,failed,failed,failed\n" : "| %s | %lld | %lld | failed: %s |\n",
-            m->name.c_str(), static_cast<long long>(cfg.B), static_cast<long long>(N), e.what());
+        std::printf(csv ? "%s,%lld,%lld,failed,failed,failed,failed\n"
+                        : "| %s | %lld | %lld | failed: %s |\n",
+                    m->name.c_str(), static_cast<long long>(cfg.B), static_cast<long long>(N),
+                    e.what());
         std::fflush(stdout);
         break;
       }
-      std::printf(
-          csv ? "%s,%lld,%lld,%.3f,%.3f,%.1f\n" : "| %s | %lld | %lld | %.2f | %.2f | %.1f |\n",
-          m->name.c_str(), static_cast<long long>(cfg.B), static_cast<long long>(N), r.fwd_ms,
-          r.fwdbwd_ms, static_cast<double>(r.peak_bytes) / (1 << 20));
+      const double floor = floor_ms(*m, N),
+                   peak_mib = static_cast<double>(r.peak_bytes) / (1 << 20);
+      if (csv)
+        std::printf("%s,%lld,%lld,%.3f,%.3f,%.1f,%.3f\n", m->name.c_str(),
+                    static_cast<long long>(cfg.B), static_cast<long long>(N), r.fwd_ms, r.fwdbwd_ms,
+                    peak_mib, floor);
+      else
+        std::printf("| %s | %lld | %lld | %.2f | %.2f | %.1f | %.3f | %.1f |\n", m->name.c_str(),
+                    static_cast<long long>(cfg.B), static_cast<long long>(N), r.fwd_ms, r.fwdbwd_ms,
+                    peak_mib, floor, r.fwdbwd_ms / floor);
       std::fflush(stdout);
       if (r.fwdbwd_ms > 30000) break;  // the next N would take minutes
     }

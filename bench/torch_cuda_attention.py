@@ -13,7 +13,9 @@ medians after a warm-up, with the device synchronised around each call. Peak
 memory: the growth of the allocator's peak over one forward+backward (ours:
 the CUDA caching allocator's counters; PyTorch: torch.cuda.max_memory_allocated).
 TFLOP/s for softmax counts 4 B H N^2 d for the forward (half when causal) and
-2.5x that for the backward, as FlashAttention's papers do.
+2.5x that for the backward, as FlashAttention's papers do. The bandwidth
+floor (bench_attention's): the bytes a forward + backward must move (q, k,
+v, o, do, dq, dk, dv once each) over the GPU's measured copy bandwidth.
 
     python3 bench/torch_cuda_attention.py --ours PATH/bench_attention \
         [--dims 64,128] [--ns 1024,...,65536] [--tokens 16384] [--heads 16] \
@@ -124,8 +126,9 @@ def run_ours(args, d):
     sys.stderr.write(p.stderr)
     ours = {}
     for line in p.stdout.splitlines()[1:]:
-        name, b, n, f, fb, peak = line.split(",")
-        ours[(name, int(n))] = "failed" if f == "failed" else (float(f), float(fb), float(peak))
+        name, b, n, f, fb, peak, floor = line.split(",")
+        ours[(name, int(n))] = ("failed" if f == "failed" else
+                                (float(f), float(fb), float(peak), float(floor)))
     if p.returncode != 0:
         print(f"(bench_attention exited {p.returncode}; rows it did not reach are missing)")
     return ours
@@ -162,10 +165,11 @@ def main():
         ours = run_ours(a, d)
         print(f"### d = dv = {d}\n")
         print("| mechanism | B | N | ours fwd ms | eager fwd ms | ours fwd+bwd ms | eager fwd+bwd ms "
-              "| eager/ours (fwd+bwd) | SDPA fwd+bwd ms: flash / cudnn / efficient "
+              "| eager/ours (fwd+bwd) | ours / bandwidth floor (fwd+bwd) "
+              "| SDPA fwd+bwd ms: flash / cudnn / efficient "
               "| ours / fastest SDPA throughput (fwd, fwd+bwd) | ours TFLOP/s (fwd, fwd+bwd) "
               "| ours peak MiB | eager peak MiB | SDPA peak MiB (fastest) |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name in names:
             for n in ns:
                 b = max(1, a.tokens // n)
@@ -177,7 +181,7 @@ def main():
                     for backend in SDPA_BACKENDS:
                         sdpa[backend] = torch_run(torch, sdpa_fn(torch, backend, SOFTMAX_LIKE[name]), x)
                 del x
-                of, ofb, opk = o if isinstance(o, tuple) else (o, None, None)
+                of, ofb, opk, ofl = o if isinstance(o, tuple) else (o, None, None, None)
                 tf, tfb, tpk = t if isinstance(t, tuple) else (t, None, None)
                 ran = [r for r in sdpa.values() if isinstance(r, tuple)]
                 best_f = min((r[0] for r in ran), default=None)
@@ -191,14 +195,16 @@ def main():
                           if fl and isinstance(o, tuple) else None)
                 sdpa_ms = (" / ".join(fmt(r[1] if isinstance(r, tuple) else r) for r in sdpa.values())
                            if sdpa else None)
+                over_floor = ofb / ofl if isinstance(o, tuple) and ofl else None
                 print(f"| {name} | {b} | {n} | {fmt(of)} | {fmt(tf)} | {fmt(ofb)} | {fmt(tfb)} | "
-                      f"{fmt(ratio)} | {fmt(sdpa_ms)} | {fmt(sratio)} | {fmt(tflops)} | "
+                      f"{fmt(ratio)} | {fmt(over_floor, '.1f')} | {fmt(sdpa_ms)} | {fmt(sratio)} | "
+                      f"{fmt(tflops)} | "
                       f"{fmt(opk, '.1f')} | {fmt(tpk, '.1f')} | {fmt(best_pk, '.1f')} |")
                 sys.stdout.flush()
                 sides = [("ours", o), ("eager", t)] + [(f"sdpa_{k}", r) for k, r in sdpa.items()]
                 for side, r in sides:
                     if r is not None:
-                        vals = r if isinstance(r, tuple) else (r, r, r)
+                        vals = r[:3] if isinstance(r, tuple) else (r, r, r)
                         raw.append(f"{d},{name},{b},{n},{side}," + ",".join(str(v) for v in vals))
         print()
     if a.raw:
