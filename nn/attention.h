@@ -151,6 +151,10 @@ struct AttentionState {
   Tensor k_max;               // favor prefix stabiliser: running max [B, Hg]
   Tensor v_sum;               // favor softmax kernel: sum of v [B, Hg, d]
   Tensor count;               // favor softmax kernel: keys seen (for the eps term)
+  // The linear-family sums updated with tensor ops on their own device (set
+  // for inputs on a GPU, where the host loops cannot run; tests set it on
+  // the CPU to compare the two): MultiHeadAttention::recurrent_with_ops().
+  bool with_ops = false;
 };
 
 class MultiHeadAttention : public Module {
@@ -186,6 +190,10 @@ class MultiHeadAttention : public Module {
   // causal self-attention of those mechanisms (favor's softmax kernel with the
   // prefix stabiliser), local heads mixed in or not.
   bool supports_recurrent() const;
+  // Whether step() can keep its state on a GPU: linear, efficient and favor
+  // heads (sums updated with tensor ops); softmax and local heads' key /
+  // value caches are host memory.
+  bool recurrent_with_ops() const;
   Tensor step(const Tensor& x, AttentionState& state);
 
   // favor: draw a new W from the module's generator. tick_redraw() counts one
@@ -230,6 +238,12 @@ class MultiHeadAttention : public Module {
   // (its own key absorbed) to the state -> (B, h, 1, d).
   void absorb(const Tensor& k, const Tensor& v, int64_t pos, int64_t h0, AttentionState& st);
   Tensor read(const Tensor& q, int64_t pos, int64_t h0, AttentionState& st);
+  // The same for the linear-family heads with tensor ops (AttentionState::with_ops).
+  void absorb_with_ops(const Tensor& k, const Tensor& v, int64_t pos, AttentionState& st);
+  Tensor read_with_ops(const Tensor& q, AttentionState& st);
+  // phi of rows x (B, h, n, d) -> (B, h, n, F) for linear, efficient keys,
+  // favor relu / no_projection keys and queries (not favor's softmax kernel).
+  Tensor features_with_ops(const Tensor& x, bool query) const;
 
   bool is_local(int64_t h) const {
     return h >= config.local_begin() && h < config.local_begin() + config.n_local_heads;

@@ -174,6 +174,12 @@ bool MultiHeadAttention::supports_recurrent() const {
   }
 }
 
+bool MultiHeadAttention::recurrent_with_ops() const {
+  return supports_recurrent() && config.n_local_heads == 0 &&
+         (config.kind == Mechanism::linear || config.kind == Mechanism::efficient ||
+          config.kind == Mechanism::favor);
+}
+
 Tensor MultiHeadAttention::step(const Tensor& x, AttentionState& st) {
   FORGE_CHECK(supports_recurrent(),
               "MultiHeadAttention::step: decoding needs causal self-attention with softmax, "
@@ -210,11 +216,25 @@ void MultiHeadAttention::absorb(const Tensor& k, const Tensor& v, int64_t pos, i
   const Mechanism kind = is_local(h0) ? Mechanism::local : config.kind;
   const DType dt = k.dtype();
   if (kind == Mechanism::softmax || kind == Mechanism::local) {
+    FORGE_CHECK(!st.with_ops && k.device().is_cpu(),
+                "MultiHeadAttention::step: softmax and local heads keep their key / value cache "
+                "in host memory, so on a GPU this layer ({} heads{}) cannot decode with a state; "
+                "decode on the CPU, or recompute (GenerateOptions.use_recurrent_state = false)",
+                mechanism_name(config.kind), config.n_local_heads > 0 ? " and local ones" : "");
     const int64_t band =
         kind == Mechanism::local ? (config.local_look_backward + 1) * config.local_window : 0;
     FORGE_DISPATCH_FLOAT(dt, "MultiHeadAttention::step", [&] {
       cache_append<scalar_t>(is_local(h0) ? st.local_kv : st.kv, k, v, pos, band);
     });
+    return;
+  }
+  if (st.with_ops || !k.device().is_cpu()) {
+    FORGE_CHECK(recurrent_with_ops(),
+                "MultiHeadAttention::step: on a GPU the decoding state is kept for linear, "
+                "efficient and favor heads only; this layer has {} heads{}",
+                mechanism_name(config.kind), config.n_local_heads > 0 ? " and local ones" : "");
+    st.with_ops = true;
+    absorb_with_ops(k, v, pos, st);
     return;
   }
   const int64_t B = k.size(0), Hg = k.size(1), n = k.size(2), d = k.size(3), dv = v.size(3);
@@ -309,6 +329,7 @@ Tensor MultiHeadAttention::read(const Tensor& q, int64_t pos, int64_t h0, Attent
       return cache_attend<scalar_t>(is_local(h0) ? st.local_kv : st.kv, q, j0, pos, scale);
     });
   }
+  if (st.with_ops) return read_with_ops(q, st);
   const int64_t BH = q.size(0) * q.size(1), F = st.S.size(2), dv = st.S.size(3);
   const bool softmax_kernel =
       kind == Mechanism::favor && config.favor_kernel == att::FavorKernel::softmax;
@@ -361,6 +382,126 @@ Tensor MultiHeadAttention::read(const Tensor& q, int64_t pos, int64_t h0, Attent
     }
   });
   return o;
+}
+
+// ---- the linear-family state with tensor ops (AttentionState::with_ops) ----
+// The same updates as absorb / read above, as ops on the state's device: the
+// whole prompt at once where an update does not depend on the previous one,
+// token by token where it does (efficient's buckets, favor's prefix
+// stabiliser). tests/nn/test_generation.cpp compares the two on the CPU.
+
+Tensor MultiHeadAttention::features_with_ops(const Tensor& x, bool query) const {
+  const double d = static_cast<double>(x.size(3));
+  switch (config.kind) {
+    case Mechanism::linear:
+      return ops::add(ops::elu(x), 1.0);  // elu(x) + 1
+    case Mechanism::efficient:
+      return query ? ops::mul(ops::softmax(x, -1), 1.0 / std::sqrt(d)) : ops::exp(x);
+    default:  // favor, relu or no_projection kernel
+      if (config.favor_kernel == att::FavorKernel::no_projection)
+        return query ? ops::softmax(x, -1) : ops::exp(x);
+      return ops::add(ops::relu(ops::mul(ops::linear(x, projection_matrix), std::pow(d, -0.25))),
+                      1e-3);
+  }
+}
+
+void MultiHeadAttention::absorb_with_ops(const Tensor& k, const Tensor& v, int64_t pos,
+                                         AttentionState& st) {
+  const int64_t B = k.size(0), Hg = k.size(1), n = k.size(2), d = k.size(3), dv = v.size(3);
+  const bool favor = config.kind == Mechanism::favor;
+  const bool softmax_kernel = favor && config.favor_kernel == att::FavorKernel::softmax;
+  const bool projected = favor && config.favor_kernel != att::FavorKernel::no_projection;
+  const int64_t F = projected ? projection_matrix.size(0) : d;
+  const DType dt = k.dtype();
+  const Device dev = k.device();
+  if (!st.S.defined()) {
+    st.S = Tensor::zeros({B, Hg, F, dv}, dt, dev);
+    st.z = Tensor::zeros({B, Hg, F}, dt, dev);
+    st.S_bucket = Tensor::zeros({B, Hg, F, dv}, dt, dev);
+    st.z_bucket = Tensor::zeros({B, Hg, F}, dt, dev);
+    st.k_max = Tensor::full({B, Hg}, -std::numeric_limits<double>::infinity(), dt, dev);
+    st.v_sum = Tensor::zeros({B, Hg, dv}, dt, dev);
+    st.count = Tensor::zeros({B, Hg}, dt, dev);
+  }
+  FORGE_CHECK(st.S.size(0) == B, "MultiHeadAttention::step: the state holds batch {}, x has {}",
+              st.S.size(0), B);
+  // S += g^T v and z += the column sums of g, for rows g (B, h, r, F), v (B, h, r, dv).
+  const auto add_rows = [](Tensor& S, Tensor& z, const Tensor& g, const Tensor& vr) {
+    S = ops::add(S, ops::matmul(g, vr, true, false));
+    z = ops::add(z, ops::sum(g, {2}));
+  };
+  const int64_t s = config.bucket_size;
+  if (config.kind == Mechanism::efficient && s > 1) {
+    for (int64_t t = 0; t < n; ++t) {
+      if ((pos + t) % s == 0) {  // the previous bucket is complete: it becomes visible
+        st.S = ops::add(st.S, st.S_bucket);
+        st.z = ops::add(st.z, st.z_bucket);
+        st.S_bucket = Tensor::zeros(st.S.shape(), dt, dev);
+        st.z_bucket = Tensor::zeros(st.z.shape(), dt, dev);
+      }
+      add_rows(st.S_bucket, st.z_bucket, features_with_ops(ops::narrow(k, 2, t, 1), false),
+               ops::narrow(v, 2, t, 1));
+    }
+    return;
+  }
+  if (!softmax_kernel) {
+    add_rows(st.S, st.z, features_with_ops(k, false), v);
+    return;
+  }
+  // favor's softmax kernel, prefix stabiliser: the sums stay relative to the
+  // running key maximum M and move by exp(M_old - M_new) when it grows.
+  const double c = std::pow(static_cast<double>(d), -0.25);
+  for (int64_t t = 0; t < n; ++t) {
+    const Tensor kt = ops::narrow(k, 2, t, 1), vt = ops::narrow(v, 2, t, 1);
+    const Tensor kp = ops::mul(ops::linear(kt, projection_matrix), c);  // (B, h, 1, F)
+    const Tensor m_new =
+        ops::max(ops::stack({st.k_max, ops::max(kp, {2, 3})}, -1), {-1});  // (B, h)
+    const Tensor scale = ops::exp(ops::sub(st.k_max, m_new));  // 0 before the first key
+    st.S = ops::mul(st.S, ops::unsqueeze(ops::unsqueeze(scale, -1), -1));
+    st.z = ops::mul(st.z, ops::unsqueeze(scale, -1));
+    st.k_max = m_new;
+    const Tensor shift = ops::add(ops::mul(ops::sum(ops::square(kt), {3}, true), c * c / 2),
+                                  ops::unsqueeze(ops::unsqueeze(m_new, -1), -1));  // (B, h, 1, 1)
+    add_rows(st.S, st.z, ops::exp(ops::sub(kp, shift)), vt);
+    st.v_sum = ops::add(st.v_sum, ops::sum(vt, {2}));
+    st.count = ops::add(st.count, 1.0);
+  }
+}
+
+Tensor MultiHeadAttention::read_with_ops(const Tensor& q, AttentionState& st) {
+  const double d = static_cast<double>(q.size(3));
+  const Tensor z = ops::unsqueeze(st.z, 2);  // (B, h, 1, F)
+  const auto dot_z = [&](const Tensor& fq) { return ops::sum(ops::mul(fq, z), {3}, true); };
+  const bool softmax_kernel =
+      config.kind == Mechanism::favor && config.favor_kernel == att::FavorKernel::softmax;
+  if (config.kind == Mechanism::linear || config.kind == Mechanism::efficient ||
+      !softmax_kernel) {
+    const Tensor fq = features_with_ops(q, true);  // (B, h, 1, F)
+    const Tensor num = ops::matmul(fq, st.S);      // (B, h, 1, dv)
+    Tensor den;
+    if (config.kind == Mechanism::linear)
+      den = ops::add(dot_z(fq), config.linear_eps);
+    else if (config.kind == Mechanism::efficient)
+      den = ops::clamp(dot_z(fq), 1e-3);
+    else  // favor relu / no_projection: normaliser + 1e-6 sum(phi(q))
+      den = ops::add(dot_z(fq), ops::mul(ops::sum(fq, {3}, true), 1e-6));
+    return ops::div(num, den);
+  }
+  // favor's softmax kernel: phi(q) = r (exp(q' - diag(q) - max q') + eps), and
+  // the sums S_total = r S + r eps 1 v_sum^T, z_total = r z + r eps n (+ 1e-6).
+  const double c = std::pow(d, -0.25), eps = 1e-4;
+  const double r = 1.0 / std::sqrt(static_cast<double>(st.S.size(2)));
+  const Tensor qp = ops::mul(ops::linear(q, projection_matrix), c);
+  const Tensor shift = ops::add(ops::mul(ops::sum(ops::square(q), {3}, true), c * c / 2),
+                                ops::max(qp, {3}, true));
+  const Tensor fq = ops::mul(ops::add(ops::exp(ops::sub(qp, shift)), eps), r);
+  const Tensor ysum = ops::sum(fq, {3}, true);                                // (B, h, 1, 1)
+  const Tensor count = ops::unsqueeze(ops::unsqueeze(st.count, -1), -1);     // (B, h, 1, 1)
+  const Tensor num = ops::add(ops::mul(ops::matmul(fq, st.S), r),
+                              ops::mul(ops::mul(ops::unsqueeze(st.v_sum, 2), ysum), r * eps));
+  const Tensor den = ops::add(ops::mul(dot_z(fq), r),
+                              ops::mul(ops::add(ops::mul(count, r * eps), 1e-6), ysum));
+  return ops::div(num, den);
 }
 
 }  // namespace forge::nn

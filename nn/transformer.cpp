@@ -379,6 +379,13 @@ bool Stack::supports_recurrent() const {
   return true;
 }
 
+bool Stack::recurrent_with_ops() const {
+  if (!supports_recurrent()) return false;
+  for (const auto& b : blocks)
+    if (!b->attn->recurrent_with_ops()) return false;
+  return true;
+}
+
 Tensor Stack::step(const Tensor& x, std::vector<BlockState>& states, const Tensor& context,
                    const Tensor& context_mask) {
   FORGE_CHECK(supports_recurrent(),

@@ -179,6 +179,9 @@ class Stack : public Module {
   // prefix. n > 1 (a prompt) only from the initial state; then one token at a time.
   // Decoding is inference: it applies no drop path.
   bool supports_recurrent() const;
+  // Whether that state can live on a GPU: every layer's heads linear,
+  // efficient or favor (MultiHeadAttention::recurrent_with_ops).
+  bool recurrent_with_ops() const;
   std::vector<BlockState> initial_state() const { return std::vector<BlockState>(blocks.size()); }
   Tensor step(const Tensor& x, std::vector<BlockState>& states, const Tensor& context = Tensor(),
               const Tensor& context_mask = Tensor());

@@ -127,6 +127,40 @@ TEST(Generation, AttentionStepEqualsTheCausalForward) {
   }
 }
 
+// The state kept with tensor ops (AttentionState::with_ops, as on a GPU) for
+// the linear, efficient and favor heads gives the same rows on the CPU; the
+// mechanisms with host caches (softmax, local heads) say they cannot.
+TEST(Generation, StepWithOpsEqualsTheCausalForward) {
+  int checked = 0;
+  for (const auto& [name, c] : causal_cases()) {
+    Generator g(3);
+    MultiHeadAttention m(c, false, 0, nullptr, 0, &g);
+    m.eval();
+    const bool linear_family =
+        c.n_local_heads == 0 && c.kind != Mechanism::softmax && c.kind != Mechanism::local;
+    EXPECT_EQ(m.recurrent_with_ops(), linear_family) << name;
+    if (!linear_family) {
+      AttentionState state;
+      state.with_ops = true;
+      const Tensor x = leaf64({2, 3, 16}, 4, -2, 2).detach();
+      if (c.kind != Mechanism::softmax && c.kind != Mechanism::local)  // local heads mixed in
+        forge::testing::expect_error([&] { m.step(x, state); }, {"on a GPU", "local"});
+      continue;
+    }
+    for (int64_t prompt : {1, 5}) {
+      SCOPED_TRACE(name + ", prompt " + std::to_string(prompt));
+      const Tensor x = leaf64({2, 20, 16}, 4, -2, 2).detach();
+      AttentionState state;
+      state.with_ops = true;
+      expect_close(decode(x, prompt, [&](const Tensor& t) { return m.step(t, state); }),
+                   m.forward(x), 1e-10);
+      EXPECT_TRUE(state.with_ops);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 12);  // linear, efficient (2), favor (3) with prompts 1 and 5
+}
+
 TEST(Generation, StackStepEqualsTheForward) {
   // Plain, with token shift, and reversible (mean of the halves): each steps
   // its own way.
