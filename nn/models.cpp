@@ -587,12 +587,13 @@ Tensor LanguageModel::generate(const Tensor& prime, int64_t length, const Genera
               "GenerateOptions.eos must be -1 (none) or a token id below {}, got {}",
               config.vocab_size, o.eos);
   const int64_t B = prime.size(0), P = prime.size(1), V = config.vocab_size;
-  // The decoding state: on the CPU for every recurrent mechanism; on a GPU for
-  // linear, efficient and favor heads (softmax and local heads' caches are
-  // host memory: such a model on a GPU recomputes its window each token).
-  const bool recurrent =
-      o.use_recurrent_state && transformer->supports_recurrent() &&
-      (token_emb->weight.device().is_cpu() || transformer->recurrent_with_ops());
+  // The decoding state: on the CPU for every recurrent mechanism; on a GPU,
+  // with o.state_on_gpu, for linear, efficient and favor heads (softmax and
+  // local heads' caches are host memory: such a model on a GPU recomputes its
+  // window each token).
+  const bool on_cpu = token_emb->weight.device().is_cpu();
+  const bool recurrent = o.use_recurrent_state && transformer->supports_recurrent() &&
+                         (on_cpu || (o.state_on_gpu && transformer->recurrent_with_ops()));
   FORGE_CHECK(
       !recurrent || positions.kind == PositionalKind::none || P + length - 1 <= config.max_len,
       "LanguageModel::generate: {} prime + {} new tokens need {} positions with the "

@@ -213,6 +213,10 @@ struct GenerateOptions {
   int64_t eos = -1;                 // >= 0: a sequence ends at this token; all ended: stop early
   bool greedy = false;              // argmax instead of sampling
   bool use_recurrent_state = true;  // O(1) per token when the stack supports it
+  // On a GPU, keep the recurrent state of linear, efficient and favor heads on
+  // the device (Stack::recurrent_with_ops) instead of recomputing the window
+  // for every token. Off until its GPU test has run (docs/GPU.md).
+  bool state_on_gpu = false;
   Generator* gen = nullptr;         // sampling draws (the default generator when null)
   // Called after each step with the token drawn for each sequence (B), e.g.
   // to stream text as it is produced.

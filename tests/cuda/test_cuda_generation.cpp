@@ -1,8 +1,8 @@
 // Decoding on the GPU (issue 30): a language model of linear, efficient or
-// favor heads on a GPU keeps its recurrent state on the device
-// (AttentionState::with_ops) and draws the tokens the CPU draws for the same
-// weights and seed, greedy and sampled, and the tokens of its own full
-// recomputation; a model with softmax or local heads on a GPU recomputes.
+// favor heads on a GPU keeps its recurrent state on the device with
+// GenerateOptions::state_on_gpu (AttentionState::with_ops) and draws the tokens the CPU draws for
+// the same weights and seed, greedy and sampled, and the tokens of its own full recomputation; a
+// model with softmax or local heads on a GPU recomputes.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -70,9 +70,9 @@ TEST(CudaGeneration, LinearFamilyStateOnTheGpuDrawsTheCpuTokens) {
     const auto tokens = [](LanguageModel& lm, const GenerateOptions& o) {
       return lm.generate(prime_ids(), 30, o).to_vector<int64_t>();
     };
-    EXPECT_EQ(tokens(gpu, {.greedy = true}), tokens(cpu, {.greedy = true}));
+    EXPECT_EQ(tokens(gpu, {.greedy = true, .state_on_gpu = true}), tokens(cpu, {.greedy = true}));
     Generator a(5), b(5), d(5);
-    const auto sampled = tokens(gpu, {.temperature = 0.9, .gen = &a});
+    const auto sampled = tokens(gpu, {.temperature = 0.9, .state_on_gpu = true, .gen = &a});
     EXPECT_EQ(sampled, tokens(cpu, {.temperature = 0.9, .gen = &b}));
     EXPECT_EQ(sampled, tokens(gpu, {.temperature = 0.9, .use_recurrent_state = false, .gen = &d}));
   }
