@@ -3,6 +3,10 @@
 //
 //   bench_generate [--max-len 32768] [--mechanisms softmax,local,linear,favor,efficient]
 //                  [--new-tokens 32] [--threads 2] [--depth 4] [--dim 512] [--heads 8]
+//                  [--device cpu|cuda] [--state-on-gpu]
+// On a GPU the model decodes by recomputing its window for every token unless
+// --state-on-gpu keeps the linear, efficient and favor heads' state on the
+// device (GenerateOptions::state_on_gpu).
 //
 // For each mechanism and context length L = 1k, 2k, 4k, .. up to --max-len,
 // a causal model (B = 1, D = 512 and H = 8 unless set, f32, CPU, learned positions,
@@ -38,6 +42,8 @@ struct Options {
   int64_t max_len = 32768, new_tokens = 32, depth = 4, dim = 512, heads = 8;
   std::vector<std::string> mechanisms = {"softmax", "local", "linear", "favor", "efficient"};
   int threads = 2;
+  forge::Device device = forge::Device::cpu();
+  bool state_on_gpu = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -75,13 +81,14 @@ Result measure(nn::LanguageModel& lm, const Options& o, int64_t L) {
   std::vector<clock::time_point> draws;
   nn::GenerateOptions go;
   go.gen = &g;
+  go.state_on_gpu = o.state_on_gpu;
   go.on_token = [&](const std::vector<int64_t>&) { draws.push_back(clock::now()); };
-  const int64_t before = forge::memory_stats().current;
-  forge::reset_peak_memory();
+  const int64_t before = forge::memory_stats(o.device).current;
+  forge::reset_peak_memory(o.device);
   const auto t0 = clock::now();
   lm.generate(prime, o.new_tokens + 2, go);
   Result r;
-  r.peak_mib = double(forge::memory_stats().peak - before) / (1 << 20);
+  r.peak_mib = double(forge::memory_stats(o.device).peak - before) / (1 << 20);
   r.prime_s = std::chrono::duration<double>(draws.front() - t0).count();
   r.ms_per_token = std::chrono::duration<double, std::milli>(draws.back() - draws[1]).count() /
                    double(o.new_tokens);
@@ -110,10 +117,19 @@ int run(int argc, char** argv) {
       o.dim = std::stoll(value());
     else if (a == "--heads")
       o.heads = std::stoll(value());
+    else if (a == "--device") {
+      const std::string d = value();
+      FORGE_CHECK(d == "cpu" || d == "cuda", "--device must be cpu or cuda, got {}", d);
+      FORGE_CHECK(d == "cpu" || forge::cuda_device_count() > 0,
+                  "--device cuda, but no CUDA device is visible");
+      o.device = d == "cpu" ? forge::Device::cpu() : forge::Device::cuda(0);
+    } else if (a == "--state-on-gpu")
+      o.state_on_gpu = true;
     else
       FORGE_FAIL(
           "unknown argument {} (see the options at the top of bench/bench_generate.cpp: "
-          "--max-len, --mechanisms, --new-tokens, --threads, --depth, --dim, --heads)",
+          "--max-len, --mechanisms, --new-tokens, --threads, --depth, --dim, --heads, --device, "
+          "--state-on-gpu)",
           a);
   }
   FORGE_CHECK(o.max_len >= 1024, "--max-len must be >= 1024 (the first context), got {}",
@@ -121,10 +137,12 @@ int run(int argc, char** argv) {
   FORGE_CHECK(o.new_tokens >= 1, "--new-tokens must be >= 1, got {}", o.new_tokens);
   forge::set_num_threads(o.threads);
   std::printf(
-      "B = 1, D = %lld, H = %lld (d = %lld), depth %lld, ff mult 4, f32, CPU, %d thread%s; "
+      "B = 1, D = %lld, H = %lld (d = %lld), depth %lld, ff mult 4, f32, %s%s, %d thread%s; "
       "%lld new tokens after a prime of L\n\n",
       static_cast<long long>(o.dim), static_cast<long long>(o.heads),
       static_cast<long long>(o.dim / o.heads), static_cast<long long>(o.depth),
+      o.device.str().c_str(),
+      o.device.is_cuda() ? (o.state_on_gpu ? " (state on the GPU)" : " (recomputing)") : "",
       forge::num_threads(), forge::num_threads() == 1 ? "" : "s",
       static_cast<long long>(o.new_tokens));
   std::printf(
@@ -135,6 +153,7 @@ int run(int argc, char** argv) {
     forge::Generator init(1);
     nn::LanguageModel lm(make_config(o, mechanism), &init);
     lm.fix_projections();
+    lm.to(o.device);
     FORGE_CHECK(lm.stack().supports_recurrent(), "{} does not decode incrementally", mechanism);
     for (int64_t L = 1024; L <= o.max_len; L *= 2) {
       const Result r = measure(lm, o, L);

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-gpu}
 archive=${2:-.gpu/attnforge-gpu.tar.xz}
-targets=(test_cuda bench_train_step bench_attention bench_cuda_matmul bench_loader attnforge)
+targets=(test_cuda bench_train_step bench_attention bench_cuda_matmul bench_loader bench_generate attnforge)
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DFORGE_CUDA=ON -DFORGE_PORTABLE=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"

@@ -4,7 +4,7 @@
 # the comparison), but without our Debian dependencies. Logs go to OUT_DIR.
 #
 #   scripts/gpu/run.sh [ARCHIVE=.gpu/attnforge-gpu.tar.xz] [OUT_DIR=${OUT:-gpu-out}] [WHAT=all]
-# WHAT (comma-separated): tests | mma | train | resume | deit | loader | matmul | attention | attention64 | attention128 | steps |
+# WHAT (comma-separated): tests | mma | generate | train | resume | deit | loader | matmul | attention | attention64 | attention128 | steps |
 #   bench (= matmul, attention, steps) | all (= tests, bench). Each part fits in one
 #   10-minute call of the device tool; raw CSV goes to OUT_DIR too.
 # Exit status: that of the tests (benchmarks report only).
@@ -110,6 +110,19 @@ if want mma; then
   for e in tiled mma cudnn; do
     echo "$e $(limited 90 "$root/bin/bench_train_step" --model s16 --device cuda --precision bf16 --batch 128 \
       --steps 10 --flash-engine "$e" 2>>"$out/mma_bench.err" | tail -n 1)" | tee -a "$out/mma_bench.txt"
+  done
+fi
+if want generate; then
+  # Issue 30's decoding on the GPU: tokens/s of the linear-family language
+  # models recomputing their window for every token (today's default there)
+  # against their state kept on the GPU (--state-on-gpu); then the test that
+  # the tokens equal the CPU's.
+  echo "== generate on the GPU: recomputing, then the state on the GPU"
+  limited 60 "$root/bin/test_cuda" --gtest_filter='CudaGeneration.*' > "$out/generate_tests.log" 2>&1
+  echo "generate tests rc=$?"; grep -E '^\[  (FAILED|PASSED) ' "$out/generate_tests.log" | sort -u
+  for flag in "" --state-on-gpu; do
+    limited 150 "$root/bin/bench_generate" --device cuda --mechanisms linear,favor,efficient \
+      --max-len 8192 --new-tokens 16 $flag 2>&1 | tee -a "$out/generate.log"
   done
 fi
 if want train; then
