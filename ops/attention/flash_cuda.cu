@@ -528,6 +528,29 @@ constexpr int kMmaThreads = kMmaWarps * kWarp;
 constexpr int kMmaRows = 16 * kMmaWarps;  // query rows per block
 constexpr int kMmaKeys = 64;              // keys per tile
 
+// The number of tiles of `tile` positions that cover [lo, hi) from the tile
+// boundary at or below lo (`start`).
+__device__ __forceinline__ int tiles_covering(int64_t lo, int64_t hi, int64_t tile,
+                                              int64_t& start) {
+  start = lo / tile * tile;
+  return hi > start ? static_cast<int>((hi - start + tile - 1) / tile) : 0;
+}
+
+// Stage `stage` of the key tile at j0 of batch b: K and V [kMmaKeys, kD]
+// (swizzled, asynchronous: commit after) and real[c] = 1 where key j0 + c
+// exists and is not padding.
+template <int kD, typename T>
+__device__ __forceinline__ void load_key_stage(T* sk, T* sv, uint8_t* sreal, int stage, const T* k,
+                                               const T* v, int64_t j0, const Params& p, int64_t b) {
+  constexpr int kN = kMmaKeys;
+  tiles::load_tile_async<kN, kD, kMmaThreads>(sk + stage * kN * kD, k, j0, p.M);
+  tiles::load_tile_async<kN, kD, kMmaThreads>(sv + stage * kN * kD, v, j0, p.M);
+  for (int c = threadIdx.x; c < kN; c += kMmaThreads) {
+    const int64_t j = j0 + c;
+    sreal[stage * kN + c] = j < p.M && (p.kpm == nullptr || p.kpm[b * p.M + j] != 0) ? 1 : 0;
+  }
+}
+
 template <int kD>
 constexpr size_t mma_forward_smem_bytes(size_t elem) {
   // q [64, kD], k and v [2 stages][64, kD], real [2][64]
@@ -557,21 +580,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   o += bh * p.N * kD;
   lse += bh * p.N;
 
-  int64_t j_lo = 0, j_hi = 0;
+  int64_t j_lo = 0, j_hi = 0, j_start = 0;
   keys_of_queries(p, i0, i_last, j_lo, j_hi);
-  const int64_t j_start = j_lo / kN * kN;
-  const int key_tiles = j_hi > j_start ? static_cast<int>((j_hi - j_start + kN - 1) / kN) : 0;
-  // Stage s of the key tile at j0: K, V and the real-key flags.
-  auto load_keys = [&](int stage, int64_t j0) {
-    tiles::load_tile_async<kN, kD, kMmaThreads>(sk + stage * kN * kD, k, j0, p.M);
-    tiles::load_tile_async<kN, kD, kMmaThreads>(sv + stage * kN * kD, v, j0, p.M);
-    for (int c = threadIdx.x; c < kN; c += kMmaThreads) {
-      const int64_t j = j0 + c;
-      sreal[stage * kN + c] = j < p.M && (p.kpm == nullptr || p.kpm[b * p.M + j] != 0) ? 1 : 0;
-    }
-  };
+  const int key_tiles = tiles_covering(j_lo, j_hi, kN, j_start);
   tiles::load_tile_async<kMmaRows, kD, kMmaThreads>(sq, q, i0, p.N);
-  if (key_tiles > 0) load_keys(0, j_start);
+  if (key_tiles > 0) load_key_stage<kD>(sk, sv, sreal, 0, k, v, j_start, p, b);
   tiles::cp_async_commit();
 
   const float scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
@@ -590,14 +603,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int it = 0; it < key_tiles; ++it) {
     const int stage = it & 1;
     const int64_t j0 = j_start + static_cast<int64_t>(it) * kN;
-    if (it + 1 < key_tiles) {  // the next tile loads while this one is multiplied
-      load_keys(stage ^ 1, j0 + kN);
-      tiles::cp_async_commit();
-      tiles::cp_async_wait<1>();
-    } else {
-      tiles::cp_async_wait<0>();
-    }
-    __syncthreads();
+    // The next tile loads while this one is multiplied.
+    tiles::next_stage(it + 1 < key_tiles,
+                      [&] { load_key_stage<kD>(sk, sv, sreal, stage ^ 1, k, v, j0 + kN, p, b); });
     if (it == 0)
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) tiles::load_a<kD>(qa[kk], sq, warp * 16, kk * 16);
@@ -684,28 +692,19 @@ __global__ void __launch_bounds__(kMmaThreads)
   // o = acc / l through the Q tile's shared memory (rows of 16-byte chunks
   // stored coalesced), lse = (m + log2 l) ln 2; a row that saw no key gets 0
   // and -inf.
+  float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float total = l[r];
     total += __shfl_xor_sync(0xffffffffu, total, 1);
     total += __shfl_xor_sync(0xffffffffu, total, 2);
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    const int row = warp * 16 + g + 8 * r;
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n)
-      *reinterpret_cast<uint32_t*>(sq + tiles::swizzled<kD>(row, n * 8 + 2 * t)) =
-          tiles::pack2<T>(acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
+    inv[r] = total > 0.f ? 1.f / total : 0.f;
     if (t == 0 && rows[r] < p.N)
       lse[rows[r]] = total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : neg_inf;
   }
+  tiles::stage_fragments<kD>(sq, acc, warp * 16, inv);
   __syncthreads();
-  constexpr int kChunks = kD / 8;
-  for (int e = threadIdx.x; e < kMmaRows * kChunks; e += kMmaThreads) {
-    const int r = e / kChunks, c = e % kChunks * 8;
-    if (i0 + r < p.N)
-      *reinterpret_cast<uint4*>(o + (i0 + r) * kD + c) =
-          *reinterpret_cast<const uint4*>(sq + tiles::swizzled<kD>(r, c));
-  }
+  tiles::store_tile<kMmaRows, kD, kMmaThreads>(o, sq, i0, p.N);
 }
 
 // ---- backward ----
@@ -927,10 +926,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   dv += bh * p.M * kD;
 
   constexpr float kLog2e = 1.4426950408889634f;
-  int64_t i_lo = 0, i_hi = 0;
+  int64_t i_lo = 0, i_hi = 0, i_start = 0;
   queries_of_keys(p, j0, j_last, i_lo, i_hi);
-  const int64_t i_start = i_lo / kR * kR;
-  const int query_tiles = i_hi > i_start ? static_cast<int>((i_hi - i_start + kR - 1) / kR) : 0;
+  const int query_tiles = tiles_covering(i_lo, i_hi, kR, i_start);
   auto load_queries = [&](int stage, int64_t i0) {
     tiles::load_tile_async<kR, kD, kMmaThreads>(sq + stage * kR * kD, q, i0, p.N);
     tiles::load_tile_async<kR, kD, kMmaThreads>(sdo + stage * kR * kD, dout, i0, p.N);
@@ -967,14 +965,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int it = 0; it < query_tiles; ++it) {
     const int stage = it & 1;
     const int64_t i0 = i_start + static_cast<int64_t>(it) * kR;
-    if (it + 1 < query_tiles) {
-      load_queries(stage ^ 1, i0 + kR);
-      tiles::cp_async_commit();
-      tiles::cp_async_wait<1>();
-    } else {
-      tiles::cp_async_wait<0>();
-    }
-    __syncthreads();
+    tiles::next_stage(it + 1 < query_tiles, [&] { load_queries(stage ^ 1, i0 + kR); });
     const T* sqt = sq + stage * kR * kD;
     const T* sdot = sdo + stage * kR * kD;
     const float* lse_t = slse + stage * kR;
@@ -1060,29 +1051,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   // dk = scale acc_dk and dv = acc_dv through the two query stages' shared
   // memory, stored as 16-byte rows.
   const float scale = static_cast<float>(p.scale);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = warp * 16 + g + 8 * r;
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n) {
-      const int at = tiles::swizzled<kD>(row, n * 8 + 2 * t);
-      *reinterpret_cast<uint32_t*>(sq + at) =
-          tiles::pack2<T>(acc_dk[n][2 * r] * scale, acc_dk[n][2 * r + 1] * scale);
-      *reinterpret_cast<uint32_t*>(sq + kR * kD + at) =
-          tiles::pack2<T>(acc_dv[n][2 * r], acc_dv[n][2 * r + 1]);
-    }
-  }
+  tiles::stage_fragments<kD>(sq, acc_dk, warp * 16, {scale, scale});
+  tiles::stage_fragments<kD>(sq + kR * kD, acc_dv, warp * 16, {1.f, 1.f});
   __syncthreads();
-  constexpr int kChunks = kD / 8;
-  for (int e = threadIdx.x; e < kR * kChunks; e += kMmaThreads) {
-    const int r = e / kChunks, c = e % kChunks * 8;
-    if (j0 + r < p.M) {
-      const int at = tiles::swizzled<kD>(r, c);
-      *reinterpret_cast<uint4*>(dk + (j0 + r) * kD + c) = *reinterpret_cast<const uint4*>(sq + at);
-      *reinterpret_cast<uint4*>(dv + (j0 + r) * kD + c) =
-          *reinterpret_cast<const uint4*>(sq + kR * kD + at);
-    }
-  }
+  tiles::store_tile<kR, kD, kMmaThreads>(dk, sq, j0, p.M);
+  tiles::store_tile<kR, kD, kMmaThreads>(dv, sq + kR * kD, j0, p.M);
 }
 
 template <int kD>
@@ -1117,21 +1090,12 @@ __global__ void __launch_bounds__(kMmaThreads)
   delta += bh * p.N;
   dq += bh * p.N * kD;
 
-  int64_t j_lo = 0, j_hi = 0;
+  int64_t j_lo = 0, j_hi = 0, j_start = 0;
   keys_of_queries(p, i0, i_last, j_lo, j_hi);
-  const int64_t j_start = j_lo / kN * kN;
-  const int key_tiles = j_hi > j_start ? static_cast<int>((j_hi - j_start + kN - 1) / kN) : 0;
-  auto load_keys = [&](int stage, int64_t j0) {
-    tiles::load_tile_async<kN, kD, kMmaThreads>(sk + stage * kN * kD, k, j0, p.M);
-    tiles::load_tile_async<kN, kD, kMmaThreads>(sv + stage * kN * kD, v, j0, p.M);
-    for (int c = threadIdx.x; c < kN; c += kMmaThreads) {
-      const int64_t j = j0 + c;
-      sreal[stage * kN + c] = j < p.M && (p.kpm == nullptr || p.kpm[b * p.M + j] != 0) ? 1 : 0;
-    }
-  };
+  const int key_tiles = tiles_covering(j_lo, j_hi, kN, j_start);
   tiles::load_tile_async<kMmaRows, kD, kMmaThreads>(sq, q, i0, p.N);
   tiles::load_tile_async<kMmaRows, kD, kMmaThreads>(sdo, dout, i0, p.N);
-  if (key_tiles > 0) load_keys(0, j_start);
+  if (key_tiles > 0) load_key_stage<kD>(sk, sv, sreal, 0, k, v, j_start, p, b);
   tiles::cp_async_commit();
 
   const float scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
@@ -1152,14 +1116,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int it = 0; it < key_tiles; ++it) {
     const int stage = it & 1;
     const int64_t j0 = j_start + static_cast<int64_t>(it) * kN;
-    if (it + 1 < key_tiles) {
-      load_keys(stage ^ 1, j0 + kN);
-      tiles::cp_async_commit();
-      tiles::cp_async_wait<1>();
-    } else {
-      tiles::cp_async_wait<0>();
-    }
-    __syncthreads();
+    tiles::next_stage(it + 1 < key_tiles,
+                      [&] { load_key_stage<kD>(sk, sv, sreal, stage ^ 1, k, v, j0 + kN, p, b); });
     const T* skt = sk + stage * kN * kD;
     const T* svt = sv + stage * kN * kD;
     const uint8_t* real = sreal + stage * kN;
@@ -1224,22 +1182,9 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   // dq = scale acc through the Q tile's shared memory, stored as 16-byte rows.
   const float scale = static_cast<float>(p.scale);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = warp * 16 + g + 8 * r;
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n)
-      *reinterpret_cast<uint32_t*>(sq + tiles::swizzled<kD>(row, n * 8 + 2 * t)) =
-          tiles::pack2<T>(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
-  }
+  tiles::stage_fragments<kD>(sq, acc, warp * 16, {scale, scale});
   __syncthreads();
-  constexpr int kChunks = kD / 8;
-  for (int e = threadIdx.x; e < kMmaRows * kChunks; e += kMmaThreads) {
-    const int r = e / kChunks, c = e % kChunks * 8;
-    if (i0 + r < p.N)
-      *reinterpret_cast<uint4*>(dq + (i0 + r) * kD + c) =
-          *reinterpret_cast<const uint4*>(sq + tiles::swizzled<kD>(r, c));
-  }
+  tiles::store_tile<kMmaRows, kD, kMmaThreads>(dq, sq, i0, p.N);
 }
 
 // ---- launch ----

@@ -163,54 +163,54 @@ const Descriptor& add_tensor(Plan& p, int64_t uid, cudnnDataType_t type,
   return *p.parts.back();
 }
 
-// The forward graph: (q, k, v, scale) -> (o, stats).
-Plan forward_plan(const FlashArgs& a, cudnnHandle_t handle) {
+// The tensor descriptors of a graph, by uid: q, k, v, o, do, dq, dk, dv in
+// the data type, the statistics [B, H, N, 1] in f32, the scale by value.
+const Descriptor& add_tensor(Plan& p, const FlashArgs& a, int64_t uid) {
   const cudnnDataType_t t = cudnn_type(a.dtype);
+  const int64_t rows = uid == kK || uid == kV || uid == kDk || uid == kDv ? a.M : a.N;
+  const int64_t cols = uid == kQ || uid == kK || uid == kDq || uid == kDk ? a.d : a.dv;
+  if (uid == kStats) return add_tensor(p, uid, CUDNN_DATA_FLOAT, {a.B, a.H, a.N, 1});
+  if (uid == kScale) return add_tensor(p, uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, true);
+  return add_tensor(p, uid, t, {a.B, a.H, rows, cols});
+}
+
+// The plan of one SDPA operation of type `op_type` whose attributes `attrs`
+// take the tensors of the same index in `uids`.
+Plan sdpa_plan(const FlashArgs& a, cudnnHandle_t handle, cudnnBackendDescriptorType_t op_type,
+               const std::vector<std::pair<cudnnBackendAttributeName_t, int64_t>>& attrs) {
   Plan p;
-  const Descriptor &q = add_tensor(p, kQ, t, {a.B, a.H, a.N, a.d}),
-                   &k = add_tensor(p, kK, t, {a.B, a.H, a.M, a.d}),
-                   &v = add_tensor(p, kV, t, {a.B, a.H, a.M, a.dv}),
-                   &o = add_tensor(p, kO, t, {a.B, a.H, a.N, a.dv}),
-                   &stats = add_tensor(p, kStats, CUDNN_DATA_FLOAT, {a.B, a.H, a.N, 1}),
-                   &scale = add_tensor(p, kScale, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, true);
-  Descriptor& op = add(p, CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, q);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, k);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, v);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, o);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, stats);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, scale);
+  std::vector<const Descriptor*> tensors;
+  for (const auto& [name, uid] : attrs) tensors.push_back(&add_tensor(p, a, uid));
+  Descriptor& op = add(p, op_type);
+  for (size_t i = 0; i < attrs.size(); ++i) op.set(attrs[i].first, *tensors[i]);
   if (op.finalize() == CUDNN_STATUS_SUCCESS) plan_for(p, handle);
   return p;
 }
 
+// The forward graph: (q, k, v, scale) -> (o, stats).
+Plan forward_plan(const FlashArgs& a, cudnnHandle_t handle) {
+  return sdpa_plan(a, handle, CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR,
+                   {{CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, kQ},
+                    {CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, kK},
+                    {CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, kV},
+                    {CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, kO},
+                    {CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, kStats},
+                    {CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, kScale}});
+}
+
 // The backward graph: (q, k, v, o, stats, do, scale) -> (dq, dk, dv).
 Plan backward_plan(const FlashArgs& a, cudnnHandle_t handle) {
-  const cudnnDataType_t t = cudnn_type(a.dtype);
-  Plan p;
-  const Descriptor &q = add_tensor(p, kQ, t, {a.B, a.H, a.N, a.d}),
-                   &k = add_tensor(p, kK, t, {a.B, a.H, a.M, a.d}),
-                   &v = add_tensor(p, kV, t, {a.B, a.H, a.M, a.dv}),
-                   &o = add_tensor(p, kO, t, {a.B, a.H, a.N, a.dv}),
-                   &stats = add_tensor(p, kStats, CUDNN_DATA_FLOAT, {a.B, a.H, a.N, 1}),
-                   &scale = add_tensor(p, kScale, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, true),
-                   &dout = add_tensor(p, kDout, t, {a.B, a.H, a.N, a.dv}),
-                   &dq = add_tensor(p, kDq, t, {a.B, a.H, a.N, a.d}),
-                   &dk = add_tensor(p, kDk, t, {a.B, a.H, a.M, a.d}),
-                   &dv = add_tensor(p, kDv, t, {a.B, a.H, a.M, a.dv});
-  Descriptor& op = add(p, CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_BWD_QDESC, q);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_BWD_KDESC, k);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_BWD_VDESC, v);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_BWD_ODESC, o);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_BWD_STATSDESC, stats);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_BWD_SCALEDESC, scale);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_BWD_DODDESC, dout);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_BWD_DQDESC, dq);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_BWD_DKDESC, dk);
-  op.set(CUDNN_ATTR_OPERATION_SDPA_BWD_DVDESC, dv);
-  if (op.finalize() == CUDNN_STATUS_SUCCESS) plan_for(p, handle);
-  return p;
+  return sdpa_plan(a, handle, CUDNN_BACKEND_OPERATION_SDPA_BWD_DESCRIPTOR,
+                   {{CUDNN_ATTR_OPERATION_SDPA_BWD_QDESC, kQ},
+                    {CUDNN_ATTR_OPERATION_SDPA_BWD_KDESC, kK},
+                    {CUDNN_ATTR_OPERATION_SDPA_BWD_VDESC, kV},
+                    {CUDNN_ATTR_OPERATION_SDPA_BWD_ODESC, kO},
+                    {CUDNN_ATTR_OPERATION_SDPA_BWD_STATSDESC, kStats},
+                    {CUDNN_ATTR_OPERATION_SDPA_BWD_SCALEDESC, kScale},
+                    {CUDNN_ATTR_OPERATION_SDPA_BWD_DODDESC, kDout},
+                    {CUDNN_ATTR_OPERATION_SDPA_BWD_DQDESC, kDq},
+                    {CUDNN_ATTR_OPERATION_SDPA_BWD_DKDESC, kDk},
+                    {CUDNN_ATTR_OPERATION_SDPA_BWD_DVDESC, kDv}});
 }
 
 // Plans per (device, pass, dtype, B, H, N, M, d, dv); a case without an

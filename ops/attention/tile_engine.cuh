@@ -152,6 +152,50 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[4], const T* tile, int k0, 
                     tile + swizzled<kCols>(k0 + lane % 8 + (lane / 8) % 2 * 8, n0 + lane / 16 * 8));
 }
 
+// One step of a two-stage cp.async pipeline: with a next tile, load_next()
+// issues its copies into the other stage and this waits for all but those;
+// without, for everything. Then every thread may read the current stage.
+template <typename Load>
+__device__ __forceinline__ void next_stage(bool has_next, Load&& load_next) {
+  if (has_next) {
+    load_next();
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
+// This thread's part of a warp's [16, kCols] f32 accumulator fragments (n-tiles
+// of 8 columns, C layout above), rows row0 + g and row0 + g + 8 times
+// scale[0] and scale[1], rounded to T into a swizzled tile.
+template <int kCols, typename T>
+__device__ __forceinline__ void stage_fragments(T* tile, const float (&acc)[kCols / 8][4], int row0,
+                                                const float (&scale)[2]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int n = 0; n < kCols / 8; ++n)
+      *reinterpret_cast<uint32_t*>(tile + swizzled<kCols>(row0 + g + 8 * r, n * 8 + 2 * t)) =
+          pack2<T>(acc[n][2 * r] * scale[r], acc[n][2 * r + 1] * scale[r]);
+}
+
+// Rows [row0, row0 + kRows) of dst [len, kCols] (global, dense, 16-byte
+// aligned) = the swizzled tile, 16 bytes a store; rows past len are skipped.
+// Every one of the block's kThreads threads calls it.
+template <int kRows, int kCols, int kThreads, typename T>
+__device__ __forceinline__ void store_tile(T* dst, const T* tile, int64_t row0, int64_t len) {
+  constexpr int kChunks = kCols / 8;
+  for (int e = threadIdx.x; e < kRows * kChunks; e += kThreads) {
+    const int r = e / kChunks, c = e % kChunks * 8;
+    if (row0 + r < len)
+      *reinterpret_cast<uint4*>(dst + (row0 + r) * kCols + c) =
+          *reinterpret_cast<const uint4*>(tile + swizzled<kCols>(r, c));
+  }
+}
+
 // ---- FMA tile products ----
 // A block of kFmaThreads = 256 threads (kFmaSide x kFmaSide) accumulates a
 // kFmaTile x kFmaTile = 64 x 64 output tile, each thread kFmaPer x kFmaPer =

@@ -25,6 +25,32 @@ namespace forge::testing {
 // masks, learnable tensors, projections), all on one device -> o.
 using AttentionFn = std::function<Tensor(const std::vector<Tensor>& in)>;
 
+// The CPU dtype a reference runs in for GPU dtype `dtype`: f64 for f64, f32 otherwise.
+inline DType cpu_dtype(DType dtype) {
+  return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
+
+// q [B, H, N, d], k [B, H, M, d], v [B, H, M, dv] on the CPU in cpu_dtype(dtype),
+// uniform in [-1, 1), requiring grad; then the mask when given.
+inline std::vector<Tensor> qkv_inputs(int64_t B, int64_t H, int64_t N, int64_t M, int64_t d,
+                                      int64_t dv, DType dtype, uint64_t seed,
+                                      const Tensor& mask = Tensor()) {
+  std::vector<Tensor> in = {uniform({B, H, N, d}, seed, cpu_dtype(dtype)),
+                            uniform({B, H, M, d}, seed + 1, cpu_dtype(dtype)),
+                            uniform({B, H, M, dv}, seed + 2, cpu_dtype(dtype))};
+  if (mask.defined()) in.push_back(mask);
+  return in;
+}
+
+// A [B, M] bool key padding mask: batch b keeps key j iff keep(b, j).
+inline Tensor key_mask(int64_t B, int64_t M, const std::function<bool(int64_t, int64_t)>& keep) {
+  Tensor m = Tensor::ones({B, M}, DType::boolean);
+  bool* p = m.data<bool>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < M; ++j) p[b * M + j] = keep(b, j);
+  return m;
+}
+
 // Max |a - b| relative to max(1, max |b|): the comparison of a GPU result with
 // the CPU reference.
 inline double scaled_diff(const Tensor& got, const Tensor& want) {

@@ -42,20 +42,10 @@ class EngineScope {
   FlashEngine before_;
 };
 
+// q, k, v [B, H, len, d] in f64 on the CPU, then the mask when given.
 std::vector<Tensor> make_inputs(int64_t B, int64_t H, int64_t N, int64_t M, int64_t d,
                                 uint64_t seed, const Tensor& mask = Tensor()) {
-  std::vector<Tensor> in = {uniform({B, H, N, d}, seed), uniform({B, H, M, d}, seed + 1),
-                            uniform({B, H, M, d}, seed + 2)};
-  if (mask.defined()) in.push_back(mask);
-  return in;
-}
-
-Tensor make_mask(int64_t B, int64_t M, const std::function<bool(int64_t, int64_t)>& keep) {
-  Tensor m = Tensor::ones({B, M}, DType::boolean);
-  bool* p = m.data<bool>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < M; ++j) p[b * M + j] = keep(b, j);
-  return m;
+  return testing::qkv_inputs(B, H, N, M, d, d, DType::f64, seed, mask);
 }
 
 AttentionFn softmax_fn(bool causal, double dropout = 0) {
@@ -90,8 +80,9 @@ struct Case {
 std::vector<Case> mma_cases(int64_t d) {
   // Batch 0: key 3 and the last 37 keys padded; batch 1: every key padded.
   const Tensor mask =
-      make_mask(2, 150, [](int64_t b, int64_t j) { return b == 0 && j != 3 && j < 113; });
-  const Tensor band_mask = make_mask(2, 200, [](int64_t b, int64_t j) { return j < 200 - 9 * b; });
+      testing::key_mask(2, 150, [](int64_t b, int64_t j) { return b == 0 && j != 3 && j < 113; });
+  const Tensor band_mask =
+      testing::key_mask(2, 200, [](int64_t b, int64_t j) { return j < 200 - 9 * b; });
   return {
       {"partial tiles N = M = 200", softmax_fn(false), make_inputs(2, 3, 200, 200, d, 11)},
       {"N 70, M 190", softmax_fn(false), make_inputs(2, 2, 70, 190, d, 31)},

@@ -26,32 +26,9 @@ using ops::attention::SoftmaxOptions;
 using testing::AttentionFn;
 using testing::expect_cuda_matches_cpu;
 using testing::gpu;
+using testing::key_mask;
+using testing::qkv_inputs;
 using testing::uniform;
-
-// The CPU dtype the reference runs in: f64 for f64, f32 otherwise.
-DType cpu_dtype(DType dtype) {
-  return dtype == DType::f64 ? DType::f64 : DType::f32;
-}
-
-// q [B, H, N, d], k [B, H, M, d], v [B, H, M, dv] on the CPU, uniform in
-// [-1, 1), requiring grad; then the mask when given.
-std::vector<Tensor> make_inputs(int64_t B, int64_t H, int64_t N, int64_t M, int64_t d, int64_t dv,
-                                DType dtype, uint64_t seed, const Tensor& mask = Tensor()) {
-  std::vector<Tensor> in = {uniform({B, H, N, d}, seed, cpu_dtype(dtype)),
-                            uniform({B, H, M, d}, seed + 1, cpu_dtype(dtype)),
-                            uniform({B, H, M, dv}, seed + 2, cpu_dtype(dtype))};
-  if (mask.defined()) in.push_back(mask);
-  return in;
-}
-
-// A [B, M] bool mask: batch b keeps key j iff keep(b, j).
-Tensor make_mask(int64_t B, int64_t M, const std::function<bool(int64_t, int64_t)>& keep) {
-  Tensor m = Tensor::ones({B, M}, DType::boolean);
-  bool* p = m.data<bool>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < M; ++j) p[b * M + j] = keep(b, j);
-  return m;
-}
 
 // softmax with `o`; dropout draws from a generator seeded afresh on every call,
 // so the CPU and the GPU evaluation draw the same stream.
@@ -117,21 +94,21 @@ TEST(CudaAttentionSoftmax, MatchesCpuOnPartialTilesAndHeadDims) {
   for (const Case& s : shapes)
     for (DType dt : kDtypes)
       expect_cuda_matches_cpu(
-          softmax_fn(softmax_options(false)), make_inputs(s.B, s.H, s.N, s.M, s.d, s.dv, dt, 11),
-          dt, testing::attention_tolerance(dt), name(std::string("softmax ") + s.what, dt));
+          softmax_fn(softmax_options(false)), qkv_inputs(s.B, s.H, s.N, s.M, s.d, s.dv, dt, 11), dt,
+          testing::attention_tolerance(dt), name(std::string("softmax ") + s.what, dt));
 }
 
 TEST(CudaAttentionSoftmax, MatchesCpuCausalAndScaled) {
   FORGE_REQUIRE_CUDA();
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(softmax_fn(softmax_options(true)),
-                            make_inputs(2, 2, 150, 150, 64, 64, dt, 21), dt,
+                            qkv_inputs(2, 2, 150, 150, 64, 64, dt, 21), dt,
                             testing::attention_tolerance(dt), name("softmax causal", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(true)),
-                            make_inputs(1, 2, 97, 97, 24, 40, dt, 22), dt,
+                            qkv_inputs(1, 2, 97, 97, 24, 40, dt, 22), dt,
                             testing::attention_tolerance(dt), name("softmax causal d24,dv40", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false, 0, 1.0)),
-                            make_inputs(2, 2, 100, 100, 32, 32, dt, 23), dt,
+                            qkv_inputs(2, 2, 100, 100, 32, 32, dt, 23), dt,
                             testing::attention_tolerance(dt), name("softmax scale 1", dt));
   }
 }
@@ -140,13 +117,13 @@ TEST(CudaAttentionSoftmax, MatchesCpuWithCrossLengths) {
   FORGE_REQUIRE_CUDA();
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                            make_inputs(2, 2, 70, 190, 64, 48, dt, 31), dt,
+                            qkv_inputs(2, 2, 70, 190, 64, 48, dt, 31), dt,
                             testing::attention_tolerance(dt), name("softmax N 70, M 190", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                            make_inputs(2, 2, 190, 33, 64, 64, dt, 32), dt,
+                            qkv_inputs(2, 2, 190, 33, 64, 64, dt, 32), dt,
                             testing::attention_tolerance(dt), name("softmax N 190, M 33", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                            make_inputs(1, 3, 1, 65, 16, 8, dt, 33), dt,
+                            qkv_inputs(1, 3, 1, 65, 16, 8, dt, 33), dt,
                             testing::attention_tolerance(dt), name("softmax N 1, M 65", dt));
   }
 }
@@ -155,25 +132,25 @@ TEST(CudaAttentionSoftmax, MatchesCpuWithKeyPaddingMask) {
   FORGE_REQUIRE_CUDA();
   // Batch 0: the last 37 keys and key 3 padded; batch 1: every key padded.
   const Tensor mask =
-      make_mask(2, 150, [](int64_t b, int64_t j) { return b == 0 && j != 3 && j < 113; });
+      key_mask(2, 150, [](int64_t b, int64_t j) { return b == 0 && j != 3 && j < 113; });
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                            make_inputs(2, 2, 150, 150, 64, 64, dt, 41, mask), dt,
+                            qkv_inputs(2, 2, 150, 150, 64, 64, dt, 41, mask), dt,
                             testing::attention_tolerance(dt), name("softmax mask", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(true)),
-                            make_inputs(2, 2, 150, 150, 64, 64, dt, 42, mask), dt,
+                            qkv_inputs(2, 2, 150, 150, 64, 64, dt, 42, mask), dt,
                             testing::attention_tolerance(dt), name("softmax causal+mask", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false)),
-                            make_inputs(2, 1, 80, 150, 24, 40, dt, 43, mask), dt,
+                            qkv_inputs(2, 1, 80, 150, 24, 40, dt, 43, mask), dt,
                             testing::attention_tolerance(dt), name("softmax cross+mask", dt));
   }
 }
 
 TEST(CudaAttentionSoftmax, RowsWithEveryKeyMaskedAreZeroWithZeroGradient) {
   FORGE_REQUIRE_CUDA();
-  const Tensor mask = make_mask(2, 90, [](int64_t b, int64_t j) { return b == 0 && j % 3 != 1; });
+  const Tensor mask = key_mask(2, 90, [](int64_t b, int64_t j) { return b == 0 && j % 3 != 1; });
   for (DType dt : {DType::f32, DType::bf16}) {
-    std::vector<Tensor> in = make_inputs(2, 2, 70, 90, 32, 32, dt, 51);
+    std::vector<Tensor> in = qkv_inputs(2, 2, 70, 90, 32, 32, dt, 51);
     std::vector<Tensor> g;
     for (const Tensor& t : in) {
       Tensor x = t.detach().to(gpu()).to(dt);
@@ -202,17 +179,17 @@ TEST(CudaAttentionSoftmax, RowsWithEveryKeyMaskedAreZeroWithZeroGradient) {
 
 TEST(CudaAttentionSoftmax, MatchesCpuWithDropout) {
   FORGE_REQUIRE_CUDA();
-  const Tensor mask = make_mask(2, 130, [](int64_t b, int64_t j) { return j < 130 - 9 * b; });
+  const Tensor mask = key_mask(2, 130, [](int64_t b, int64_t j) { return j < 130 - 9 * b; });
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false, 0.2)),
-                            make_inputs(2, 2, 130, 130, 64, 64, dt, 61), dt,
+                            qkv_inputs(2, 2, 130, 130, 64, 64, dt, 61), dt,
                             testing::attention_tolerance(dt), name("softmax dropout", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(true, 0.3, 0.5)),
-                            make_inputs(2, 2, 130, 130, 24, 40, dt, 62, mask), dt,
+                            qkv_inputs(2, 2, 130, 130, 24, 40, dt, 62, mask), dt,
                             testing::attention_tolerance(dt),
                             name("softmax causal+mask+dropout+scale", dt));
     expect_cuda_matches_cpu(softmax_fn(softmax_options(false, 0.1)),
-                            make_inputs(1, 3, 45, 101, 32, 16, dt, 63), dt,
+                            qkv_inputs(1, 3, 45, 101, 32, 16, dt, 63), dt,
                             testing::attention_tolerance(dt), name("softmax cross+dropout", dt));
   }
 }
@@ -244,9 +221,9 @@ TEST(CudaAttentionSoftmax, DropsExactlyTheCpuEntries) {
 
 TEST(CudaAttentionSoftmax, Float16MatchesCpu) {
   FORGE_REQUIRE_CUDA();
-  const Tensor mask = make_mask(2, 100, [](int64_t b, int64_t j) { return j < 100 - 20 * b; });
+  const Tensor mask = key_mask(2, 100, [](int64_t b, int64_t j) { return j < 100 - 20 * b; });
   expect_cuda_matches_cpu(softmax_fn(softmax_options(true, 0.1)),
-                          make_inputs(2, 2, 100, 100, 64, 64, DType::f16, 81, mask), DType::f16,
+                          qkv_inputs(2, 2, 100, 100, 64, 64, DType::f16, 81, mask), DType::f16,
                           testing::attention_tolerance(DType::f16),
                           "softmax causal+mask+dropout (f16)");
 }
@@ -317,7 +294,7 @@ TEST(CudaAttentionLocal, MatchesCpuForEveryBandOption) {
     for (DType dt : kDtypes)
       expect_cuda_matches_cpu(
           local_fn(local_options(c.window, c.look_backward, c.look_forward, c.causal, c.dropout)),
-          make_inputs(2, 2, c.N, c.N, 32, 32, dt, 101), dt, testing::attention_tolerance(dt),
+          qkv_inputs(2, 2, c.N, c.N, 32, 32, dt, 101), dt, testing::attention_tolerance(dt),
           name(std::string("local ") + c.what, dt));
 }
 
@@ -325,13 +302,13 @@ TEST(CudaAttentionLocal, MatchesCpuOnHeadDims) {
   FORGE_REQUIRE_CUDA();
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(local_fn(local_options(16, 1, -1, false)),
-                            make_inputs(1, 2, 90, 90, 64, 64, dt, 111), dt,
+                            qkv_inputs(1, 2, 90, 90, 64, 64, dt, 111), dt,
                             testing::attention_tolerance(dt), name("local d64", dt));
     expect_cuda_matches_cpu(local_fn(local_options(32, 1, -1, true)),
-                            make_inputs(1, 2, 90, 90, 128, 128, dt, 112), dt,
+                            qkv_inputs(1, 2, 90, 90, 128, 128, dt, 112), dt,
                             testing::attention_tolerance(dt), name("local causal d128", dt));
     expect_cuda_matches_cpu(local_fn(local_options(10, 1, 1, false, 0.2)),
-                            make_inputs(2, 1, 57, 57, 24, 40, dt, 113), dt,
+                            qkv_inputs(2, 1, 57, 57, 24, 40, dt, 113), dt,
                             testing::attention_tolerance(dt), name("local dropout d24,dv40", dt));
   }
 }
@@ -341,16 +318,16 @@ TEST(CudaAttentionLocal, MatchesCpuOnHeadDims) {
 TEST(CudaAttentionLocal, MatchesCpuWithKeyPaddingMask) {
   FORGE_REQUIRE_CUDA();
   const Tensor mask =
-      make_mask(2, 75, [](int64_t b, int64_t j) { return b == 0 && j < 70 && j != 20 && j != 21; });
+      key_mask(2, 75, [](int64_t b, int64_t j) { return b == 0 && j < 70 && j != 20 && j != 21; });
   for (DType dt : kDtypes) {
     expect_cuda_matches_cpu(local_fn(local_options(16, 1, -1, false)),
-                            make_inputs(2, 2, 75, 75, 32, 32, dt, 121, mask), dt,
+                            qkv_inputs(2, 2, 75, 75, 32, 32, dt, 121, mask), dt,
                             testing::attention_tolerance(dt), name("local mask", dt));
     expect_cuda_matches_cpu(local_fn(local_options(8, 2, -1, true)),
-                            make_inputs(2, 2, 75, 75, 32, 32, dt, 122, mask), dt,
+                            qkv_inputs(2, 2, 75, 75, 32, 32, dt, 122, mask), dt,
                             testing::attention_tolerance(dt), name("local causal+mask", dt));
     expect_cuda_matches_cpu(local_fn(local_options(9, 1, 1, true, 0.25)),
-                            make_inputs(2, 2, 75, 75, 24, 40, dt, 123, mask), dt,
+                            qkv_inputs(2, 2, 75, 75, 24, 40, dt, 123, mask), dt,
                             testing::attention_tolerance(dt),
                             name("local causal+mask+dropout lf1", dt));
   }
@@ -380,9 +357,9 @@ TEST(CudaAttentionLocal, DropsExactlyTheCpuEntries) {
 
 TEST(CudaAttentionLocal, Float16MatchesCpu) {
   FORGE_REQUIRE_CUDA();
-  const Tensor mask = make_mask(2, 80, [](int64_t b, int64_t j) { return j < 80 - 11 * b; });
+  const Tensor mask = key_mask(2, 80, [](int64_t b, int64_t j) { return j < 80 - 11 * b; });
   expect_cuda_matches_cpu(local_fn(local_options(16, 1, -1, true, 0.1)),
-                          make_inputs(2, 2, 80, 80, 64, 64, DType::f16, 141, mask), DType::f16,
+                          qkv_inputs(2, 2, 80, 80, 64, 64, DType::f16, 141, mask), DType::f16,
                           testing::attention_tolerance(DType::f16),
                           "local causal+mask+dropout (f16)");
 }
