@@ -11,6 +11,8 @@
 //          [--autocast bf16|f16] (f32 inputs under autocast, as precision: bf16 | fp16 runs)
 //          [--flash-engine tiled|mma|cudnn] (the GPU softmax / local / Linformer forward kernels:
 //          ops::attention::set_flash_engine)
+//          [--linear-engine fma|mma] (the GPU core of linear / efficient / taylor_linear:
+//          ops::attention::set_linear_engine)
 //          [--tokens T] (B = max(1, T / N) for each N) [--ns N1,N2,..] [--mechanisms a,b,..]
 // Peak memory: the allocator's peak bytes above the inputs during one
 // forward+backward (on the GPU: the CUDA allocator's); with --one on the CPU
@@ -324,6 +326,11 @@ int bench_attention_main(int argc, char** argv) {
       att::set_flash_engine(v == "tiled" ? forge::cuda::FlashEngine::tiled
                             : v == "mma" ? forge::cuda::FlashEngine::mma
                                          : forge::cuda::FlashEngine::cudnn);
+    } else if (a == "--linear-engine" && has_value) {
+      const std::string v = argv[++i];
+      FORGE_CHECK(v == "fma" || v == "mma", "--linear-engine must be fma or mma, got {}", v);
+      att::set_linear_engine(v == "fma" ? forge::cuda::LinearEngine::fma
+                                        : forge::cuda::LinearEngine::mma);
     } else if (a == "--list") {
       for (const Mechanism& m : mechanisms()) std::printf("%s\n", m.name.c_str());
       return 0;
@@ -335,7 +342,7 @@ int bench_attention_main(int argc, char** argv) {
       FORGE_FAIL(
           "unknown argument {} (use --max-n N, --csv, --list, --one NAME N, --batch B, --heads H, "
           "--dim d, --device cpu|cuda, --dtype f32|bf16|f16, --autocast bf16|f16, "
-          "--flash-engine tiled|mma|cudnn)",
+          "--flash-engine tiled|mma|cudnn, --linear-engine fma|mma)",
           a);
     }
   }

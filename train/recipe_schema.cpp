@@ -190,11 +190,13 @@ std::vector<KeySpec> build_schema() {
   s.integer("n0", 0, -1, kInf, "taylorshift: direct below this length, efficient from it; 0: d^2 + d + 1; -1: always efficient.");
   s.boolean("output_normalized", false, "taylorshift: normalise the output as the paper's section 3.3.");
   s.choice("backend", "tiled", {"tiled", "mma", "cudnn"},
-           "GPU kernels of softmax, local and linformer attention: tiled (the kernels that have "
-           "run on a GPU), mma (issue 29's tensor-core kernels: bf16 / fp16 with head_dim 64 or "
-           "128 and no attention dropout, other cases tiled) or cudnn (cuDNN's fused attention "
-           "where it takes the case: no mask, band, causality or dropout; else as mma). mma and "
-           "cudnn have not yet run on a GPU (docs/GPU.md). The CPU ignores it.");
+           "GPU attention kernels: tiled (the kernels that have run on a GPU), mma (the "
+           "tensor-core kernels: softmax, local and linformer in bf16 / fp16 with head_dim 64 or "
+           "128 and no attention dropout; linear, efficient and taylor_linear non-causal in bf16 "
+           "/ fp16 with feature and value dims of 64 or 128; other cases tiled) or cudnn (cuDNN's "
+           "fused attention for softmax where it takes the case: no mask, band, causality or "
+           "dropout; else as mma). mma and cudnn have not yet run on a GPU (docs/GPU.md). The CPU "
+           "ignores it.");
 
   s.section = "data.";
   s.choice("dataset", "fashion_mnist",

@@ -456,14 +456,17 @@ void write_attention_maps(TaskModel& model, data::DataLoader& loader, const Plac
                                       : "");
 }
 
-// The recipe's choices of GPU kernels: TF32 for f32 GEMMs, and the kernels
-// of softmax / local / linformer attention (model.attention.backend).
+// The recipe's choices of GPU kernels: TF32 for f32 GEMMs, and the attention
+// kernels (model.attention.backend: the flash engine of softmax / local /
+// linformer, and the tensor-core core of the linear family with mma or cudnn).
 void apply_gpu_kernels(const Recipe& r) {
   ops::set_allow_tf32(r.boolean("allow_tf32"));
   const std::string backend = r.string("model.attention.backend");
   ops::attention::set_flash_engine(backend == "mma"     ? cuda::FlashEngine::mma
                                    : backend == "cudnn" ? cuda::FlashEngine::cudnn
                                                         : cuda::FlashEngine::tiled);
+  ops::attention::set_linear_engine(backend == "tiled" ? cuda::LinearEngine::fma
+                                                       : cuda::LinearEngine::mma);
 }
 
 // The recipe's threads, or every core of the host shared evenly by the

@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "ops/attention/flash_cuda.h"
+#include "ops/attention/linear_core_cuda.h"
 
 namespace forge::ops::attention {
 
@@ -45,6 +46,14 @@ Tensor local(const Tensor& q, const Tensor& k, const Tensor& v,
 // GPU (docs/GPU.md). The CPU kernels ignore it.
 void set_flash_engine(cuda::FlashEngine engine);
 cuda::FlashEngine flash_engine();
+
+// The GPU core of linear, efficient and taylor_linear attention, for the
+// whole process: cuda::LinearEngine::fma (the default) or ::mma (issue 30's
+// tensor-core kernels: bf16 / f16, non-causal, feature and value dims of 64
+// or 128, elu + 1 fused into the tiles for linear; other cases stay fma); mma
+// has not yet run on a GPU (docs/GPU.md). The CPU kernels ignore it.
+void set_linear_engine(cuda::LinearEngine engine);
+cuda::LinearEngine linear_engine();
 
 // ---- efficient: Efficient Attention (Shen et al.) ----
 struct EfficientOptions {

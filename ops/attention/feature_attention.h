@@ -2,7 +2,9 @@
 // each computes feature maps of q and k with its kernels of
 // linear_features_cuda.h, and attention on them runs through the shared core
 // of linear_core_cuda.h, as one autograd node whose backward recomputes the
-// feature maps. Called only under FORGE_IF_CUDA; the launcher calls here sit
+// feature maps; with LinearEngine::mma on a case it takes, the tensor-core
+// core (linear_core_mma_cuda.cu) runs instead, on q and k themselves when both
+// maps are one it fuses. Called only under FORGE_IF_CUDA; the launcher calls here sit
 // inside `if constexpr (kCudaBuilt)`, so a build without CUDA compiles them
 // away.
 #pragma once
@@ -13,6 +15,7 @@
 #include "autograd/node.h"
 #include "core/device.h"
 #include "core/tensor.h"
+#include "ops/attention/attention.h"
 #include "ops/attention/linear_core_cuda.h"
 #include "ops/attention/linear_features_cuda.h"
 
@@ -38,11 +41,14 @@ inline cuda::FeatureRows feature_rows(const Tensor& x, const Tensor& mask) {
 // feature_dtype, 0 on the rows the mask pads (mask is undefined for q);
 // `stats` keeps what its backward needs besides x and f (may stay undefined).
 // backward(x, mask, f, stats, df, dx) writes dx [B, H, len, d] from df.
+// `fused`: the same map as one the tensor-core core applies itself (none: it
+// cannot).
 struct FeatureMap {
   std::function<Tensor(const Tensor& x, const Tensor& mask, Tensor& stats)> forward;
   std::function<void(const Tensor& x, const Tensor& mask, const Tensor& f, const Tensor& stats,
                      const Tensor& df, const Tensor& dx)>
       backward;
+  cuda::FusedMap fused = cuda::FusedMap::none;
 };
 
 // A feature map computed row by row from x alone, by a forward and a backward
@@ -67,6 +73,75 @@ inline FeatureMap row_feature_map(RowFeatures forward, RowFeaturesBackward backw
           }};
 }
 
+// The core of one call: the tensor-core one (LinearEngine::mma) where it
+// takes the case and `tensors` (device pointers) are aligned for it, with the
+// maps fused when q's and k's are the same one it fuses; else fma.
+struct CoreChoice {
+  bool mma = false;
+  cuda::LinearMmaArgs m;
+};
+inline CoreChoice choose_core(const cuda::LinearCoreArgs& args, const FeatureMap& qmap,
+                              const FeatureMap& kmap, const Tensor& q, const Tensor& mask,
+                              std::initializer_list<const void*> tensors) {
+  CoreChoice c;
+  c.mma = linear_engine() == cuda::LinearEngine::mma && cuda::linear_mma_takes(args, tensors);
+  c.m.core = args;
+  if (c.mma && qmap.fused != cuda::FusedMap::none && qmap.fused == kmap.fused) {
+    c.m.map = qmap.fused;
+    c.m.keep = mask.defined() ? static_cast<const uint8_t*>(mask.raw_device_data()) : nullptr;
+    c.m.H = q.size(1);
+  }
+  return c;
+}
+
+// The core's forward (o from q, k, v) and backward (dq, dk, dv from the
+// gradient g of o) on the chosen core, the feature maps around it unless fused.
+inline void feature_core_forward(const CoreChoice& c, const FeatureMap& qmap,
+                                 const FeatureMap& kmap, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& mask, const Tensor& o) {
+  const int device = q.device().index;
+  if (c.mma && c.m.map != cuda::FusedMap::none) {
+    cuda::linear_mma_forward(c.m, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
+                             o.raw_device_data(), device);
+    return;
+  }
+  Tensor qstats, kstats;
+  const Tensor qf = qmap.forward(q, Tensor(), qstats), kf = kmap.forward(k, mask, kstats);
+  if (c.mma)
+    cuda::linear_mma_forward(c.m, qf.raw_device_data(), kf.raw_device_data(), v.raw_device_data(),
+                             o.raw_device_data(), device);
+  else
+    cuda::linear_core_forward(c.m.core, qf.raw_device_data(), kf.raw_device_data(),
+                              v.raw_device_data(), o.raw_device_data(), device);
+}
+
+inline void feature_core_backward(const CoreChoice& c, const FeatureMap& qmap,
+                                  const FeatureMap& kmap, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& mask, const Tensor& g,
+                                  const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const int device = g.device().index;
+  if (c.mma && c.m.map != cuda::FusedMap::none) {
+    cuda::linear_mma_backward(c.m, q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
+                              g.raw_device_data(), dq.raw_device_data(), dk.raw_device_data(),
+                              dv.raw_device_data(), device);
+    return;
+  }
+  Tensor qstats, kstats;
+  const Tensor qf = qmap.forward(q, Tensor(), qstats), kf = kmap.forward(k, mask, kstats);
+  const Tensor dqf = Tensor::empty(qf.shape(), qf.dtype(), g.device()),
+               dkf = Tensor::empty(kf.shape(), kf.dtype(), g.device());
+  if (c.mma)
+    cuda::linear_mma_backward(c.m, qf.raw_device_data(), kf.raw_device_data(), v.raw_device_data(),
+                              g.raw_device_data(), dqf.raw_device_data(), dkf.raw_device_data(),
+                              dv.raw_device_data(), device);
+  else
+    cuda::linear_core_backward(c.m.core, qf.raw_device_data(), kf.raw_device_data(),
+                               v.raw_device_data(), g.raw_device_data(), dqf.raw_device_data(),
+                               dkf.raw_device_data(), dv.raw_device_data(), device);
+  qmap.backward(q, Tensor(), qf, qstats, dqf, dq);
+  kmap.backward(k, mask, kf, kstats, dkf, dk);
+}
+
 // o [B, H, N, dv] = the core (args) on qmap(q) and kmap(k, key_padding_mask),
 // recorded as the op `name`. `z0` holds the device buffer args.z0 points to
 // (or is undefined); the backward closure keeps it alive.
@@ -75,35 +150,28 @@ inline Tensor feature_attention_cuda(const char* name, const Tensor& q, const Te
                                      const cuda::LinearCoreArgs& args, const FeatureMap& qmap,
                                      const FeatureMap& kmap, const Tensor& z0 = Tensor()) {
   Tensor o = Tensor::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device());
-  if constexpr (kCudaBuilt) {
-    Tensor qstats, kstats;
-    const Tensor qf = qmap.forward(q, Tensor(), qstats),
-                 kf = kmap.forward(k, key_padding_mask, kstats);
-    cuda::linear_core_forward(args, qf.raw_device_data(), kf.raw_device_data(), v.raw_device_data(),
-                              o.raw_device_data(), q.device().index);
-  }
-  return autograd::record(name, {q, k, v}, o,
-                          [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask,
-                           args, qmap, kmap, z0](const std::vector<Tensor>& grads) {
-                            const Tensor& g = grads[0];
-                            Tensor dq = Tensor::empty(qs.shape(), g.dtype(), g.device()),
-                                   dk = Tensor::empty(ks.shape(), g.dtype(), g.device()),
-                                   dv = Tensor::empty(vs.shape(), g.dtype(), g.device());
-                            if constexpr (kCudaBuilt) {
-                              Tensor qstats, kstats;
-                              const Tensor qf = qmap.forward(qs, Tensor(), qstats),
-                                           kf = kmap.forward(ks, ms, kstats);
-                              const Tensor dqf = Tensor::empty(qf.shape(), qf.dtype(), g.device()),
-                                           dkf = Tensor::empty(kf.shape(), kf.dtype(), g.device());
-                              cuda::linear_core_backward(
-                                  args, qf.raw_device_data(), kf.raw_device_data(),
-                                  vs.raw_device_data(), g.raw_device_data(), dqf.raw_device_data(),
-                                  dkf.raw_device_data(), dv.raw_device_data(), g.device().index);
-                              qmap.backward(qs, Tensor(), qf, qstats, dqf, dq);
-                              kmap.backward(ks, ms, kf, kstats, dkf, dk);
-                            }
-                            return std::vector<Tensor>{dq, dk, dv};
-                          });
+  if constexpr (kCudaBuilt)
+    feature_core_forward(choose_core(args, qmap, kmap, q, key_padding_mask,
+                                     {q.raw_device_data(), k.raw_device_data(), v.raw_device_data(),
+                                      o.raw_device_data()}),
+                         qmap, kmap, q, k, v, key_padding_mask, o);
+  return autograd::record(
+      name, {q, k, v}, o,
+      [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, args, qmap, kmap,
+       z0](const std::vector<Tensor>& grads) {
+        const Tensor& g = grads[0];
+        Tensor dq = Tensor::empty(qs.shape(), g.dtype(), g.device()),
+               dk = Tensor::empty(ks.shape(), g.dtype(), g.device()),
+               dv = Tensor::empty(vs.shape(), g.dtype(), g.device());
+        if constexpr (kCudaBuilt)
+          feature_core_backward(
+              choose_core(args, qmap, kmap, qs, ms,
+                          {qs.raw_device_data(), ks.raw_device_data(), vs.raw_device_data(),
+                           g.raw_device_data(), dq.raw_device_data(), dk.raw_device_data(),
+                           dv.raw_device_data()}),
+              qmap, kmap, qs, ks, vs, ms, g, dq, dk, dv);
+        return std::vector<Tensor>{dq, dk, dv};
+      });
 }
 
 }  // namespace forge::ops::attention

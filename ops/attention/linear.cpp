@@ -20,6 +20,7 @@
 // feature maps, runs the core's backward and maps dphi back through phi'.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -330,6 +331,18 @@ cuda::LinearCoreArgs core_args(const Dims4& dims, DType dtype, const LinearOptio
 
 }  // namespace
 
+namespace {
+std::atomic<cuda::LinearEngine> g_linear_engine{cuda::LinearEngine::fma};
+}  // namespace
+
+void set_linear_engine(cuda::LinearEngine engine) {
+  g_linear_engine.store(engine);
+}
+
+cuda::LinearEngine linear_engine() {
+  return g_linear_engine.load();
+}
+
 Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
               const LinearOptions& options) {
   const Dims4 dims = check_qkv("linear", q, k, v, key_padding_mask, options.causal, true);
@@ -337,7 +350,9 @@ Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k
               "attention::linear: options.eps must be a finite number >= 0, got {}", options.eps);
   FORGE_IF_CUDA(q) {
     // phi(x) = elu(x) + 1 [B*H, len, d], zero on the rows the mask pads.
-    const FeatureMap elu = row_feature_map(cuda::elu_features, cuda::elu_features_backward);
+    // The tensor-core core applies it as it stages q and k (FusedMap).
+    FeatureMap elu = row_feature_map(cuda::elu_features, cuda::elu_features_backward);
+    elu.fused = cuda::FusedMap::elu_plus_one;
     return feature_attention_cuda("attention::linear", q, k, v, key_padding_mask,
                                   core_args(dims, q.dtype(), options), elu, elu);
   }

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 
 #include "core/dtype.h"
@@ -52,5 +53,39 @@ void linear_core_forward(const LinearCoreArgs& a, const void* Qf, const void* Kf
 // den carries no gradient. Deterministic: no atomics.
 void linear_core_backward(const LinearCoreArgs& a, const void* Qf, const void* Kf, const void* V,
                           const void* dO, void* dQf, void* dKf, void* dV, int device);
+
+// ---- the tensor-core engine (linear_core_mma_cuda.cu) ----
+// `fma` (the default): the kernels above, every case. `mma` (issue 30; not yet
+// run on a GPU, docs/GPU.md): m16n8k16 tensor-core kernels for the cases
+// linear_mma_takes accepts, the key-state reduction split over N into about
+// 264 blocks (sized from the shapes, so bit-identical runs on any GPU), the
+// feature map applied as tiles are staged; other cases stay on `fma`.
+enum class LinearEngine { fma, mma };
+
+// How the mma kernels get the feature maps: precomputed (`none`: Qf, Kf are
+// features in f32 and dQf, dKf their f32 gradients, as for the launchers
+// above), or computed from raw rows as they are staged (`elu_plus_one`: Qf,
+// Kf are q, k [BH, len, F] of `dtype`, phi = elu + 1, zero on the keys that
+// `keep` pads, and dQf, dKf are dq, dk of `dtype`: phi' applied).
+enum class FusedMap { none, elu_plus_one };
+
+struct LinearMmaArgs {
+  LinearCoreArgs core;
+  FusedMap map = FusedMap::none;
+  // elu_plus_one only: the key padding mask [B, M] on the device (non-zero =
+  // a real key; batch-head bh is batch bh / H), or null.
+  const uint8_t* keep = nullptr;
+  int64_t H = 1;
+};
+
+// bf16 / f16, non-causal, F and dv of 64 or 128, z0 null and no den_min
+// floor (normalised or not, any eps).
+// `tensors`: the device pointers the call reads and writes, which must be
+// 16-byte aligned (the kernels move 16 bytes a load).
+bool linear_mma_takes(const LinearCoreArgs& a, std::initializer_list<const void*> tensors = {});
+void linear_mma_forward(const LinearMmaArgs& m, const void* Qf, const void* Kf, const void* V,
+                        void* O, int device);
+void linear_mma_backward(const LinearMmaArgs& m, const void* Qf, const void* Kf, const void* V,
+                         const void* dO, void* dQf, void* dKf, void* dV, int device);
 
 }  // namespace forge::cuda

@@ -4,7 +4,7 @@
 # the comparison), but without our Debian dependencies. Logs go to OUT_DIR.
 #
 #   scripts/gpu/run.sh [ARCHIVE=.gpu/attnforge-gpu.tar.xz] [OUT_DIR=${OUT:-gpu-out}] [WHAT=all]
-# WHAT (comma-separated): tests | mma | generate | train | resume | deit | loader | matmul | attention | attention64 | attention128 | steps |
+# WHAT (comma-separated): tests | mma | linear | generate | train | resume | deit | loader | matmul | attention | attention64 | attention128 | steps |
 #   bench (= matmul, attention, steps) | all (= tests, bench). Each part fits in one
 #   10-minute call of the device tool; raw CSV goes to OUT_DIR too.
 # Exit status: that of the tests (benchmarks report only).
@@ -110,6 +110,29 @@ if want mma; then
   for e in tiled mma cudnn; do
     echo "$e $(limited 90 "$root/bin/bench_train_step" --model s16 --device cuda --precision bf16 --batch 128 \
       --steps 10 --flash-engine "$e" 2>>"$out/mma_bench.err" | tail -n 1)" | tee -a "$out/mma_bench.txt"
+  done
+fi
+if want linear; then
+  # Issue 30's tensor-core core of the linear family (LinearEngine::mma; docs/GPU.md
+  # lists it as not yet run): its tests and the fma core's first, then linear
+  # and efficient (non-causal) under each engine, bf16, 16k tokens a step
+  # (B = 16384 / N), H = 16, d = 64: ms forward and forward + backward, peak MB.
+  echo "== linear: test_cuda CudaLinearMma, CudaAttentionLinear"
+  limited 200 "$root/bin/test_cuda" --gtest_filter='CudaLinearMma.*:CudaAttentionLinear*' \
+    > "$out/linear_tests.log" 2>&1
+  rc=$?
+  echo "linear tests rc=$rc"; grep -E '^\[  (FAILED|PASSED) ' "$out/linear_tests.log" | sort -u
+  ((rc == 0)) || status=1
+  echo "engine mechanism N fwd_ms fwdbwd_ms peak_MB" | tee "$out/linear_bench.txt"
+  for m in linear efficient; do
+    for n in 1024 8192 65536; do
+      for e in fma mma; do
+        limited 60 "$root/bin/bench_attention" --one "$m" "$n" --device cuda --dtype bf16 --dim 64 \
+          --heads 16 --tokens 16384 --linear-engine "$e" 2>>"$out/linear_bench.err" | tail -n 1 |
+          awk -F, -v e="$e" -v m="$m" -v n="$n" '{ printf "%s %s %d %s %s %.1f\n", e, m, n, $3, $4, $5 / 1048576 }' |
+          tee -a "$out/linear_bench.txt"
+      done
+    done
   done
 fi
 if want generate; then

@@ -188,8 +188,8 @@ TEST(Trainer, Bf16OnTheCpuComputesTheGemmsInBf16OrRefuses) {
   EXPECT_TRUE(differs) << "the bf16 run equals the fp32 one: its GEMMs did not run in bf16";
 }
 
-// model.attention.backend picks the GPU kernels of softmax attention for the
-// process (ops::attention::set_flash_engine); the CPU kernels ignore it, so a
+// model.attention.backend picks the GPU attention kernels for the process
+// (ops::attention::set_flash_engine, set_linear_engine); the CPU kernels ignore it, so a
 // CPU run is the same with either, to the last digit; a bad value names the choices.
 TEST(Trainer, AttentionBackendPicksTheGpuKernelsAndTheCpuIgnoresIt) {
   Recipe r = tiny_recipe();
@@ -209,11 +209,15 @@ TEST(Trainer, AttentionBackendPicksTheGpuKernelsAndTheCpuIgnoresIt) {
   };
   const std::vector<double> tiled = losses("tiled");
   EXPECT_EQ(ops::attention::flash_engine(), cuda::FlashEngine::tiled);
+  EXPECT_EQ(ops::attention::linear_engine(), cuda::LinearEngine::fma);
   EXPECT_EQ(losses("cudnn"), tiled);
   EXPECT_EQ(ops::attention::flash_engine(), cuda::FlashEngine::cudnn);
+  EXPECT_EQ(ops::attention::linear_engine(), cuda::LinearEngine::mma);
   EXPECT_EQ(losses("mma"), tiled);
   EXPECT_EQ(ops::attention::flash_engine(), cuda::FlashEngine::mma);
-  ops::attention::set_flash_engine(cuda::FlashEngine::tiled);
+  EXPECT_EQ(ops::attention::linear_engine(), cuda::LinearEngine::mma);
+  EXPECT_EQ(losses("tiled"), tiled);
+  EXPECT_EQ(ops::attention::linear_engine(), cuda::LinearEngine::fma);
   forge::testing::expect_error([&] { r.set("model.attention.backend=fast"); },
                                {"model.attention.backend", "tiled", "mma", "cudnn"});
 }
