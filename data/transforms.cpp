@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 #include "core/error.h"
 
@@ -19,6 +21,12 @@ const std::vector<double> kImageNetStd = {0.229, 0.224, 0.225};
 // Python's round(): half to even (std::nearbyint in the default rounding mode).
 int64_t round_half_even(double x) {
   return static_cast<int64_t>(std::nearbyint(x));
+}
+
+// A value in [0, 255] rounded half away from zero, as std::lround (exact:
+// a float plus one half is exact in double), without the library call.
+uint8_t round_to_u8(float v) {
+  return static_cast<uint8_t>(std::floor(static_cast<double>(v) + 0.5));
 }
 
 // The taps of one axis: output k (0 <= k < n) reads input pixels
@@ -92,6 +100,58 @@ struct SourceLayout {
   int64_t c_stride = 0, y_stride = 0, x_stride = 0;
 };
 
+// The horizontal pass: tmp [C, rows, nx] = the x taps over source rows
+// row_lo .. row_lo + rows - 1, clipped to [0, row_clip] when row_clip > 0.
+// Each output sums its taps in order (acc += w * x).
+template <typename T>
+void horizontal_pass(const T* src, const SourceLayout& s, const AxisTaps& xs, int64_t row_lo,
+                     int64_t rows, float row_clip, float* tmp) {
+  const auto nx = static_cast<int64_t>(xs.first.size());
+  for (int64_t c = 0; c < s.channels; ++c)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* line = src + c * s.c_stride + (row_lo + r) * s.y_stride;
+      float* dst = tmp + (c * rows + r) * nx;
+      for (int64_t k = 0; k < nx; ++k) {
+        const auto ks = static_cast<size_t>(k);
+        const float* w = xs.weights.data() + ks * static_cast<size_t>(xs.taps);
+        const T* p = line + xs.first[ks] * s.x_stride;
+        float acc = 0;
+        for (int64_t t = 0; t < xs.count[ks]; ++t)
+          acc += w[t] * static_cast<float>(p[t * s.x_stride]);
+        dst[k] = row_clip > 0 ? std::clamp(acc, 0.0f, row_clip) : acc;
+      }
+    }
+}
+
+// The same for u8 sources of up to 4 channels, every channel of an output at
+// once: each source row is first widened to f32 pixels of 4 lanes
+// (channels, then zeros), so a tap is one 4-lane multiply-add: the same sums
+// in the same order as horizontal_pass (whose products the compiler may fuse
+// into the adds, so the two can differ in the last bit).
+using Lanes4 = float __attribute__((vector_size(16)));
+
+template <int C>
+void horizontal_pass_u8(const uint8_t* src, const SourceLayout& s, const AxisTaps& xs,
+                        int64_t row_lo, int64_t rows, float row_clip, float* tmp) {
+  const auto nx = static_cast<int64_t>(xs.first.size());
+  std::vector<Lanes4> px(static_cast<size_t>(s.width), Lanes4{0, 0, 0, 0});  // [width]
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* line = src + (row_lo + r) * s.y_stride;
+    for (int64_t x = 0; x < s.width; ++x)
+      for (int c = 0; c < C; ++c)
+        px[static_cast<size_t>(x)][c] = static_cast<float>(line[c * s.c_stride + x * s.x_stride]);
+    for (int64_t k = 0; k < nx; ++k) {
+      const auto ks = static_cast<size_t>(k);
+      const float* w = xs.weights.data() + ks * static_cast<size_t>(xs.taps);
+      const Lanes4* p = px.data() + xs.first[ks];
+      Lanes4 acc = {0, 0, 0, 0};
+      for (int64_t t = 0; t < xs.count[ks]; ++t) acc += w[t] * p[t];
+      for (int c = 0; c < C; ++c)
+        tmp[(c * rows + r) * nx + k] = row_clip > 0 ? std::clamp(acc[c], 0.0f, row_clip) : acc[c];
+    }
+  }
+}
+
 // out: f32 [channels, ys.n, xs.n], value_scale times the separable filter of
 // the source (horizontal pass over the rows the vertical taps read, then
 // vertical), clipped to [0, clip] when clip > 0 (after each pass, as PIL).
@@ -111,20 +171,16 @@ void resample(const T* src, const SourceLayout& s, const AxisTaps& ys, const Axi
   // edge does not carry into the vertical pass.
   const float row_clip = clip > 0 ? clip / value_scale : 0.0f;
   std::vector<float> tmp(static_cast<size_t>(s.channels * rows * nx));  // [C, rows, nx]
-  for (int64_t c = 0; c < s.channels; ++c)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* line = src + c * s.c_stride + (row_lo + r) * s.y_stride;
-      float* dst = tmp.data() + (c * rows + r) * nx;
-      for (int64_t k = 0; k < nx; ++k) {
-        const auto ks = static_cast<size_t>(k);
-        const float* w = xs.weights.data() + ks * static_cast<size_t>(xs.taps);
-        const T* p = line + xs.first[ks] * s.x_stride;
-        float acc = 0;
-        for (int64_t t = 0; t < xs.count[ks]; ++t)
-          acc += w[t] * static_cast<float>(p[t * s.x_stride]);
-        dst[k] = row_clip > 0 ? std::clamp(acc, 0.0f, row_clip) : acc;
-      }
-    }
+  if constexpr (std::is_same_v<T, uint8_t>) {
+    if (s.channels == 3)
+      horizontal_pass_u8<3>(src, s, xs, row_lo, rows, row_clip, tmp.data());
+    else if (s.channels == 1)
+      horizontal_pass_u8<1>(src, s, xs, row_lo, rows, row_clip, tmp.data());
+    else
+      horizontal_pass(src, s, xs, row_lo, rows, row_clip, tmp.data());
+  } else {
+    horizontal_pass(src, s, xs, row_lo, rows, row_clip, tmp.data());
+  }
   for (int64_t c = 0; c < s.channels; ++c)
     for (int64_t k = 0; k < ny; ++k) {
       const auto ks = static_cast<size_t>(k);
@@ -423,7 +479,7 @@ Tensor render(const Image& input, const Plan& p, int denom, const ImageTransform
     for (int64_t c = 0; c < channels; ++c)
       for (int64_t i = 0; i < size * size; ++i)
         crop.pixels[static_cast<size_t>(i * channels + c)] =
-            static_cast<uint8_t>(std::lround(f[c * size * size + i]));
+            round_to_u8(f[c * size * size + i]);
     if (o.rand_augment) rand_augment(crop, o.rand_augment_options, *rng);
     if (o.color_jitter.any()) color_jitter(crop, o.color_jitter, *rng);
     out = to_tensor(crop);
