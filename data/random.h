@@ -23,7 +23,16 @@ class Rng {
   // Rng(Rng::mix({run_seed, epoch, index})).
   static uint64_t mix(std::initializer_list<uint64_t> parts);
 
-  uint32_t next_u32() { return Generator::word(seed_, 0, counter_++); }
+  // Word counter_ of the stream; a Philox block gives four words, so the
+  // block of the last word read is kept for the next three.
+  uint32_t next_u32() {
+    const uint64_t b = counter_ / 4;
+    if (b != block_index_) {
+      block_ = Generator::block(seed_, 0, b);
+      block_index_ = b;
+    }
+    return block_[counter_++ % 4];
+  }
   uint64_t next_u64();
   double uniform();  // [0, 1), 53 random bits
   double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
@@ -47,6 +56,8 @@ class Rng {
  private:
   uint64_t seed_;
   uint64_t counter_ = 0;
+  uint64_t block_index_ = UINT64_MAX;  // the block held in block_ (none yet)
+  Philox4x32 block_{};
 };
 
 }  // namespace forge::data

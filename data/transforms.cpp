@@ -478,8 +478,7 @@ Tensor render(const Image& input, const Plan& p, int denom, const ImageTransform
     const float* f = out.data<float>();
     for (int64_t c = 0; c < channels; ++c)
       for (int64_t i = 0; i < size * size; ++i)
-        crop.pixels[static_cast<size_t>(i * channels + c)] =
-            round_to_u8(f[c * size * size + i]);
+        crop.pixels[static_cast<size_t>(i * channels + c)] = round_to_u8(f[c * size * size + i]);
     if (o.rand_augment) rand_augment(crop, o.rand_augment_options, *rng);
     if (o.color_jitter.any()) color_jitter(crop, o.color_jitter, *rng);
     out = to_tensor(crop);

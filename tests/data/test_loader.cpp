@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "data/loader.h"
+#include "data/random.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
@@ -137,6 +138,20 @@ LoaderOptions options(int64_t batch_size, uint64_t seed, int workers) {
   o.seed = seed;
   o.workers = workers;
   return o;
+}
+
+// Rng keeps the Philox block of its last word for the next three: the words
+// are still word counter of the (seed, offset 0) stream, in order, across
+// blocks and after set_counter jumps back and forth.
+TEST(DataRng, WordsAreThePhiloxStreamInOrder) {
+  Rng rng(Rng::mix({5, 17}));
+  const uint64_t seed = rng.seed();
+  for (uint64_t i = 0; i < 37; ++i) EXPECT_EQ(rng.next_u32(), Generator::word(seed, 0, i)) << i;
+  for (uint64_t start : {uint64_t{2}, uint64_t{1000003}, uint64_t{38}, uint64_t{1}}) {
+    rng.set_counter(start);
+    for (uint64_t i = start; i < start + 9; ++i)
+      EXPECT_EQ(rng.next_u32(), Generator::word(seed, 0, i)) << "from " << start << ", word " << i;
+  }
 }
 
 TEST(DataLoader, SameSeedSameBatchesForAnyNumberOfWorkers) {
