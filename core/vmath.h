@@ -1,5 +1,5 @@
 // Vectorised transcendental functions over arrays: the one place CPU kernels
-// get exp, expm1, log, tanh, erf and erfc from instead of calling libm per
+// get exp, expm1, log, cos, tanh, erf and erfc from instead of calling libm per
 // element. On x86-64 they are glibc's vector math library (libmvec), in the
 // widest vectors the build's target has (AVX-512, AVX2, else SSE2), within 4
 // ULP of the exact result in f32 and f64 (so f64 stays good for gradcheck).
@@ -20,6 +20,8 @@ void expm1(const float* x, float* y, int64_t n);
 void expm1(const double* x, double* y, int64_t n);
 void log(const float* x, float* y, int64_t n);
 void log(const double* x, double* y, int64_t n);
+void cos(const float* x, float* y, int64_t n);
+void cos(const double* x, double* y, int64_t n);
 void tanh(const float* x, float* y, int64_t n);
 void tanh(const double* x, double* y, int64_t n);
 void erf(const float* x, float* y, int64_t n);

@@ -1076,9 +1076,7 @@ void random_erasing(Tensor& image, const RandomErasingOptions& o, Rng& rng) {
       for (int64_t c = 0; c < channels; ++c) {
         float* plane = x + c * height * width;
         if (o.mode == EraseMode::pixel) {
-          for (int64_t r = 0; r < h; ++r)
-            for (int64_t col = 0; col < w; ++col)
-              plane[(top + r) * width + left + col] = static_cast<float>(rng.normal());
+          for (int64_t r = 0; r < h; ++r) rng.normals(plane + (top + r) * width + left, w);
         } else {
           const float value = o.mode == EraseMode::rand ? static_cast<float>(rng.normal()) : 0.0f;
           fill_region(plane, width, top, left, h, w, value);

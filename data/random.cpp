@@ -1,9 +1,11 @@
 #include "data/random.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
 #include "core/error.h"
+#include "core/vmath.h"
 
 namespace forge::data {
 
@@ -51,6 +53,27 @@ double Rng::normal() {
   const double u1 = 1.0 - uniform();  // (0, 1]
   const double u2 = uniform();
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+void Rng::normals(float* out, int64_t n) {
+  int64_t i = 0;
+  while (i < n && counter_ % 4 != 0) out[i++] = static_cast<float>(normal());
+  // From a block boundary on, one Philox block holds the four words of a normal.
+  constexpr int64_t kBatch = 256;
+  double u1[kBatch], u2[kBatch];
+  while (i < n) {
+    const int64_t m = std::min(kBatch, n - i);
+    for (int64_t j = 0; j < m; ++j) {
+      const Philox4x32 w = Generator::block(seed_, 0, counter_ / 4 + static_cast<uint64_t>(j));
+      u1[j] = 1.0 - Generator::words_to_unit_f64(w[0], w[1]);
+      u2[j] = 2.0 * std::numbers::pi * Generator::words_to_unit_f64(w[2], w[3]);
+    }
+    counter_ += 4 * static_cast<uint64_t>(m);
+    vmath::log(u1, u1, m);
+    vmath::cos(u2, u2, m);
+    for (int64_t j = 0; j < m; ++j) out[i + j] = static_cast<float>(std::sqrt(-2.0 * u1[j]) * u2[j]);
+    i += m;
+  }
 }
 
 double Rng::gamma(double shape) {

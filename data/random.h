@@ -40,6 +40,10 @@ class Rng {
   int64_t randint(int64_t lo, int64_t hi);  // uniform in [lo, hi]
   bool bernoulli(double p) { return uniform() < p; }
   double normal();                  // standard normal (Box-Muller, one value per call)
+  // n normals, as n calls of normal() rounded to float (the same words; log
+  // and cos from core/vmath.h, within a few ULP of libm's in f64, so a value
+  // may differ from normal()'s in its last float bit), in batches.
+  void normals(float* out, int64_t n);
   double gamma(double shape);       // Gamma(shape, 1), Marsaglia-Tsang; shape > 0
   double beta(double a, double b);  // Beta(a, b) from two gammas
 

@@ -77,6 +77,26 @@ TEST(VMath, Expm1LogTanhErfErfcAreWithinFiveUlpsOfLibmInF32AndF64) {
   expect_all_match_libm<double>();
 }
 
+// cos over the turn Box-Muller uses ([0, 2 pi]), within 4 epsilons of libm:
+// absolute, as the values are at most 1 and cross zero twice.
+TEST(VMath, CosIsWithinFourEpsilonsOfLibmOverATurn) {
+  const auto check = [](auto zero) {
+    using T = decltype(zero);
+    for (int64_t n : {1, 7, 16, 17, 1001}) {
+      std::vector<T> x(static_cast<size_t>(n)), y(x.size());
+      for (int64_t i = 0; i < n; ++i)
+        x[static_cast<size_t>(i)] = T(2 * 3.141592653589793) * T(i) / T(n);
+      vmath::cos(x.data(), y.data(), n);
+      for (int64_t i = 0; i < n; ++i)
+        EXPECT_NEAR(y[static_cast<size_t>(i)], std::cos(x[static_cast<size_t>(i)]),
+                    4 * std::numeric_limits<T>::epsilon())
+            << "n " << n << " x " << x[static_cast<size_t>(i)];
+    }
+  };
+  check(0.0f);
+  check(0.0);
+}
+
 TEST(VMath, ExpEdges) {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> x = {0.0f,  -0.0f,   -inf, inf,  -200.0f, 200.0f, std::nanf(""), 1.0f, -1.0f,

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -151,6 +152,29 @@ TEST(DataRng, WordsAreThePhiloxStreamInOrder) {
     rng.set_counter(start);
     for (uint64_t i = start; i < start + 9; ++i)
       EXPECT_EQ(rng.next_u32(), Generator::word(seed, 0, i)) << "from " << start << ", word " << i;
+  }
+}
+
+// Rng::normals gives what as many calls of normal() give (to a float's last
+// bit, log and cos coming from vmath), from any counter, and leaves the
+// counter where they would.
+TEST(DataRng, NormalsAreNormalCallsInBatches) {
+  for (uint64_t start : {uint64_t{0}, uint64_t{3}, uint64_t{5}}) {
+    Rng a(11), b(11);
+    a.set_counter(start);
+    b.set_counter(start);
+    std::vector<float> got(700);
+    a.normals(got.data(), 700);
+    double sum = 0, sq = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const auto want = static_cast<float>(b.normal());
+      EXPECT_NEAR(got[i], want, 4e-7 * std::max(1.0f, std::abs(want))) << "from " << start << ", " << i;
+      sum += got[i];
+      sq += got[i] * got[i];
+    }
+    EXPECT_EQ(a.counter(), b.counter());
+    EXPECT_NEAR(sum / 700, 0.0, 0.15);
+    EXPECT_NEAR(sq / 700, 1.0, 0.15);
   }
 }
 
