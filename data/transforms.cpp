@@ -6,8 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
+
+#if defined(__SSE4_1__)
+#include <smmintrin.h>
+#endif
 
 #include "core/error.h"
 
@@ -130,24 +135,67 @@ void horizontal_pass(const T* src, const SourceLayout& s, const AxisTaps& xs, in
 // into the adds, so the two can differ in the last bit).
 using Lanes4 = float __attribute__((vector_size(16)));
 
+using Bytes4 = uint8_t __attribute__((vector_size(4)));
+
+// Source row `line` widened into px [width + taps] (the pixels, then zeros).
+template <int C>
+void widen_row(const uint8_t* line, const SourceLayout& s, Lanes4* px) {
+  int64_t x = 0;
+  if (C == 3 && s.c_stride == 1 && s.x_stride == 3)
+    for (; x + 1 < s.width; ++x) {  // 4 bytes a pixel: its 3 and the next one's first
+#if defined(__SSE4_1__)
+      int32_t b;
+      std::memcpy(&b, line + 3 * x, sizeof b);
+      const __m128 v = _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(b)));
+      _mm_storeu_ps(reinterpret_cast<float*>(px + x), _mm_blend_ps(v, _mm_setzero_ps(), 8));
+#else
+      Bytes4 b;
+      std::memcpy(&b, line + 3 * x, sizeof b);
+      Lanes4 v = __builtin_convertvector(b, Lanes4);
+      v[3] = 0;
+      px[x] = v;
+#endif
+    }
+  for (; x < s.width; ++x)
+    for (int c = 0; c < C; ++c)
+      px[x][c] = static_cast<float>(line[c * s.c_stride + x * s.x_stride]);
+}
+
+// Every output of the taps over px: kTaps (0: xs.taps, at run time) taps
+// each, the weights past an output's count being zeros, which leave its sum
+// as it is.
+template <int C, int kTaps>
+void taps_of_row(const Lanes4* px, const AxisTaps& xs, float row_clip, float* dst,
+                 int64_t plane) {
+  const auto nx = static_cast<int64_t>(xs.first.size());
+  const int64_t taps = kTaps > 0 ? kTaps : xs.taps;
+  for (int64_t k = 0; k < nx; ++k) {
+    const auto ks = static_cast<size_t>(k);
+    const float* w = xs.weights.data() + ks * static_cast<size_t>(xs.taps);
+    const Lanes4* p = px + xs.first[ks];
+    Lanes4 acc = {0, 0, 0, 0};
+    for (int64_t t = 0; t < taps; ++t) acc += w[t] * p[t];
+    for (int c = 0; c < C; ++c)
+      dst[c * plane + k] = row_clip > 0 ? std::clamp(acc[c], 0.0f, row_clip) : acc[c];
+  }
+}
+
 template <int C>
 void horizontal_pass_u8(const uint8_t* src, const SourceLayout& s, const AxisTaps& xs,
                         int64_t row_lo, int64_t rows, float row_clip, float* tmp) {
   const auto nx = static_cast<int64_t>(xs.first.size());
-  std::vector<Lanes4> px(static_cast<size_t>(s.width), Lanes4{0, 0, 0, 0});  // [width]
+  std::vector<Lanes4> px(static_cast<size_t>(s.width + xs.taps), Lanes4{0, 0, 0, 0});
+  const int64_t plane = rows * nx;  // tmp's channel stride
   for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* line = src + (row_lo + r) * s.y_stride;
-    for (int64_t x = 0; x < s.width; ++x)
-      for (int c = 0; c < C; ++c)
-        px[static_cast<size_t>(x)][c] = static_cast<float>(line[c * s.c_stride + x * s.x_stride]);
-    for (int64_t k = 0; k < nx; ++k) {
-      const auto ks = static_cast<size_t>(k);
-      const float* w = xs.weights.data() + ks * static_cast<size_t>(xs.taps);
-      const Lanes4* p = px.data() + xs.first[ks];
-      Lanes4 acc = {0, 0, 0, 0};
-      for (int64_t t = 0; t < xs.count[ks]; ++t) acc += w[t] * p[t];
-      for (int c = 0; c < C; ++c)
-        tmp[(c * rows + r) * nx + k] = row_clip > 0 ? std::clamp(acc[c], 0.0f, row_clip) : acc[c];
+    widen_row<C>(src + (row_lo + r) * s.y_stride, s, px.data());
+    float* dst = tmp + r * nx;
+    switch (xs.taps) {  // bicubic: 5 taps when enlarging, up to 9 when shrinking by up to 2
+      case 5: taps_of_row<C, 5>(px.data(), xs, row_clip, dst, plane); break;
+      case 6: taps_of_row<C, 6>(px.data(), xs, row_clip, dst, plane); break;
+      case 7: taps_of_row<C, 7>(px.data(), xs, row_clip, dst, plane); break;
+      case 8: taps_of_row<C, 8>(px.data(), xs, row_clip, dst, plane); break;
+      case 9: taps_of_row<C, 9>(px.data(), xs, row_clip, dst, plane); break;
+      default: taps_of_row<C, 0>(px.data(), xs, row_clip, dst, plane); break;
     }
   }
 }
