@@ -4,7 +4,9 @@
 //
 //   bench_train_step [--model tiny|p4|s16] [--device cpu|cuda] [--precision fp32|bf16|fp16]
 //                  [--batch 128] [--steps 30] [--warmup 5] [--flash-engine tiled|mma|cudnn]
-// (--flash-engine: the GPU softmax attention kernels, ops::attention::set_flash_engine)
+//                  [--multi-tensor on|off]
+// (--flash-engine: the GPU softmax attention kernels, ops::attention::set_flash_engine;
+// --multi-tensor: AdamW's GPU update in launches of many tensors, optim::set_multi_tensor)
 // tiny: the default recipe's ViT (recipes/vit/fmnist_tiny.yaml: 28x28x1
 // images, 7x7 patches, width 96, depth 6, 4 heads, feed-forward 192).
 // p4: the default recipe's ViT before issue 18 (4x4 patches, width 64, depth
@@ -58,6 +60,8 @@ int main(int argc, char** argv) {
       ops::attention::set_flash_engine(v == "tiled" ? cuda::FlashEngine::tiled
                                        : v == "mma" ? cuda::FlashEngine::mma
                                                     : cuda::FlashEngine::cudnn);
+    else if (a == "--multi-tensor" && (v == "on" || v == "off"))
+      optim::set_multi_tensor(v == "on");
     else {
       std::fprintf(stderr, "bench_train_step: unknown option %s\n", a.c_str());
       return 2;

@@ -5,6 +5,9 @@
 #include "optim/adam.h"
 
 #include <cmath>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "optim/kernels.h"
 #include "optim/update_cuda.h"
@@ -46,26 +49,57 @@ Adam::Adam(std::vector<ParamGroup> groups, double lr, const AdamOptions& options
   check_adam_options(options_, decoupled_ ? "AdamW" : "Adam");
 }
 
+cuda::optim::AdamCoefficients Adam::gpu_coefficients(const Update& u) const {
+  const double t = static_cast<double>(u.step);
+  const double bias_correction1 = 1 - std::pow(options_.beta1, t);
+  const double bias_correction2 = 1 - std::pow(options_.beta2, t);
+  cuda::optim::AdamCoefficients c;
+  c.decay = decoupled_ && u.weight_decay != 0;
+  c.keep = 1 - u.lr * u.weight_decay;
+  c.l2 = decoupled_ ? 0.0 : u.weight_decay;
+  c.beta1 = options_.beta1;
+  c.one_minus_beta1 = 1 - options_.beta1;
+  c.beta2 = options_.beta2;
+  c.one_minus_beta2 = 1 - options_.beta2;
+  c.bias_correction2_sqrt = std::sqrt(bias_correction2);
+  c.eps = options_.eps;
+  c.step_size = u.lr / bias_correction1;
+  return c;
+}
+
+// With multi_tensor(), the GPU parameters go to adam_update_many, one call
+// per (device, dtype) in parameter order; the others as update() takes them.
+void Adam::update_all(const std::vector<Update>& updates) {
+  if (!multi_tensor()) return Optimizer::update_all(updates);
+  std::map<std::pair<int, DType>, std::vector<cuda::optim::AdamTensor>> gpu;
+  for (const Update& u : updates) {
+    if (u.param.device().is_cpu()) {
+      update(u);
+      continue;
+    }
+    cuda::optim::AdamTensor x;
+    x.p = u.param.raw_device_data();
+    x.grad = u.grad.raw_device_data();
+    x.m = u.slots[0].raw_device_data();
+    x.v = u.slots[1].raw_device_data();
+    x.n = u.param.numel();
+    x.c = gpu_coefficients(u);
+    gpu[{u.param.device().index, u.param.dtype()}].push_back(x);
+  }
+  if constexpr (kCudaBuilt)
+    for (const auto& [where, tensors] : gpu)
+      cuda::optim::adam_update_many(where.second, where.first, tensors);
+}
+
 void Adam::update(const Update& u) {
   const double t = static_cast<double>(u.step);
   const double bias_correction1 = 1 - std::pow(options_.beta1, t);
   const double bias_correction2 = 1 - std::pow(options_.beta2, t);
   const double step_size = u.lr / bias_correction1;
   FORGE_IF_CUDA(u.param) {
-    cuda::optim::AdamCoefficients c;
-    c.decay = decoupled_ && u.weight_decay != 0;
-    c.keep = 1 - u.lr * u.weight_decay;
-    c.l2 = decoupled_ ? 0.0 : u.weight_decay;
-    c.beta1 = options_.beta1;
-    c.one_minus_beta1 = 1 - options_.beta1;
-    c.beta2 = options_.beta2;
-    c.one_minus_beta2 = 1 - options_.beta2;
-    c.bias_correction2_sqrt = std::sqrt(bias_correction2);
-    c.eps = options_.eps;
-    c.step_size = step_size;
     cuda::optim::adam_update(u.param.dtype(), u.param.device().index, u.param.raw_device_data(),
                              u.grad.raw_device_data(), u.slots[0].raw_device_data(),
-                             u.slots[1].raw_device_data(), u.param.numel(), c);
+                             u.slots[1].raw_device_data(), u.param.numel(), gpu_coefficients(u));
     return;
   }
   FORGE_DISPATCH_FLOAT(u.param.dtype(), "Adam", [&] {

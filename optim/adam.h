@@ -10,6 +10,7 @@
 #pragma once
 
 #include "optim/optimizer.h"
+#include "optim/update_cuda.h"
 
 namespace forge::optim {
 
@@ -29,8 +30,12 @@ class Adam : public Optimizer {
  protected:
   Adam(std::vector<ParamGroup> groups, double lr, const AdamOptions& options, bool decoupled);
   void update(const Update& u) override;
+  void update_all(const std::vector<Update>& updates) override;
 
  private:
+  // The coefficients of the fused GPU update of u.
+  cuda::optim::AdamCoefficients gpu_coefficients(const Update& u) const;
+
   AdamOptions options_;
   bool decoupled_;
 };

@@ -2,6 +2,8 @@
 // the state dict.
 #include "optim/optimizer.h"
 
+#include <atomic>
+
 #include <cmath>
 #include <set>
 #include <utility>
@@ -139,14 +141,36 @@ void Optimizer::step() {
                 name(), s.name, describe(g.shape(), g.dtype()), g.device().str(),
                 describe(s.param.shape(), s.param.dtype()), s.param.device().str());
   }
+  std::vector<Tensor> grads;  // kept alive for the updates that refer to them
+  grads.reserve(states_.size());
+  std::vector<Update> updates;
   for (State& s : states_) {
-    const Tensor g = s.param.grad();
+    Tensor g = s.param.grad();
     if (!g.defined()) continue;
     ++s.step;
     const ParamGroup& group = groups_[s.group];
-    update(Update{s.name, s.param, g, s.slots, s.step, lr_ * group.lr_scale, group.weight_decay});
+    grads.push_back(std::move(g));
+    updates.push_back(
+        Update{s.name, s.param, grads.back(), s.slots, s.step, lr_ * group.lr_scale, group.weight_decay});
   }
+  update_all(updates);
   ++steps_;
+}
+
+void Optimizer::update_all(const std::vector<Update>& updates) {
+  for (const Update& u : updates) update(u);
+}
+
+namespace {
+std::atomic<bool> g_multi_tensor{false};
+}  // namespace
+
+void set_multi_tensor(bool on) {
+  g_multi_tensor.store(on);
+}
+
+bool multi_tensor() {
+  return g_multi_tensor.load();
 }
 
 void Optimizer::zero_grad() {

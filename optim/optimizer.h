@@ -52,6 +52,13 @@ bool is_no_decay(const std::string& name, const Tensor& param);
 std::vector<ParamGroup> param_groups(const nn::Module& model, double weight_decay,
                                      bool exclude_norms_biases_embeddings);
 
+// Whether optimizers update the GPU parameters of one step together, in few
+// launches (Adam / AdamW: cuda::optim::adam_update_many; the same results,
+// bit for bit), for the whole process. Off by default until it has run on a
+// GPU (issue 31; docs/GPU.md). The CPU ignores it.
+void set_multi_tensor(bool on);
+bool multi_tensor();
+
 // Layer-wise lr decay (BEiT; timm's param_groups_layer_decay): parameter
 // `name` of layer i = layer_id(name), in [0, num_layers), trains at lr_scale
 // layer_decay^(num_layers - 1 - i), so the last layer (the head) at the full
@@ -114,6 +121,10 @@ class Optimizer {
     double weight_decay;         // the group's
   };
   virtual void update(const Update& u) = 0;
+  // Every update of one step, in parameter order; the default calls update()
+  // for each. A subclass may take the GPU ones together (Adam: one launch for
+  // many tensors when multi_tensor()).
+  virtual void update_all(const std::vector<Update>& updates);
 
  private:
   struct State {

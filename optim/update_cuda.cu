@@ -2,6 +2,7 @@
 // optim/update_cuda.h). The update kernels compute in the parameter's type T
 // (f32 or f64) in the order of the CPU loops they mirror, which are quoted in
 // the comments of sgd.cpp, adam.cpp and lamb.cpp.
+#include <climits>
 #include <cmath>
 #include <limits>
 
@@ -71,6 +72,51 @@ __global__ void adam_kernel(T* p, const T* grad, T* m, T* v, int64_t n, bool dec
     v[i] = vi;
     const T denom = sqrt_of(vi) / bias_correction2_sqrt + eps;
     p[i] = pi + (-step_size) * (mi / denom);
+  }
+}
+
+// ---- Adam / AdamW over many tensors ----
+
+// The tensors of one launch, in the kernel's parameters (under 4 KiB for f64).
+template <typename T>
+struct AdamTable {
+  T* p[kAdamTensorsPerLaunch];
+  const T* grad[kAdamTensorsPerLaunch];
+  T* m[kAdamTensorsPerLaunch];
+  T* v[kAdamTensorsPerLaunch];
+  int64_t n[kAdamTensorsPerLaunch];
+  T keep[kAdamTensorsPerLaunch], l2[kAdamTensorsPerLaunch];
+  T bias_correction2_sqrt[kAdamTensorsPerLaunch], step_size[kAdamTensorsPerLaunch];
+  bool decay[kAdamTensorsPerLaunch];
+  int first_block[kAdamTensorsPerLaunch + 1];  // tensor t owns blocks [first_block[t], first_block[t + 1])
+  int count;
+  T beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+};
+constexpr int64_t kAdamChunk = 8 * kThreads;  // elements per block
+
+// Block b updates chunk b - first_block[t] of tensor t with adam_kernel's
+// arithmetic.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) adam_many_kernel(const __grid_constant__ AdamTable<T> a) {
+  int t = 0;
+  while (t + 1 < a.count && static_cast<int>(blockIdx.x) >= a.first_block[t + 1]) ++t;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - a.first_block[t]) * kAdamChunk;
+  const int64_t end = min(a.n[t], begin + kAdamChunk);
+  T* p = a.p[t];
+  const T* grad = a.grad[t];
+  T* m = a.m[t];
+  T* v = a.v[t];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    T pi = p[i];
+    if (a.decay[t]) pi = pi * a.keep[t];
+    T g = grad[i];
+    if (a.l2[t] != T(0)) g = g + a.l2[t] * pi;
+    const T mi = m[i] * a.beta1 + a.one_minus_beta1 * g;
+    const T vi = v[i] * a.beta2 + a.one_minus_beta2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const T denom = sqrt_of(vi) / a.bias_correction2_sqrt[t] + a.eps;
+    p[i] = pi + (-a.step_size[t]) * (mi / denom);
   }
 }
 
@@ -204,6 +250,52 @@ void adam_update(DType dtype, int device, void* p, const void* grad, void* m, vo
         static_cast<T>(c.one_minus_beta2), static_cast<T>(c.bias_correction2_sqrt),
         static_cast<T>(c.eps), static_cast<T>(c.step_size));
     FORGE_CUDA_CHECK_LAUNCH("adam_update");
+  });
+}
+
+void adam_update_many(DType dtype, int device, const std::vector<AdamTensor>& tensors) {
+  if (tensors.empty()) return;
+  DeviceGuard guard(device);
+  dispatch_param(dtype, "Adam (many tensors)", [&](auto zero) {
+    using T = decltype(zero);
+    const AdamCoefficients& c0 = tensors.front().c;
+    AdamTable<T> a{};
+    a.beta1 = static_cast<T>(c0.beta1);
+    a.one_minus_beta1 = static_cast<T>(c0.one_minus_beta1);
+    a.beta2 = static_cast<T>(c0.beta2);
+    a.one_minus_beta2 = static_cast<T>(c0.one_minus_beta2);
+    a.eps = static_cast<T>(c0.eps);
+    int64_t blocks = 0;
+    const auto launch = [&] {
+      if (a.count == 0) return;
+      a.first_block[a.count] = static_cast<int>(blocks);
+      if (blocks > 0) {
+        adam_many_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream(device)>>>(a);
+        FORGE_CUDA_CHECK_LAUNCH("adam_update_many");
+      }
+      a.count = 0;
+      blocks = 0;
+    };
+    for (const AdamTensor& x : tensors) {
+      if (x.c.beta1 != c0.beta1 || x.c.beta2 != c0.beta2 || x.c.eps != c0.eps)
+        fail("adam_update_many: the tensors of one call must share beta1, beta2 and eps");
+      const int64_t chunks = (x.n + kAdamChunk - 1) / kAdamChunk;
+      if (a.count == kAdamTensorsPerLaunch || blocks + chunks > INT_MAX) launch();
+      const int t = a.count++;
+      a.p[t] = static_cast<T*>(x.p);
+      a.grad[t] = static_cast<const T*>(x.grad);
+      a.m[t] = static_cast<T*>(x.m);
+      a.v[t] = static_cast<T*>(x.v);
+      a.n[t] = x.n;
+      a.decay[t] = x.c.decay;
+      a.keep[t] = static_cast<T>(x.c.keep);
+      a.l2[t] = static_cast<T>(x.c.l2);
+      a.bias_correction2_sqrt[t] = static_cast<T>(x.c.bias_correction2_sqrt);
+      a.step_size[t] = static_cast<T>(x.c.step_size);
+      a.first_block[t] = static_cast<int>(blocks);
+      blocks += chunks;
+    }
+    launch();
   });
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -43,6 +44,23 @@ struct AdamCoefficients {
 };
 void adam_update(DType dtype, int device, void* p, const void* grad, void* m, void* v, int64_t n,
                  const AdamCoefficients& c);
+
+// Many parameters of one dtype on one device in few launches (issue 31; off
+// by default, optim::set_multi_tensor; not yet run on a GPU): each tensor's
+// update is adam_update's, element for element, so the results are the same
+// bits. Up to kAdamTensorsPerLaunch tensors go into one launch, their
+// pointers and coefficients in the kernel's parameters (no table upload, no
+// host synchronisation); c.beta1, beta2 and eps must be the same for all.
+struct AdamTensor {
+  void* p = nullptr;
+  const void* grad = nullptr;
+  void* m = nullptr;
+  void* v = nullptr;
+  int64_t n = 0;
+  AdamCoefficients c;
+};
+constexpr int kAdamTensorsPerLaunch = 32;
+void adam_update_many(DType dtype, int device, const std::vector<AdamTensor>& tensors);
 
 // LAMB (optim/lamb.h) on parameter w: m, v and r (a buffer of n elements for
 // the update direction) in one pass with the partial sums of w^2 and r^2, then

@@ -4,7 +4,7 @@
 # the comparison), but without our Debian dependencies. Logs go to OUT_DIR.
 #
 #   scripts/gpu/run.sh [ARCHIVE=.gpu/attnforge-gpu.tar.xz] [OUT_DIR=${OUT:-gpu-out}] [WHAT=all]
-# WHAT (comma-separated): tests | mma | linear | generate | train | resume | deit | loader | matmul | attention | attention64 | attention128 | steps |
+# WHAT (comma-separated): tests | mma | linear | optim | generate | train | resume | deit | loader | matmul | attention | attention64 | attention128 | steps |
 #   bench (= matmul, attention, steps) | all (= tests, bench). Each part fits in one
 #   10-minute call of the device tool; raw CSV goes to OUT_DIR too.
 # Exit status: that of the tests (benchmarks report only).
@@ -133,6 +133,21 @@ if want linear; then
           tee -a "$out/linear_bench.txt"
       done
     done
+  done
+fi
+if want optim; then
+  # Issue 31's multi-tensor AdamW (optim::set_multi_tensor; docs/GPU.md lists it
+  # as not yet run): the optimizer tests, then the ViT-S/16 step (bf16, batch
+  # 256) with one launch per tensor and with launches of many tensors.
+  echo "== optim: test_cuda CudaOptim"
+  limited 120 "$root/bin/test_cuda" --gtest_filter='CudaOptim.*' > "$out/optim_tests.log" 2>&1
+  rc=$?
+  echo "optim tests rc=$rc"; grep -E '^\[  (FAILED|PASSED) ' "$out/optim_tests.log" | sort -u
+  ((rc == 0)) || status=1
+  echo "multi-tensor ViT-S/16 step (bf16, batch 256): ours,batch,ms,images/s,peak MB" | tee "$out/optim_bench.txt"
+  for mt in off on; do
+    echo "$mt $(limited 120 "$root/bin/bench_train_step" --model s16 --device cuda --precision bf16 --batch 256 \
+      --steps 10 --multi-tensor "$mt" 2>>"$out/optim_bench.err" | tail -n 1)" | tee -a "$out/optim_bench.txt"
   done
 fi
 if want generate; then

@@ -69,6 +69,19 @@ TEST(OptimAdam, MatchesPyTorch) {
   EXPECT_EQ(adamw.name(), "adamw");
 }
 
+// set_multi_tensor gathers GPU parameters only: CPU parameters take the
+// same updates with it on, to the last bit.
+TEST(OptimAdam, MultiTensorLeavesCpuUpdatesAsTheyAre) {
+  const AdamOptions o{0.9, 0.99, 1e-8};
+  Problem plain, gathered;
+  AdamW a(plain.groups(0.1), testing::kBaseLr, o), b(gathered.groups(0.1), testing::kBaseLr, o);
+  plain.run(a, 1, 4);
+  set_multi_tensor(true);
+  gathered.run(b, 1, 4);
+  set_multi_tensor(false);
+  EXPECT_EQ(gathered.values(), plain.values());
+}
+
 TEST(OptimAdam, MatchesReferenceOverManySteps) {
   const AdamOptions options[] = {{}, {0.8, 0.9, 1e-3}, {0.0, 0.5, 0.0}};
   for (const AdamOptions& o : options) {
