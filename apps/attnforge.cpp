@@ -2,10 +2,10 @@
 //
 //   attnforge train RECIPE.yaml [--set key=value]... [--out DIR] [--dump-config] [--check-nan]
 //   attnforge train --resume RUN_OR_CHECKPOINT [--out NEW_DIR] [--set key=value]... [--check-nan]
-//   attnforge eval CHECKPOINT [--split NAME] [--ema] [--out FILE] [--set key=value]...
-//   attnforge predict CKPT INPUT... [--top-k K] [--batch-size N] [--ema] [--out FILE] [--set ...]
-//   attnforge attention-maps CKPT INPUT [--index I] [--ema] [--out DIR] [--set key=value]...
-//   attnforge export CKPT --out DIR [--format pytorch|timm] [--ema]
+//   attnforge eval CHECKPOINT [--split NAME] [--ema] [--out FILE [--overwrite]] [--set key=value]...
+//   attnforge predict CKPT INPUT... [--top-k K] [--batch-size N] [--ema] [--out FILE [--overwrite]]
+//   attnforge attention-maps CKPT INPUT [--index I] [--ema] [--out DIR [--overwrite]] [--set ...]
+//   attnforge export CKPT --out DIR [--overwrite] [--format pytorch|timm] [--ema]
 //   attnforge generate CKPT [--prompt TEXT | --prompt-file F] [--source TEXT] [--length N] ...
 //   attnforge gradcheck [OP...] [--list]
 //   attnforge bench attention [options of bench_attention]
@@ -51,6 +51,7 @@
 #include "train/checkpoint.h"
 #include "train/export.h"
 #include "train/generate.h"
+#include "train/outputs.h"
 #include "train/plot.h"
 #include "train/predict.h"
 #include "train/recipe.h"
@@ -130,7 +131,10 @@ checkpoint directory (RUN/checkpoints/step-00001000).
 options:
   --split NAME     the split to evaluate (default: the recipe's data.eval_split)
   --ema            evaluate the moving average of the weights (a run with ema.decay)
-  --out FILE       where to write the JSON (default: <run dir>/eval-<checkpoint>-<split>.json)
+  --out FILE       where to write the JSON (default: <run dir>/eval-<checkpoint>-<split>.json,
+                   -first<N> added for a subset, -ema for the moving average); never inside a
+                   checkpoint, and not over an existing file unless --overwrite
+  --overwrite      replace an existing --out file (and its -confusion.svg)
   --set KEY=VALUE  override a recipe key (e.g. data.root, loop.eval_batch_size;
                    data.limit_eval=N evaluates the first N examples only)
   --help           this text
@@ -151,13 +155,15 @@ options:
   --top-k K          classes listed per example (default 5)
   --ema              use the moving average of the weights (a run with ema.decay)
   --batch-size N     examples per forward (default: the recipe's eval batch size)
-  --out FILE         write the JSON lines there instead of stdout
+  --out FILE         write the JSON lines there instead of stdout (never inside a checkpoint,
+                     not over an existing file unless --overwrite)
+  --overwrite        replace an existing --out file
   --set KEY=VALUE    override a recipe key (e.g. device=cpu, threads=2)
   --help             this text
 )";
 
 constexpr const char* kExportHelp =
-    R"(usage: attnforge export CHECKPOINT --out DIR [--format pytorch|timm] [--ema]
+    R"(usage: attnforge export CHECKPOINT --out DIR [--overwrite] [--format pytorch|timm] [--ema]
 
 Writes a checkpoint as a directory PyTorch loads without attnforge: model.py
 (plain PyTorch rebuilding the model, every attention mechanism included),
@@ -169,7 +175,9 @@ CHECKPOINT is a run directory, RUN/checkpoints/latest|best or a checkpoint
 directory. Classifiers (vit, sequence_classifier).
 
 options:
-  --out DIR        the directory to create (it must not exist)
+  --out DIR        the directory to create (it must not exist, unless --overwrite)
+  --overwrite      replace an earlier export at DIR (a directory holding only
+                   model.safetensors, config.json and model.py)
   --ema            export the moving average of the weights (a run with ema.decay)
   --format F       pytorch (default), or timm for softmax ViTs: timm's names
                    (fused qkv) and config.json's "timm": {"model_name", "kwargs"}
@@ -191,7 +199,9 @@ Mechanisms without explicit maps (efficient, linear, favor) draw none.
 options:
   --index I        the example of INPUT to draw (default 0)
   --ema            draw with the moving average of the weights (a run with ema.decay)
-  --out DIR        where to write (default: <run dir>/attention_maps-<checkpoint>-<I>)
+  --out DIR        where to write (default: <run dir>/attention_maps-<checkpoint>-<I>); never
+                   inside a checkpoint, and not an existing directory unless --overwrite
+  --overwrite      write into an existing --out directory (its images of the same names are replaced)
   --set KEY=VALUE  override a recipe key
   --help           this text
 )";
@@ -382,13 +392,15 @@ int cmd_eval(const std::vector<std::string>& args) {
   }
   std::string ckpt, split, out;
   std::vector<std::string> sets;
-  bool ema = false;
+  bool ema = false, overwrite = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--split")
       split = value_of(args, i);
     else if (a == "--ema")
       ema = true;
+    else if (a == "--overwrite")
+      overwrite = true;
     else if (a == "--out")
       out = value_of(args, i);
     else if (a == "--set")
@@ -401,25 +413,39 @@ int cmd_eval(const std::vector<std::string>& args) {
       throw UsageError(fmt::format("eval: one checkpoint expected, got a second: {}", a));
   }
   if (ckpt.empty()) throw UsageError("eval: give a checkpoint or a run directory");
+  // The confusion matrix goes beside the JSON: FILE.json -> FILE-confusion.svg.
+  const auto svg_of = [](const std::string& json_path) {
+    fs::path svg(json_path);
+    svg.replace_filename(svg.stem().string() + "-confusion.svg");
+    return svg.string();
+  };
+  const bool root = forge::dist::Group::world().root();
+  if (!out.empty() && root) {  // checked before the evaluation, which may take long
+    forge::train::check_output_file(out, "eval --out", overwrite);
+    forge::train::check_output_file(svg_of(out), "eval --out (its confusion matrix)", overwrite);
+  }
   const auto r = forge::train::evaluate_checkpoint(ckpt, split, sets, ema);
-  if (!forge::dist::Group::world().root()) return 0;  // rank 0 reports the reduced result
+  if (!root) return 0;  // rank 0 reports the reduced result
   for (const std::string& w : r.warnings)
     std::fprintf(stderr, "attnforge eval: warning: %s\n", w.c_str());
   const std::string text = forge::json::dump(r.to_json(), 2) + "\n";
   std::fputs(text.c_str(), stdout);
   if (out.empty()) {
+    // A name for what was evaluated (checkpoint, split, subset, weights): a
+    // second evaluation of the same replaces it, any other gets its own file.
     const fs::path dir(r.checkpoint);
     const fs::path beside = r.run_dir.empty() ? dir.parent_path() : fs::path(r.run_dir);
-    out = (beside /
-           fmt::format("eval-{}-{}{}.json", dir.filename().string(), r.split, ema ? "-ema" : ""))
+    out = (beside / fmt::format("eval-{}-{}{}{}.json", dir.filename().string(), r.split,
+                                r.limit > 0 ? fmt::format("-first{}", r.limit) : "",
+                                ema ? "-ema" : ""))
               .string();
+    forge::train::check_output_file(out, "eval (its default output)", true);
+    forge::train::check_output_file(svg_of(out), "eval (its default output)", true);
   }
   forge::io::write_file_atomic(out, text);
   std::fprintf(stderr, "wrote %s\n", out.c_str());
   if (!r.confusion.empty()) {
-    // The confusion matrix as a picture beside the JSON: FILE.json -> FILE-confusion.svg.
-    fs::path svg(out);
-    svg.replace_filename(svg.stem().string() + "-confusion.svg");
+    const fs::path svg(svg_of(out));
     forge::io::write_file_atomic(
         svg.string(),
         forge::train::render_confusion_svg(r.confusion, r.class_names,
@@ -513,14 +539,18 @@ int cmd_predict(const std::vector<std::string>& args) {
   }
   forge::train::PredictRequest q;
   std::string out;
+  bool overwrite = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--top-k")
       q.top_k = number_of<int64_t>(args, i);
     else if (a == "--ema")
       q.ema = true;
-    else if (a == "--batch-size")
+    else if (a == "--overwrite")
+      overwrite = true;
+    else if (a == "--batch-size") {
       q.batch_size = number_of<int64_t>(args, i);
+        }
     else if (a == "--out")
       out = value_of(args, i);
     else if (a == "--set")
@@ -535,6 +565,7 @@ int cmd_predict(const std::vector<std::string>& args) {
   if (q.checkpoint.empty() || q.inputs.empty())
     throw UsageError("predict: give a checkpoint (or run directory) and at least one input file");
   if (q.top_k < 1) throw UsageError("predict: --top-k must be 1 or more");
+  if (!out.empty()) forge::train::check_output_file(out, "predict --out", overwrite);
   // Every line is known before anything is written: a bad input leaves no
   // half-written --out file.
   std::string text;
@@ -560,6 +591,8 @@ int cmd_export(const std::vector<std::string>& args) {
     const std::string& a = args[i];
     if (a == "--out")
       q.out_dir = value_of(args, i);
+    else if (a == "--overwrite")
+      q.overwrite = true;
     else if (a == "--format")
       q.format = value_of(args, i);
     else if (a == "--ema")
@@ -588,13 +621,15 @@ int cmd_attention_maps(const std::vector<std::string>& args) {
   std::string ckpt, input, out;
   int64_t index = 0;
   std::vector<std::string> sets;
-  bool ema = false;
+  bool ema = false, overwrite = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--index")
       index = number_of<int64_t>(args, i);
     else if (a == "--ema")
       ema = true;
+    else if (a == "--overwrite")
+      overwrite = true;
     else if (a == "--out")
       out = value_of(args, i);
     else if (a == "--set")
@@ -610,6 +645,7 @@ int cmd_attention_maps(const std::vector<std::string>& args) {
   }
   if (ckpt.empty() || input.empty())
     throw UsageError("attention-maps: give a checkpoint (or run directory) and an input file");
+  if (!out.empty()) forge::train::check_output_dir(out, "attention-maps --out", overwrite);
   const auto model = forge::train::load_classifier(ckpt, sets, "attention-maps", ema);
   auto inputs = forge::train::prepare_inputs(model, {input});
   if (index < 0 || index >= static_cast<int64_t>(inputs.examples.size()))
@@ -622,6 +658,8 @@ int cmd_attention_maps(const std::vector<std::string>& args) {
     out = (dir.parent_path().parent_path() /
            fmt::format("attention_maps-{}-{}", dir.filename().string(), index))
               .string();
+    // Its own default: the same maps again (same checkpoint and index) replace it.
+    forge::train::check_output_dir(out, "attention-maps (its default output)", true);
   }
   forge::train::AttentionMapsResult r;
   forge::train::for_each_batch(model, inputs, 1, [&](const forge::data::Batch& b, int64_t) {

@@ -524,23 +524,20 @@ CheckpointManager::CheckpointManager(std::string run_dir, int keep_last, int kee
   std::string why;
   if (named) {
     if (!std::binary_search(steps.begin(), steps.end(), *named)) {
-      warn(
-          fmt::format("{} names {}, which does not exist; falling back to the newest readable "
-                      "checkpoint",
-                      latest_file.string(), name_of(*named)));
+      latest_problem_ = fmt::format("{} names {}, which does not exist", latest_file.string(),
+                                    name_of(*named));
     } else if (readable(*named, why)) {
       latest_ = named;
     } else {
       damaged_latest_ = fmt::format("{} ({})", path_of(*named), why);
-      warn(
-          fmt::format("{} names {}, which cannot be read ({}); falling back to the newest "
-                      "readable checkpoint",
-                      latest_file.string(), name_of(*named), why));
+      latest_problem_ = fmt::format("{} names {}, which is damaged: {}", latest_file.string(),
+                                    name_of(*named), why);
     }
   } else if (!steps.empty()) {
-    warn(fmt::format("{} is missing or unreadable; falling back to the newest readable checkpoint",
-                     latest_file.string()));
+    latest_problem_ = fmt::format("{} is missing or unreadable", latest_file.string());
   }
+  if (latest_problem_)
+    warn(fmt::format("{}; falling back to the newest readable checkpoint", *latest_problem_));
   if (!latest_) {
     for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
       if (named && *it == *named) continue;
@@ -766,7 +763,12 @@ void CheckpointManager::prune() {
   }
 }
 
-CheckpointRef resolve_checkpoint(const std::string& path, const std::string& what) {
+namespace {
+
+// Where `path` says a checkpoint is (see resolve_checkpoint); `verified` is
+// set when the run's manager chose it, having read it whole.
+CheckpointRef locate_checkpoint(const std::string& path, const std::string& what,
+                                bool& verified) {
   std::error_code ec;
   fs::path p = fs::path(path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();  // a trailing '/'
@@ -782,12 +784,26 @@ CheckpointRef resolve_checkpoint(const std::string& path, const std::string& wha
     if (!fs::is_regular_file(file, none)) return std::nullopt;
     return parse_name(trim(io::read_file(file.string(), kMaxPointerBytes)));
   };
-  const auto manager_of = [](const fs::path& run) {
-    return CheckpointManager(run.string(), 1, 0, "", "max", [](const std::string&) {});
-  };
-  const auto problems = [](const CheckpointManager& m) {
-    return m.warnings().empty() ? std::string()
-                                : fmt::format(" ({})", fmt::join(m.warnings(), "; "));
+  // The run's latest checkpoint by its pointer, or an error: never another in its place.
+  const auto latest_of = [&](const fs::path& run) {
+    const CheckpointManager m(run.string(), 1, 0, "", "max", [](const std::string&) {});
+    if (m.latest_problem())
+      FORGE_FAIL("{} {}: {}. No other checkpoint is used in its place: {}", what, path,
+                 *m.latest_problem(),
+                 m.latest() ? fmt::format("the newest intact one is {}; give it explicitly to use "
+                                          "it",
+                                          *m.latest())
+                            : std::string("the run has no intact checkpoint"));
+    FORGE_CHECK(m.latest(), "{} {}: the run has no readable checkpoint{}", what, path,
+                m.warnings().empty() ? std::string()
+                                     : fmt::format(" ({})", fmt::join(m.warnings(), "; ")));
+    CheckpointRef ref;
+    ref.dir = *m.latest();
+    ref.step = m.latest_step();
+    ref.run_dir = run.string();
+    ref.latest = true;
+    verified = true;
+    return ref;
   };
   const std::string name = p.filename().string();
   CheckpointRef ref;
@@ -795,15 +811,7 @@ CheckpointRef resolve_checkpoint(const std::string& path, const std::string& wha
     FORGE_CHECK((name == "latest" || name == "best") && p.parent_path().filename() == "checkpoints",
                 "{} {}: a file, not a checkpoint ({})", what, path, kAccepted);
     const fs::path run = p.parent_path().parent_path();
-    if (name == "latest") {
-      const CheckpointManager m = manager_of(run);
-      FORGE_CHECK(m.latest(), "{} {}: names no readable checkpoint{}", what, path, problems(m));
-      ref.dir = *m.latest();
-      ref.step = m.latest_step();
-      ref.run_dir = run.string();
-      ref.latest = true;
-      return ref;
-    }
+    if (name == "latest") return latest_of(run);
     // The pointer as written (the manager without a metric ranks nothing).
     const std::string text = trim(io::read_file(p.string(), kMaxPointerBytes));
     ref.step = parse_name(text);
@@ -829,12 +837,31 @@ CheckpointRef resolve_checkpoint(const std::string& path, const std::string& wha
   FORGE_CHECK(fs::is_directory(run / "checkpoints", ec),
               "{} {}: neither a checkpoint (no {}) nor a run directory (no checkpoints/) ({})",
               what, path, kFiles[0], kAccepted);
-  const CheckpointManager m = manager_of(run);
-  FORGE_CHECK(m.latest(), "{} {}: the run has no readable checkpoint{}", what, path, problems(m));
-  ref.dir = *m.latest();
-  ref.run_dir = run.string();
-  ref.step = m.latest_step();
-  ref.latest = true;
+  return latest_of(run);
+}
+
+}  // namespace
+
+CheckpointRef resolve_checkpoint(const std::string& path, const std::string& what) {
+  bool verified = false;
+  const CheckpointRef ref = locate_checkpoint(path, what, verified);
+  if (verified) return ref;
+  try {
+    read_checkpoint(ref.dir);
+  } catch (const Error& e) {
+    std::string intact = "the run has no other intact checkpoint";
+    if (ref.run_dir.empty()) {
+      intact = "it belongs to no run";
+    } else {
+      const CheckpointManager m(ref.run_dir, 1, 0, "", "max", [](const std::string&) {});
+      if (m.latest() && fs::path(*m.latest()) != fs::path(ref.dir))
+        intact = fmt::format("the run's newest intact one is {}; give it explicitly to use it",
+                             *m.latest());
+    }
+    FORGE_FAIL("{} {}: the checkpoint {} is damaged: {}. No other checkpoint is used in its "
+               "place: {}",
+               what, path, ref.dir, message_of(e), intact);
+  }
   return ref;
 }
 

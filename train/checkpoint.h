@@ -127,6 +127,10 @@ class CheckpointManager {
   // When `latest` names a checkpoint that exists but cannot be read: its
   // directory and why (the manager fell back to an older one).
   const std::optional<std::string>& damaged_latest() const { return damaged_latest_; }
+  // When latest() is not what `latest` names, why: the pointer is missing or
+  // unreadable while checkpoints exist, or names one that is missing or
+  // damaged (latest() is then the newest readable one, if any).
+  const std::optional<std::string>& latest_problem() const { return latest_problem_; }
   const std::string& dir() const { return dir_; }
 
   static std::string name_of(int64_t step);  // "step-00001234"
@@ -154,6 +158,7 @@ class CheckpointManager {
   Warn warn_;
   std::vector<std::string> warnings_;
   std::optional<std::string> damaged_latest_;
+  std::optional<std::string> latest_problem_;
   std::vector<Entry> entries_;  // by step, ascending
   std::optional<int64_t> latest_;
   std::vector<int64_t> abandoned_;       // newer than the latest whole checkpoint
@@ -173,9 +178,14 @@ struct CheckpointRef {
   std::optional<int64_t> step;  // from its name step-N (none for a loose directory)
   bool latest = false;          // whether it is the run's latest checkpoint
 };
-// Resolves `path` without reading the checkpoint's tensors; an error says
-// what was found there and what would be accepted. `what` starts the message
-// ("eval", "--resume").
+// Resolves `path` and verifies the checkpoint it names (every file read,
+// checksums included). Every command resolves checkpoints here, by one rule:
+// none is ever used in place of another. A run directory or `latest` whose
+// pointer is missing, unreadable or names a missing or damaged checkpoint, and
+// a named checkpoint that is damaged, are errors naming the problem and the
+// run's newest intact checkpoint, to pass explicitly. Other errors say what
+// was found and what would be accepted. `what` starts the message ("eval",
+// "--resume").
 CheckpointRef resolve_checkpoint(const std::string& path, const std::string& what);
 
 // ---- test hooks (process-wide) ----

@@ -13,6 +13,7 @@
 #include "core/version.h"
 #include "ops/ops.h"
 #include "train/checkpoint.h"
+#include "train/outputs.h"
 #include "train/recipe.h"
 
 namespace forge::train {
@@ -173,8 +174,19 @@ ExportResult export_checkpoint(const ExportRequest& q) {
               "export: --format {}: the formats are: pytorch, timm", q.format);
   FORGE_CHECK(!q.out_dir.empty(), "export: give the directory to write (--out DIR)");
   std::error_code ec;
-  FORGE_CHECK(!fs::exists(q.out_dir, ec),
-              "export: {} exists; export into a new directory (nothing is overwritten)", q.out_dir);
+  check_output_dir(q.out_dir, "export --out", true);  // never a checkpoint, a directory if any
+  FORGE_CHECK(q.overwrite || !fs::exists(q.out_dir, ec),
+              "export --out {}: exists; nothing was written. Export into a new directory, or add "
+              "--overwrite to replace an earlier export there",
+              q.out_dir);
+  if (q.overwrite && fs::exists(q.out_dir, ec))
+    for (const auto& e : fs::directory_iterator(q.out_dir, ec)) {
+      const std::string name = e.path().filename().string();
+      FORGE_CHECK(name == "model.safetensors" || name == "config.json" || name == "model.py",
+                  "export --out {} --overwrite: the directory holds '{}', which no export writes; "
+                  "export into a new directory (only an earlier export is replaced)",
+                  q.out_dir, name);
+    }
   const CheckpointRef ref = resolve_checkpoint(q.checkpoint, "export");
   const Checkpoint c = read_checkpoint(ref.dir);
   const Recipe r = Recipe::from_yaml(c.recipe_yaml, ref.dir + "/model.safetensors (recipe)");
@@ -217,7 +229,15 @@ ExportResult export_checkpoint(const ExportRequest& q) {
     safetensors::save((tmp / "model.safetensors").string(), tensors, {{"format", "pt"}});
     io::write_file_atomic((tmp / "config.json").string(), json::dump(config, 2) + "\n");
     if (!timm) io::write_file_atomic((tmp / "model.py").string(), kPytorchModel);
-    fs::rename(tmp, dir);
+    // An earlier export (checked above) goes only once the new one is whole.
+    if (q.overwrite && fs::exists(dir, ec)) {
+      const fs::path old = dir.string() + ".old-" + std::to_string(::getpid());
+      fs::rename(dir, old);
+      fs::rename(tmp, dir);
+      fs::remove_all(old, ec);
+    } else {
+      fs::rename(tmp, dir);
+    }
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

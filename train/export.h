@@ -31,6 +31,9 @@ struct ExportRequest {
   std::string out_dir;
   std::string format = "pytorch";  // or "timm"
   bool ema = false;                // the moving average of the weights (ema.decay)
+  // Replace an existing out_dir, which must hold an earlier export's files
+  // only (model.safetensors, config.json, model.py); else it is refused.
+  bool overwrite = false;
 };
 
 struct ExportResult {

@@ -40,6 +40,7 @@
 #include "train/attention_maps.h"
 #include "train/card.h"
 #include "train/checkpoint.h"
+#include "train/outputs.h"
 #include "train/data.h"
 #include "train/init_from.h"
 #include "train/metrics.h"
@@ -130,6 +131,10 @@ void remove_leftover_temps(const std::string& run_dir) {
 // start that never reached its first checkpoint.
 void check_new_run_dir(const std::string& run_dir) {
   std::error_code ec;
+  if (const auto area = checkpoint_area_of(run_dir))
+    FORGE_FAIL("run directory {}: inside the checkpoint directory {}; a run never goes into a "
+               "checkpoint (train into another directory: --out DIR)",
+               run_dir, *area);
   if (!fs::exists(run_dir, ec)) return;
   FORGE_CHECK(fs::is_directory(run_dir, ec), "run directory {} exists and is not a directory",
               run_dir);
@@ -1196,6 +1201,7 @@ EvalResult evaluate_checkpoint(const std::string& path, const std::string& split
     e.perplexity = rec.at("perplexity").as_double();
   }
   e.step = c.state.at("step").as_int();
+  e.limit = r.integer("data.limit_eval");
   e.ema_weights = ema;
   e.checkpoint = dir;
   e.run_dir = ref.run_dir;

@@ -96,6 +96,7 @@ struct EvalResult {
   std::vector<std::vector<int64_t>> confusion;
   std::vector<std::string> class_names;
   int64_t step = 0;
+  int64_t limit = 0;  // evaluate_checkpoint: the data.limit_eval in effect (0: the whole split)
   std::string checkpoint, run_dir;    // what was evaluated (run_dir empty for a loose checkpoint)
   std::vector<std::string> warnings;  // about the checkpoint read (e.g. written without checksums)
   json::Value to_json() const;

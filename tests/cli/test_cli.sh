@@ -203,6 +203,53 @@ expect 0 "#2: 5 images of 1 layer[(]s[)] [(]1 with explicit maps[)], rollout inc
 expect 1 "--index 10000: .* holds 10000 example" -- \
   "$bin" attention-maps "$run" "$fmnist/t10k-images-idx3-ubyte.gz" --index 10000
 
+# ---- no command writes into a checkpoint, or over what it was not told to replace ----
+ck3="$run/checkpoints/step-00000300"
+sums() { (cd "$1" && find . -type f -exec md5sum {} + | sort); }
+before="$(sums "$run/checkpoints")"
+expect 1 "inside the checkpoint directory .*step-00000300; no command writes into a checkpoint" -- \
+  "$bin" eval "$run" --set data.limit_eval=64 --out "$ck3/model.safetensors"
+expect 1 "inside the checkpoint directory" -- \
+  "$bin" eval "$run" --set data.limit_eval=64 --out "$ck3/model.safetensors" --overwrite
+expect 1 "inside the checkpoint directory" -- "$bin" predict "$run" "$work/shirt.png" --out "$ck3/state.json"
+expect 1 "inside the checkpoint directory" -- "$bin" predict "$run" "$work/shirt.png" --out "$run/checkpoints/latest"
+expect 1 "inside the checkpoint directory" -- "$bin" export "$run" --out "$run/checkpoints/exported"
+expect 1 "inside the checkpoint directory" -- "$bin" attention-maps "$run" "$work/shirt.png" --out "$ck3/maps"
+expect 1 "inside the checkpoint directory" -- "$bin" train "$work/tiny.yaml" --set loop.steps=1 \
+  --out "$run/checkpoints/new_run"
+[ "$(sums "$run/checkpoints")" = "$before" ] || fail "a refused command changed the checkpoints"
+echo keep >"$work/keep.json"
+expect 1 "keep.json: exists [(]a file of 5 bytes[)]; nothing was written. Give a new path, or add --overwrite" -- \
+  "$bin" eval "$run" --set data.limit_eval=64 --out "$work/keep.json"
+expect 1 "keep.json: exists .* add --overwrite" -- "$bin" predict "$run" "$work/shirt.png" --out "$work/keep.json"
+[ "$(cat "$work/keep.json")" = keep ] || fail "a refused --out changed the file"
+expect 0 '"accuracy"' -- "$bin" eval "$run" --set data.limit_eval=64 --out "$work/keep.json" --overwrite
+mkdir -p "$work/maps_taken"
+expect 1 "maps_taken: exists [(]a directory[)]; nothing was written" -- \
+  "$bin" attention-maps "$run" "$work/shirt.png" --out "$work/maps_taken"
+expect 0 "rollout included" -- "$bin" attention-maps "$run" "$work/shirt.png" --out "$work/maps_taken" --overwrite
+# A subset's evaluation gets its own default file, beside the whole split's.
+expect 0 '"examples": 64' -- "$bin" eval "$run" --set data.limit_eval=64
+[ -f "$run/eval-step-00000400-test-first64.json" ] && [ -f "$run/eval-step-00000400-test.json" ] ||
+  fail "eval: a subset's default file name is the whole split's: $(ls "$run")"
+
+# ---- a damaged checkpoint is never replaced by another one ----
+cp -r "$run" "$work/damaged"
+python3 - "$work/damaged/checkpoints/step-00000400/model.safetensors" <<'PY'
+import sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[-3] ^= 0x10; open(p, "wb").write(bytes(b))
+PY
+dmg="step-00000400, which is damaged.*No other checkpoint is used in its place: the newest intact one is .*step-00000300"
+expect 1 "$dmg" -- "$bin" eval "$work/damaged" --set data.limit_eval=64
+expect 1 "$dmg" -- "$bin" eval "$work/damaged/checkpoints/latest" --set data.limit_eval=64
+expect 1 "$dmg" -- "$bin" predict "$work/damaged" "$work/shirt.png"
+expect 1 "$dmg" -- "$bin" export "$work/damaged" --out "$work/pt_damaged"
+expect 1 "$dmg" -- "$bin" attention-maps "$work/damaged" "$work/shirt.png" --out "$work/maps_damaged"
+expect 1 "$dmg" -- "$bin" train "$work/tiny.yaml" --set model.init_from="$work/damaged" --dump-config
+expect 1 "latest checkpoint is damaged" -- "$bin" train --resume "$work/damaged"
+[ ! -e "$work/pt_damaged" ] && [ ! -e "$work/maps_damaged" ] || fail "a refused command wrote its output"
+expect 0 '"step": 300' -- "$bin" eval "$work/damaged/checkpoints/step-00000300" --set data.limit_eval=64
+
 # ---- --resume from an older checkpoint: a new run from it, the old one kept ----
 expect 1 "not the latest checkpoint .* --out NEWDIR" -- "$bin" train --resume "$run/checkpoints/step-00000300"
 expect 0 "done: steps 301 to 400 of 400" -- "$bin" train --resume "$run/checkpoints/step-00000300" \
@@ -296,7 +343,8 @@ expect 0 "init_from .*timm/model.safetensors [(]timm names[)]: 24 tensors loaded
   --set schedule.warmup_steps=1 --out "$work/from_timm"
 expect 1 "format timm: model.type is sequence_classifier" -- "$bin" export "$work/listops" --format timm \
   --out "$work/timm_lo"
-expect 1 "exists; export into a new directory" -- "$bin" export "$run" --out "$work/timm"
+expect 1 "exists; nothing was written. Export into a new directory, or add --overwrite" -- \
+  "$bin" export "$run" --out "$work/timm"
 expect 1 "model.init_from .*no such file or directory" -- "$bin" train "$work/tiny.yaml" \
   --set model.init_from="$work/nowhere" --dump-config
 
@@ -316,6 +364,9 @@ expect 2 "one of --top-k and --filter-thres" -- "$bin" generate "$lm" --prompt x
 expect 2 "--length: expected a number" -- "$bin" generate "$lm" --prompt x --length many
 expect 1 "give a prompt" -- "$bin" generate "$lm"
 expect 1 "holds a vit model" -- "$bin" generate "$run"
+cp -r "$lm" "$work/lm_damaged"
+: >"$work/lm_damaged/checkpoints/$(cat "$lm/checkpoints/latest")/state.json"
+expect 1 "is damaged.*No other checkpoint is used in its place" -- "$bin" generate "$work/lm_damaged" --prompt x
 expect 1 "LM corpus: '.*nothing' does not exist" -- "$bin" train "$src/recipes/lm/fortunes_tiny.yaml" \
   --set data.root="$work/nothing" --out "$work/lm_missing"
 [ ! -e "$work/lm_missing" ] || fail "a missing corpus created its run directory"

@@ -720,6 +720,55 @@ TEST_F(CheckpointManagerTest, FlippedByteMakesTheLatestDamaged) {
   }
 }
 
+// resolve_checkpoint, the one rule of every command: a checkpoint is never
+// used in place of another. A damaged or unnamed latest, and a damaged named
+// checkpoint, are errors that name the damage and the run's newest intact
+// checkpoint; an intact one resolves (verified) and nothing on disk changes.
+TEST_F(CheckpointManagerTest, ResolveNeverUsesAnotherCheckpointInPlaceOfTheNamedOne) {
+  const auto setup = [&] {
+    fs::remove_all(ckdir());
+    auto m = manager(3, 0);
+    for (int64_t s = 1; s <= 3; ++s) m.save(s, make_checkpoint(static_cast<uint64_t>(s)), {});
+  };
+  const std::string run = root_.string(), cks = ckdir().string();
+  setup();
+  for (const std::string& given : {run, cks, cks + "/latest", path(3)})
+    EXPECT_EQ(resolve_checkpoint(given, "test").dir, path(3)) << given;
+  EXPECT_EQ(resolve_checkpoint(path(1), "test").dir, path(1));
+
+  const auto expect_refused = [&](const std::string& given, std::vector<std::string> parts) {
+    const auto before = snapshot(root_);
+    parts.push_back("No other checkpoint is used in its place");
+    forge::testing::expect_error([&] { resolve_checkpoint(given, "eval"); }, parts);
+    EXPECT_EQ(snapshot(root_), before) << given << ": resolving changed the run";
+  };
+  // The latest damaged (a flipped tensor byte, a changed state digit): the
+  // run, its checkpoints/, latest and the step itself are each refused.
+  for (const auto& corrupt : std::vector<std::function<void()>>{
+           [&] { flip_tensor_byte(fs::path(path(3)) / "model.safetensors", "blocks.0.b"); },
+           [&] { change_state_digit(path(3)); }}) {
+    setup();
+    corrupt();
+    for (const std::string& given : {run, cks, cks + "/latest", path(3)})
+      expect_refused(given, {"step-00000003", "damaged", "newest intact one is " + path(2)});
+  }
+  // The pointer garbled, naming a step that is gone, or missing.
+  setup();
+  write_file(ckdir() / "latest", "garbage\n");
+  expect_refused(run, {cks + "/latest", "newest intact one is " + path(3)});
+  write_file(ckdir() / "latest", "step-00000009\n");
+  expect_refused(cks + "/latest", {"names step-00000009, which does not exist", path(3)});
+  fs::remove(ckdir() / "latest");
+  expect_refused(run, {cks + "/latest is missing", path(3)});
+  // An older checkpoint named directly, or through `best`, damaged.
+  setup();
+  flip_tensor_byte(fs::path(path(1)) / "model.safetensors", "blocks.0.b");
+  write_file(ckdir() / "best", "step-00000001\n");
+  for (const std::string& given : {path(1), cks + "/best"})
+    expect_refused(given, {"the checkpoint " + path(1) + " is damaged", "checksum mismatch",
+                           "newest intact one is " + path(3)});
+}
+
 // An old run's checkpoints load; the manager passes on that they are unverified.
 TEST_F(CheckpointManagerTest, WarnsAboutALatestWithoutChecksums) {
   {
