@@ -64,6 +64,17 @@ bool is_atomic_write_temp(std::string_view name, std::string_view target) {
   return !pid.empty() && pid.find_first_not_of("0123456789") == std::string_view::npos;
 }
 
+void check_writable(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::symlink_status(path, ec);
+  if (!std::filesystem::exists(st)) return;
+  FORGE_CHECK(std::filesystem::is_regular_file(std::filesystem::status(path, ec)),
+              "{}: cannot be written: it is not a regular file", path);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  FORGE_CHECK(fd >= 0, "{}: cannot be written: {}", path, std::strerror(errno));
+  ::close(fd);
+}
+
 void write_file_atomic(const std::string& path, std::string_view bytes) {
   const std::string tmp = path + std::string(kAtomicTempMark) + std::to_string(::getpid());
   try {

@@ -43,6 +43,11 @@ void write_file_atomic(const std::string& path, std::string_view bytes);
 // `target` leaves when the process is killed before its rename.
 bool is_atomic_write_temp(std::string_view name, std::string_view target);
 
+// When `path` exists, checks that it can be written (appended to or replaced
+// by write_file_atomic): a regular file that opens for writing (not read-only,
+// not immutable). Writes nothing; an error names the file and why.
+void check_writable(const std::string& path);
+
 // The whole file; errors name `path`. A file longer than `max_bytes` is an
 // error found while reading, before more than that is held in memory.
 std::string read_file(const std::string& path, size_t max_bytes = SIZE_MAX);

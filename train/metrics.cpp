@@ -136,6 +136,29 @@ class MetricsLog::Csv {
   int fd_ = -1;
 };
 
+void MetricsLog::check_can_open(const std::string& run_dir, std::optional<int64_t> resume_step) {
+  std::error_code ec;
+  if (!fs::exists(run_dir, ec)) return;
+  const fs::path jsonl = fs::path(run_dir) / "metrics.jsonl";
+  std::vector<fs::path> written = {jsonl, fs::path(run_dir) / "metrics.csv"};
+  for (const auto& e : fs::directory_iterator(run_dir, ec))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      written.push_back(e.path());
+  for (const fs::path& p : written) io::check_writable(p.string());
+  if (resume_step && fs::exists(jsonl, ec)) {
+    // The lines the constructor keeps and rereads, parsed as it parses them.
+    const std::string text = read_text(jsonl.string());
+    size_t pos = 0;
+    for (size_t number = 1; pos < text.size(); ++number) {
+      const size_t nl = text.find('\n', pos);
+      if (nl == std::string::npos) break;  // torn by a crash: dropped
+      const std::string_view line = std::string_view(text).substr(pos, nl - pos);
+      pos = nl + 1;
+      if (!blank(line)) parse_line(line, jsonl.string(), number);
+    }
+  }
+}
+
 MetricsLog::MetricsLog(const std::string& run_dir, std::optional<int64_t> resume_step)
     : path_((fs::path(run_dir) / "metrics.jsonl").string()) {
   std::error_code ec;

@@ -30,6 +30,12 @@ class MetricsLog {
   // replacing any; a resumed one keeps the records up to `resume_step` (the
   // file is replaced atomically when anything is dropped) and appends.
   explicit MetricsLog(const std::string& run_dir, std::optional<int64_t> resume_step = {});
+  // What opening a MetricsLog on run_dir would read or need, checked without
+  // writing anything: a resumed run's metrics.jsonl parses, and every file it
+  // would append to or replace (metrics.jsonl, metrics.csv, the event files)
+  // can be written. A failure names the file. The trainer calls it before it
+  // writes anything of a run.
+  static void check_can_open(const std::string& run_dir, std::optional<int64_t> resume_step = {});
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;

@@ -6,6 +6,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -127,8 +128,9 @@ void remove_leftover_temps(const std::string& run_dir) {
   for (const fs::path& p : doomed) fs::remove(p, ec);
 }
 
-// A new run may go into a directory that does not exist, is empty, or holds a
-// start that never reached its first checkpoint.
+// A new run may go into a directory that does not exist, is empty, or holds
+// what a start killed before it wrote its log leaves (recipe.yaml, temporary
+// files); never over a run's history (metrics, events, log), checkpoints or not.
 void check_new_run_dir(const std::string& run_dir) {
   std::error_code ec;
   if (const auto area = checkpoint_area_of(run_dir))
@@ -142,13 +144,25 @@ void check_new_run_dir(const std::string& run_dir) {
               "run directory {} already holds a run; continue it with --resume {} or train into "
               "another directory (--out DIR or --set output.dir=DIR)",
               run_dir, run_dir);
+  std::vector<std::string> history;  // what a new start would truncate or delete
   for (const auto& e : fs::directory_iterator(run_dir, ec)) {
     const std::string name = e.path().filename().string();
     FORGE_CHECK(is_run_entry(name),
                 "run directory {} is not empty and holds no run (found '{}'); train into another "
                 "directory (--out DIR) or empty it",
                 run_dir, name);
+    const bool events = name.rfind("events.out.tfevents.", 0) == 0;
+    if ((name == "metrics.jsonl" || name == "metrics.csv" || name == "train.log" || events) &&
+        e.is_regular_file(ec) && e.file_size(ec) > 0)
+      history.push_back(fmt::format("{} ({} bytes)", name, e.file_size(ec)));
   }
+  std::sort(history.begin(), history.end());
+  FORGE_CHECK(history.empty(),
+              "run directory {} holds the history of an earlier start but no checkpoint: {}. A new "
+              "start would replace it. Continue that run with --resume {} (it starts again from "
+              "its recipe.yaml, its metrics kept up to where it resumes), train into another "
+              "directory (--out DIR), or move those files away",
+              run_dir, fmt::join(history, ", "), run_dir);
 }
 
 // Removes the run directory a failed start created, unless the start got far
@@ -784,6 +798,16 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     notes.push_back("the checkpoint's EMA of the weights is dropped: ema.decay is 0");
   }
   ema_state.clear();
+
+  // The files the run will write or append to, checked without writing: a
+  // resume that would fail on them (a torn metrics line, a file that cannot be
+  // written) fails here, with every file of the run as it was.
+  if (root) {
+    const fs::path dir(run_dir);
+    for (const char* f : {"recipe.yaml", "train.log"}) io::check_writable((dir / f).string());
+    MetricsLog::check_can_open(run_dir, from_checkpoint ? std::optional<int64_t>(step)
+                                                        : std::nullopt);
+  }
 
   // ---- every check passed (on every process): the run directory is written from here on ----
   group.barrier("every process's checks of the recipe, the data and the checkpoint");

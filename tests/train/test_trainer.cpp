@@ -13,6 +13,8 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -483,25 +485,33 @@ TEST(RunLifecycle, AFailedStartNeverBlocksItsDirectory) {
 
 // A run killed before its first checkpoint leaves its recipe, log and metrics
 // (and perhaps a half-written checkpoint): --resume starts it from the
-// beginning, and so does a new start into the same directory; either ends
-// bit-identical to an uninterrupted run.
+// beginning and ends bit-identical to an uninterrupted run. A new start into
+// it is refused (it would replace that history), naming the files; one killed
+// before it wrote its log (recipe.yaml, temporary files) a new start takes over.
 TEST(RunLifecycle, ARunKilledBeforeItsFirstCheckpointStartsAgain) {
   const testing::TempDir tmp;
   const std::string ref = (tmp.path() / "ref").string();
   train(short_recipe(6), quiet(ref));
-  for (const bool resume : {true, false}) {
-    SCOPED_TRACE(resume ? "--resume" : "a new start");
-    const fs::path dir = tmp.path() / (resume ? "resumed" : "restarted");
+  for (const bool logged : {true, false}) {
+    SCOPED_TRACE(logged ? "--resume of a logged start" : "a new start over an unlogged one");
+    const fs::path dir = tmp.path() / (logged ? "resumed" : "restarted");
     fs::create_directories(dir / "checkpoints" / "step-00000002.tmp-12345");
     testing::write_file(dir / "checkpoints" / "step-00000002.tmp-12345" / "model.safetensors",
                         "half");
     testing::write_file(dir / "recipe.yaml", short_recipe(6).to_yaml());
     testing::write_file(dir / "recipe.yaml.tmp-12345", "rec");  // a killed atomic write
-    testing::write_file(dir / "train.log", "[00:00:00] info run directory: x\n");
-    testing::write_file(dir / "metrics.jsonl",
-                        "{\"step\": 1, \"split\": \"train\", \"loss\": 2.3}\n");
+    if (logged) {
+      testing::write_file(dir / "train.log", "[00:00:00] info run directory: x\n");
+      testing::write_file(dir / "metrics.jsonl",
+                          "{\"step\": 1, \"split\": \"train\", \"loss\": 2.3}\n");
+      const auto before = snapshot(dir);
+      testing::expect_error([&] { train(short_recipe(6), quiet(dir.string())); },
+                            {dir.string(), "history of an earlier start", "metrics.jsonl (",
+                             "train.log (", "--resume"});
+      EXPECT_EQ(snapshot(dir), before) << "a refused start changed the directory";
+    }
     TrainOptions o = quiet(dir.string());
-    o.resume = resume;
+    o.resume = logged;
     const TrainResult t = train(short_recipe(6), o);
     EXPECT_EQ(t.status, TrainResult::Status::finished);
     EXPECT_EQ(t.steps, 6);
@@ -556,6 +566,73 @@ TEST(RunLifecycle, ABadStateIsRefusedBeforeAnythingChanges) {
   TrainOptions resume = quiet(dir);
   resume.resume = true;
   EXPECT_EQ(train(short_recipe(8), resume).steps, 8);
+}
+
+// A run whose checkpoints/ was deleted keeps its history: a new start into
+// it is refused, naming the files, and changes nothing.
+TEST(RunLifecycle, ANewStartNeverTruncatesARunsHistory) {
+  const testing::TempDir tmp;
+  const fs::path dir = tmp.path() / "run";
+  train(short_recipe(6), quiet(dir.string()));
+  fs::remove_all(dir / "checkpoints");
+  const auto before = snapshot(dir);
+  ASSERT_TRUE(before.count("metrics.jsonl"));
+  testing::expect_error([&] { train(short_recipe(2), quiet(dir.string())); },
+                        {"history of an earlier start", "metrics.jsonl (", "metrics.csv (",
+                         "train.log (", "events.out.tfevents.", "--out DIR"});
+  EXPECT_EQ(snapshot(dir), before) << "a refused start changed the run's history";
+}
+
+// A resume that fails on the run's own files (a torn metrics line, a file in
+// the way that cannot be written) fails before anything is written: every
+// file of the run is as it was, recipe.yaml included, although the resume
+// came with a --set.
+TEST(RunLifecycle, AFailedResumeLeavesEveryFileOfTheRunAsItWas) {
+  const testing::TempDir tmp;
+  const fs::path dir = tmp.path() / "run";
+  TrainOptions stop = quiet(dir.string());
+  stop.stop_requested = [](int64_t step) { return step == 4; };
+  train(short_recipe(8), stop);
+  const auto event_file = [&] {
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) return e.path();
+    return fs::path();
+  };
+  // A file replaced by a directory, which nothing can write in its place.
+  const auto blocked = [](const fs::path& file) {
+    return [file] {
+      fs::remove(file);
+      fs::create_directories(file / "in_the_way");
+    };
+  };
+  const std::vector<std::tuple<std::string, std::function<void()>, std::vector<std::string>>>
+      cases = {
+          {"a torn metrics line",
+           [&] {
+             std::ofstream(dir / "metrics.jsonl", std::ios::app) << "{\"step\": 5, \"loss\": \n";
+           },
+           {(dir / "metrics.jsonl").string()}},
+          {"metrics.csv", blocked(dir / "metrics.csv"), {(dir / "metrics.csv").string()}},
+          {"train.log", blocked(dir / "train.log"), {(dir / "train.log").string()}},
+          {"the event file", blocked(event_file()), {"events.out.tfevents."}},
+      };
+  const auto good = snapshot(dir);
+  for (const auto& [what, damage, parts] : cases) {
+    SCOPED_TRACE(what);
+    fs::remove_all(dir);
+    for (const auto& [name, bytes] : good) {
+      fs::create_directories((dir / name).parent_path());
+      testing::write_file(dir / name, bytes);
+    }
+    damage();
+    const auto before = snapshot(dir);
+    TrainOptions resume = quiet(dir.string());
+    resume.resume = true;
+    Recipe changed = short_recipe(8);
+    changed.set("optimizer.lr=0.0001");  // a --set given with the failing resume
+    testing::expect_error([&] { train(changed, resume); }, parts);
+    EXPECT_EQ(snapshot(dir), before) << "a failed resume changed the run directory";
+  }
 }
 
 // A stop during an evaluation does not wait for it, and writes no checkpoint
