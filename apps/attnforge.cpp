@@ -550,7 +550,8 @@ int cmd_predict(const std::vector<std::string>& args) {
       overwrite = true;
     else if (a == "--batch-size") {
       q.batch_size = number_of<int64_t>(args, i);
-        }
+      if (q.batch_size < 1) throw UsageError("predict: --batch-size must be 1 or more");
+    }
     else if (a == "--out")
       out = value_of(args, i);
     else if (a == "--set")

@@ -40,6 +40,15 @@ std::vector<std::string> list_dir(const fs::path& dir, bool folders) {
     const std::string name = it->path().filename().string();
     if (is_hidden(name)) continue;
     std::error_code type_ec;
+    // A link to nothing is refused, not skipped: an image (or a class) would
+    // silently be missing from the data. (Files: those named as images.)
+    if (it->is_symlink(type_ec) && !fs::exists(it->path(), type_ec) &&
+        (folders || has_image_extension(name))) {
+      std::error_code read_ec;
+      FORGE_FAIL("ImageFolder: '{}' is a symbolic link to '{}', which does not exist; restore "
+                 "its target or remove the link",
+                 it->path().string(), fs::read_symlink(it->path(), read_ec).string());
+    }
     const bool keep = folders ? it->is_directory(type_ec) : it->is_regular_file(type_ec);
     if (keep && !type_ec) names.push_back(name);
   }

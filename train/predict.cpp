@@ -88,6 +88,10 @@ struct Preparer {
 void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels,
                  PreparedInputs& out) {
   std::error_code ec;
+  FORGE_CHECK(!fs::is_directory(path, ec),
+              "predict: input {}: a directory; give the files in it (pictures, IDX or TSV files), "
+              "e.g. {}/*.png",
+              path, fs::path(path).lexically_normal().string());
   FORGE_CHECK(fs::is_regular_file(path, ec), "predict: input {}: no such file", path);
   const auto add = [&](data::Example e, std::string name) {
     out.examples.push_back(std::move(e));

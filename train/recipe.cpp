@@ -346,7 +346,13 @@ void Recipe::assign(const KeySpec& key, const json::Value& v, bool explicit_valu
 Recipe Recipe::from_yaml(const std::string& text, const std::string& what) {
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    // Every document, so that a second one is refused rather than ignored.
+    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    FORGE_CHECK(docs.size() <= 1,
+                "recipe {}:{}: a second YAML document (after '---'); a recipe is one document, "
+                "and nothing of the second would be used: merge them, or put each in its own file",
+                what, docs.size() > 1 ? docs[1].Mark().line + 1 : 0);
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& e) {
     FORGE_FAIL("recipe {}:{}:{}: not valid YAML: {}", what, e.mark.line + 1, e.mark.column + 1,
                e.msg);

@@ -180,6 +180,8 @@ expect 0 '"input":"[^"]*shirt.png","top_k":\[\{"class":[0-9],"name":"[^"]+","pro
   "$bin" predict "$run" "$work/shirt.png" --top-k 2
 expect 1 "takes pictures" -- "$bin" predict "$run" "$work/tiny.yaml"
 expect 1 "no such file" -- "$bin" predict "$run" "$work/nothing.png"
+expect 1 "input .*: a directory; give the files in it" -- "$bin" predict "$run" "$work/"
+expect 2 "predict: --batch-size must be 1 or more" -- "$bin" predict "$run" "$work/shirt.png" --batch-size 0
 # A sequence classifier (ListOps, generated into the cache) on a TSV of expressions.
 lo="$work/listops"
 expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/lra/listops.yaml" --set data.generate_train=64 \

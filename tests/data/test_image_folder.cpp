@@ -175,6 +175,19 @@ TEST_F(ImageFolderTest, BadTreesAreErrors) {
   ImageFolderOptions bad = options();
   bad.transform.crop_pct = 2;
   expect_error([&] { ImageFolder{bad}; }, {"crop_pct"});
+  fs::remove_all(root_ / "eel");
+
+  // A link to nothing, as an image or as a class, is refused, not skipped;
+  // one that is no image name (notes.txt) is left alone, as such files are.
+  fs::create_symlink(root_ / "dog/gone.png", root_ / "dog/link.png");
+  expect_error([&] { ImageFolder{options()}; },
+               {(root_ / "dog/link.png").string(), "symbolic link", "gone.png", "does not exist"});
+  fs::remove(root_ / "dog/link.png");
+  fs::create_directory_symlink(root_ / "gone_class", root_ / "fish");
+  expect_error([&] { ImageFolder{options()}; }, {(root_ / "fish").string(), "does not exist"});
+  fs::remove(root_ / "fish");
+  fs::create_symlink(root_ / "dog/gone.txt", root_ / "dog/link.txt");
+  EXPECT_EQ(ImageFolder{options()}.size(), 7);  // make_tree's 6 and empty_root's loose.png
 }
 
 TEST_F(ImageFolderTest, BadFilesAndIndicesAreErrors) {

@@ -120,6 +120,15 @@ TEST(RecipeErrors, EmptyRecipeIsRefused) {
   }
 }
 
+// A second YAML document would be ignored: refused, naming its line. One
+// document that starts with '---' is a recipe like any.
+TEST(RecipeErrors, ASecondYamlDocumentIsRefused) {
+  forge::testing::expect_error(
+      [] { Recipe::from_yaml("model: {dim: 8}\n---\nmodel: {dim: 16}\n", "two.yaml"); },
+      {"two.yaml:3", "second YAML document", "one document"});
+  EXPECT_EQ(Recipe::from_yaml("---\nmodel: {dim: 8}\n", "one.yaml").integer("model.dim"), 8);
+}
+
 // Found by fuzzing: YAML's printer rewrote invalid UTF-8 (an overlong NUL
 // became a real one), so the recipe a run kept was not the one it ran.
 TEST(RecipeErrors, InvalidUtf8AndControlCharactersAreRefused) {
