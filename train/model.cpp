@@ -1,6 +1,10 @@
 // Recipe -> model (see model.h).
 #include "train/model.h"
 
+#include <unistd.h>
+
+#include <cmath>
+
 #include "core/device.h"
 #include "core/error.h"
 #include "nn/models.h"
@@ -260,6 +264,51 @@ int64_t size_from(const Recipe& r, const char* key, int64_t data, const char* wh
 
 }  // namespace
 
+// The parameters build_model makes, at least, from the recipe alone: each
+// block's q, k, v and output projections and its feed-forward (a decoder's
+// cross-attention too), the embeddings and the head. Biases, norms and the
+// mechanisms' own tensors are left out: a lower bound, in double (the sizes
+// a mistyped key gives overflow 64-bit integers).
+double parameter_lower_bound(const Recipe& r, const DataShape& shape) {
+  const auto key = [&](const char* k) { return static_cast<double>(r.integer(k)); };
+  const auto data_or = [&](const char* k, int64_t data) {
+    return r.integer(k) > 0 ? key(k) : static_cast<double>(data);
+  };
+  const double D = key("model.dim");
+  const double inner = r.integer("model.head_dim") > 0 ? key("model.heads") * key("model.head_dim") : D;
+  const double hidden =
+      r.integer("model.mlp_dim") > 0 ? key("model.mlp_dim") : key("model.mlp_ratio") * D;
+  const double block = 4 * D * inner + (r.boolean("model.glu") ? 3 : 2) * D * hidden;
+  const std::string& type = r.string("model.type");
+  const auto depth_or = [&](const char* k) { return r.integer(k) > 0 ? key(k) : key("model.depth"); };
+  if (type == "encoder_decoder") {
+    const double src = data_or("model.vocab_size", shape.vocab_size);
+    const double tgt = data_or("model.target_vocab_size", shape.target_vocab_size);
+    return depth_or("model.encoder_depth") * block +
+           depth_or("model.decoder_depth") * (block + 4 * D * inner) + (src + 2 * tgt) * D;
+  }
+  // Learned positions: one row per position.
+  const auto positions = [&](double len) {
+    return r.string("model.positional") == "learned" ? len * D : 0.0;
+  };
+  if (type == "language_model") {
+    const double vocab = data_or("model.vocab_size", shape.vocab_size);
+    return key("model.depth") * block + (r.boolean("model.tie_embedding") ? 1 : 2) * vocab * D +
+           positions(data_or("model.max_len", shape.max_length));
+  }
+  const double classes = data_or("model.classes", shape.classes);
+  if (type == "vit") {
+    const double p = key("model.patch_size"), channels = data_or("model.channels", shape.channels);
+    const double patches = std::pow(key("model.image_size") / p, 2);
+    return key("model.depth") * block + (channels * p * p + patches + 1 + classes) * D;
+  }
+  // A dual encoder classifies [u, v, u*v, u-v] through an MLP.
+  const double mlp = r.integer("model.mlp_head_dim") > 0 ? key("model.mlp_head_dim") : D;
+  const double head = r.boolean("model.dual_encoder") ? 4 * D * mlp + mlp * classes : classes * D;
+  return key("model.depth") * block + data_or("model.vocab_size", shape.vocab_size) * D + head +
+         positions(data_or("model.max_len", shape.max_length));
+}
+
 Placement placement(const Recipe& r, int local_rank) {
   Placement p;
   const std::string& device = r.string("device");
@@ -312,6 +361,7 @@ const char* task_name(Task t) {
 std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, DType dtype,
                                        Generator* gen) {
   check_width(r);
+  check_model_fits_memory(r, shape, dtype == DType::f64 ? 8 : 4, "building its weights");
   const std::string& type = r.string("model.type");
   const Task wants = type == "language_model"    ? Task::language_model
                      : type == "encoder_decoder" ? Task::seq2seq
@@ -417,6 +467,23 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
   c.stack = stack_config(r);
   c.dtype = dtype;
   return std::make_unique<SequenceTask>(c, gen);
+}
+
+void check_model_fits_memory(const Recipe& r, const DataShape& shape, double bytes_per_parameter,
+                             const char* use) {
+  const double params = parameter_lower_bound(r, shape);
+  const double need = params * bytes_per_parameter;
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                      static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (have > 0 && need > have)
+    FORGE_FAIL(
+        "recipe: the model has at least {:.3g} parameters (model.dim = {}, model.depth = {}, "
+        "model.heads = {}, model.mlp_ratio = {}, model.mlp_dim = {}, model.head_dim = {}); {} "
+        "needs at least {:.3g} GB, more than this machine's {:.3g} GB of memory. Shrink the "
+        "model (most often model.dim or model.depth)",
+        params, r.integer("model.dim"), r.integer("model.depth"), r.integer("model.heads"),
+        r.integer("model.mlp_ratio"), r.integer("model.mlp_dim"), r.integer("model.head_dim"), use,
+        need / 1e9, have / 1e9);
 }
 
 std::unique_ptr<TaskModel> build_trained_model(const Recipe& r, const DataShape& shape,

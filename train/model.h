@@ -66,6 +66,18 @@ struct Placement {
 // local rank r on its host (data parallelism) takes GPU r % (GPUs visible).
 Placement placement(const Recipe& recipe, int local_rank = 0);
 
+// The parameters build_model makes, at least, computed from the recipe alone
+// (the blocks' projections and feed-forward, the embeddings and the head), in
+// double: a mistyped size overflows 64-bit integers.
+double parameter_lower_bound(const Recipe& recipe, const DataShape& shape);
+
+// Refuses, naming the size keys, a model whose parameters (a lower bound
+// from the recipe, before anything is allocated) at `bytes_per_parameter`
+// exceed this machine's memory; `use` says for what ("training it: weights,
+// gradients and AdamW's moments"). build_model checks its weights.
+void check_model_fits_memory(const Recipe& recipe, const DataShape& shape,
+                             double bytes_per_parameter, const char* use);
+
 // Builds the model with parameters drawn from `gen` and in `dtype`; errors
 // name the recipe key at fault.
 std::unique_ptr<TaskModel> build_model(const Recipe& recipe, const DataShape& shape, DType dtype,

@@ -128,6 +128,11 @@ void remove_leftover_temps(const std::string& run_dir) {
   for (const fs::path& p : doomed) fs::remove(p, ec);
 }
 
+// Training keeps per parameter its f32 weight, gradient and AdamW's two
+// moments (f64 runs twice that; activations come on top).
+constexpr double kTrainingBytesPerParameter = 16;
+constexpr const char* kTrainingUse = "training it (weights, gradients and the optimizer's moments)";
+
 // A new run may go into a directory that does not exist, is empty, or holds
 // what a start killed before it wrote its log leaves (recipe.yaml, temporary
 // files); never over a run's history (metrics, events, log), checkpoints or not.
@@ -565,6 +570,7 @@ Recipe resolve_recipe(Recipe r, std::vector<std::string>* notes) {
   const data::DataLoader loader(data.train, loader_options(r, data, true));
   const StepPlan plan = plan_steps(r, data.train->size(), loader.batches_per_epoch());
   Generator gen(static_cast<uint64_t>(r.integer("seed")));
+  check_model_fits_memory(r, data.shape, kTrainingBytesPerParameter, kTrainingUse);
   const std::unique_ptr<TaskModel> task = build_model(r, data.shape, DType::f32, &gen);
   if (!r.string("model.init_from").empty())
     notes->push_back(init_from(task->module(), r.string("model.init_from")).summary());
@@ -696,6 +702,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   const int64_t steps_per_epoch = plan.steps_per_epoch, total_steps = plan.total_steps;
 
   Generator gen(static_cast<uint64_t>(r.integer("seed")));
+  check_model_fits_memory(r, data.shape, kTrainingBytesPerParameter, kTrainingUse);
   std::unique_ptr<TaskModel> task = build_model(r, data.shape, dtype, &gen);
   resolve_sizes(r, data.shape);  // what the run keeps says what was built
   const json::Value card = model_card(r, data);

@@ -49,6 +49,9 @@ printf 'model:\n  dimm: 3\n' >"$work/bad.yaml"
 expect 1 "unknown key 'model.dimm'" -- "$bin" train "$work/bad.yaml" --out "$work/bad_run"
 [ ! -e "$work/bad_run" ] || fail "a bad recipe created its run directory"
 expect 1 "'loop.batch_size' = 0 is out of range" -- "$bin" train "$work/tiny.yaml" --set loop.batch_size=0
+expect 1 "at least .* parameters [(]model.dim = 2000000000, .*more than this machine's .* GB of memory" -- \
+  "$bin" train "$work/tiny.yaml" --set model.dim=2000000000 --set model.heads=1 --out "$work/huge"
+[ ! -e "$work/huge" ] || fail "a model too large for the machine left its run directory"
 expect 1 "cannot open the file" -- "$bin" train "$work/missing.yaml"
 
 # ---- hostile recipes: refused before anything is written, never a hang ----

@@ -348,7 +348,15 @@ TEST(ShippedRecipes, EveryRecipeReadsAndBuildsItsModel) {
       shape.pairs = kind == "retrieval";
     }
     Generator gen(0);
-    EXPECT_NO_THROW(build_model(r, shape, DType::f32, &gen));
+    std::unique_ptr<TaskModel> task;
+    EXPECT_NO_THROW(task = build_model(r, shape, DType::f32, &gen));
+    // The bound that refuses models no machine holds is a bound, and a close one.
+    int64_t params = 0;
+    if (task)
+      for (const auto& [name, t] : task->module().named_parameters()) params += t.numel();
+    const double bound = parameter_lower_bound(r, shape);
+    EXPECT_LE(bound, static_cast<double>(params));
+    EXPECT_GE(bound, 0.7 * static_cast<double>(params));
     ++count;
   }
   EXPECT_GE(count, 17);
