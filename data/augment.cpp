@@ -415,28 +415,34 @@ Int4 rgb_lanes(const uint8_t* row, int64_t x) {
   return Int4{row[x], row[x + 1], row[x + 2], 0};
 }
 
-Double4 to_double4(Int4 v) {
-  return __builtin_convertvector(v, Double4);
+// Vectors of 32 bytes go by reference and results into out-parameters:
+// passed by value they would change the calling convention between builds
+// with and without AVX (-Wpsabi).
+void to_double4(const Int4& v, Double4& out) {
+  out = __builtin_convertvector(v, Double4);
 }
 
-Double4 lerp4(Double4 a, Double4 b, double d) {
-  return a + (b - a) * d;
+void lerp4(const Double4& a, const Double4& b, double d, Double4& out) {
+  out = a + (b - a) * d;
 }
 
-Double4 cubic4(Double4 v1, Double4 v2, Double4 v3, Double4 v4, double d) {
+void cubic4(const Double4& v1, const Double4& v2, const Double4& v3, const Double4& v4, double d,
+            Double4& out) {
   const Double4 p1 = v2;
   const Double4 p2 = -v1 + v3;
   const Double4 p3 = 2 * (v1 - v2) + v3 - v4;
   const Double4 p4 = -v1 + v2 - v3 + v4;
-  return p1 + d * (p2 + d * (p3 + d * p4));
+  out = p1 + d * (p2 + d * (p3 + d * p4));
 }
 
-Double4 cubic_u8_4(Int4 v1, Int4 v2, Int4 v3, Int4 v4, double d) {
-  const Double4 p1 = to_double4(v2);
-  const Double4 p2 = to_double4(-v1 + v3);
-  const Double4 p3 = to_double4(2 * (v1 - v2) + v3 - v4);
-  const Double4 p4 = to_double4(-v1 + v2 - v3 + v4);
-  return p1 + d * (p2 + d * (p3 + d * p4));
+void cubic_u8_4(const Int4& v1, const Int4& v2, const Int4& v3, const Int4& v4, double d,
+                Double4& out) {
+  Double4 p1, p2, p3, p4;
+  to_double4(v2, p1);
+  to_double4(-v1 + v3, p2);
+  to_double4(2 * (v1 - v2) + v3 - v4, p3);
+  to_double4(-v1 + v2 - v3 + v4, p4);
+  out = p1 + d * (p2 + d * (p3 + d * p4));
 }
 
 template <>
@@ -454,11 +460,19 @@ bool sample_bilinear<3>(const Image& im, double xin, double yin, uint8_t* out) {
   const uint8_t* r0 = im.pixels.data() + std::clamp<int64_t>(y, 0, im.height - 1) * row;
   const bool has_r1 = y + 1 >= 0 && y + 1 < im.height;
   const uint8_t* r1 = has_r1 ? im.pixels.data() + (y + 1) * row : r0;
-  const Double4 v1 = lerp4(to_double4(rgb_lanes(r0, x0)), to_double4(rgb_lanes(r0, x1)), dx);
-  const Double4 v2 =
-      has_r1 ? lerp4(to_double4(rgb_lanes(r1, x0)), to_double4(rgb_lanes(r1, x1)), dx) : v1;
-  const Double4 v = lerp4(v1, v2, dy);
-  for (int b = 0; b < 3; ++b) out[b] = static_cast<uint8_t>(v[b]);
+  Double4 a, b, v1, v2, v;
+  to_double4(rgb_lanes(r0, x0), a);
+  to_double4(rgb_lanes(r0, x1), b);
+  lerp4(a, b, dx, v1);
+  if (has_r1) {
+    to_double4(rgb_lanes(r1, x0), a);
+    to_double4(rgb_lanes(r1, x1), b);
+    lerp4(a, b, dx, v2);
+  } else {
+    v2 = v1;
+  }
+  lerp4(v1, v2, dy, v);
+  for (int c = 0; c < 3; ++c) out[c] = static_cast<uint8_t>(v[c]);
   return true;
 }
 
@@ -488,15 +502,18 @@ bool sample_bicubic<3>(const Image& im, double xin, double yin, uint8_t* out) {
       rows[k] = has[k] ? base + std::clamp<int64_t>(y + k, 0, im.height - 1) * row : base;
     }
   }
-  const auto row_value = [&](int k) {
-    const uint8_t* r = rows[k];
-    return cubic_u8_4(rgb_lanes(r, xs[0]), rgb_lanes(r, xs[1]), rgb_lanes(r, xs[2]),
-                      rgb_lanes(r, xs[3]), dx);
-  };
   Double4 v[4];
-  v[0] = row_value(0);
-  for (int k = 1; k < 4; ++k) v[k] = has[k] ? row_value(k) : v[k - 1];
-  const Double4 sv = cubic4(v[0], v[1], v[2], v[3], dy);
+  for (int k = 0; k < 4; ++k) {
+    if (k > 0 && !has[k]) {
+      v[k] = v[k - 1];
+      continue;
+    }
+    const uint8_t* r = rows[k];
+    cubic_u8_4(rgb_lanes(r, xs[0]), rgb_lanes(r, xs[1]), rgb_lanes(r, xs[2]), rgb_lanes(r, xs[3]),
+               dx, v[k]);
+  }
+  Double4 sv;
+  cubic4(v[0], v[1], v[2], v[3], dy, sv);
   for (int b = 0; b < 3; ++b) {
     const double s = sv[b];
     out[b] = s <= 0.0 ? 0 : s >= 255.0 ? 255 : static_cast<uint8_t>(s);

@@ -13,6 +13,7 @@
 #include "data/transforms.h"
 #include "ops/ops.h"
 #include "train/checkpoint.h"
+#include "train/timm_names.h"
 
 namespace forge::train {
 
@@ -20,49 +21,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// timm's ViT names -> ours; qkv is split in three.
-// "blocks.<L>.<rest>" -> (L, rest); nullopt for other names.
-std::optional<std::pair<std::string, std::string>> timm_block(const std::string& name) {
-  constexpr std::string_view prefix = "blocks.";
-  if (name.rfind(prefix, 0) != 0) return std::nullopt;
-  const size_t dot = name.find('.', prefix.size());
-  const std::string layer = name.substr(prefix.size(), dot - prefix.size());
-  if (dot == std::string::npos || layer.empty() ||
-      layer.find_first_not_of("0123456789") != std::string::npos)
-    return std::nullopt;
-  return std::make_pair(layer, name.substr(dot + 1));
-}
-
+// timm's ViT names -> ours (train/timm_names.h); qkv is split in three.
 std::map<std::string, Tensor> from_timm(const std::map<std::string, Tensor>& timm) {
-  static const std::map<std::string, std::string> in_block = {{"norm1", "attn_norm.norm"},
-                                                              {"attn.proj", "attn.to_out"},
-                                                              {"norm2", "ff_norm.norm"},
-                                                              {"mlp.fc1", "ff.w1"},
-                                                              {"mlp.fc2", "ff.w2"}};
   std::map<std::string, Tensor> out;
-  for (const auto& [name, t] : timm) {
-    if (const auto block = timm_block(name)) {
-      const std::string layer = "transformer.layers." + block->first + ".";
-      const std::string& rest = block->second;
-      const size_t dot = rest.rfind('.');
-      const std::string module = rest.substr(0, dot), leaf = rest.substr(dot + 1);
-      if (module == "attn.qkv") {
-        FORGE_CHECK(t.size(0) % 3 == 0, "init_from: {} has {} rows, not 3 x dim", name, t.size(0));
-        const int64_t d = t.size(0) / 3;
-        const char* parts[] = {"to_q", "to_k", "to_v"};
-        for (int64_t i = 0; i < 3; ++i)
-          out[layer + "attn." + parts[i] + "." + leaf] = ops::narrow(t, 0, i * d, d);
-        continue;
-      }
-      const auto it = in_block.find(module);
-      out[it == in_block.end() ? name : layer + it->second + "." + leaf] = t;
-      continue;
-    }
-    if (name.rfind("norm.", 0) == 0 || name.rfind("fc_norm.", 0) == 0)
-      out["transformer.norm.norm." + name.substr(name.find('.') + 1)] = t;
-    else
-      out[name] = t;
-  }
+  for (const auto& [name, t] : timm)
+    for (const TimmPart& part : from_timm_name(name, t.shape()))
+      out[part.name] = part.rows < 0 ? t : ops::narrow(t, 0, part.first_row, part.rows);
   return out;
 }
 
@@ -70,18 +34,8 @@ std::map<std::string, Tensor> from_timm(const std::map<std::string, Tensor>& tim
 Tensor resize_positions(const Tensor& source, const Tensor& target) {
   const int64_t D = target.size(2);
   // The class token's row, if any: the tokens beyond the largest square (1 + g^2 or g^2).
-  const auto root =
-      static_cast<int64_t>(std::floor(std::sqrt(static_cast<double>(target.size(1)))));
-  const int64_t extra = target.size(1) - root * root;
-  const auto grid = [&](int64_t tokens) {
-    const auto g =
-        static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(tokens - extra))));
-    FORGE_CHECK(g * g == tokens - extra,
-                "init_from: pos_embed with {} tokens is not {} class token(s) and a square grid",
-                tokens, extra);
-    return g;
-  };
-  const int64_t gs = grid(source.size(1)), gt = grid(target.size(1));
+  const PositionGrids grids = position_grids(source.size(1), target.size(1));
+  const int64_t extra = grids.extra, gs = grids.source, gt = grids.target;
   const Tensor src = source.to(DType::f32);
   // [1, extra + gs^2, D] -> grid [D, gs, gs] -> [D, gt, gt] -> [1, extra + gt^2, D]
   const Tensor cells =

@@ -1,4 +1,5 @@
-// MetricsLog and read_metrics: the run's JSON-lines metrics file.
+// MetricsLog: the run's metrics (JSON lines, CSV, TensorBoard) as it trains;
+// reading metrics.jsonl is metrics_file.cpp's.
 #include "train/metrics.h"
 
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "train/checkpoint.h"
+#include "train/metrics_file.h"
 #include "train/tensorboard.h"
 
 namespace forge::train {
@@ -26,39 +28,6 @@ namespace {
 
 double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-bool blank(std::string_view line) {
-  return line.find_first_not_of(" \t\r") == std::string_view::npos;
-}
-
-// Checks what every record holds; `where` is "file:line" or "MetricsLog".
-void check_record(const json::Value& r, const std::string& where) {
-  FORGE_CHECK(r.is_object(), "{}: expected a JSON object (a metrics record), found {}", where,
-              json::type_name(r.type()));
-  const json::Value* step = r.find("step");
-  FORGE_CHECK(step && step->is_int() && step->as_double() >= 0,
-              "{}: expected an integer \"step\" >= 0, found {}", where,
-              step ? json::dump(*step) : std::string("none"));
-  const json::Value* split = r.find("split");
-  FORGE_CHECK(split && split->is_string(),
-              "{}: expected a string \"split\" (\"train\" or \"eval\"), found {}", where,
-              split ? json::dump(*split) : std::string("none"));
-}
-
-json::Value parse_line(std::string_view line, const std::string& path, size_t number) {
-  const std::string where = fmt::format("{}:{}", path, number);
-  json::Value r = json::parse(line, where);
-  check_record(r, where);
-  return r;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  FORGE_CHECK(in.is_open(), "{}: cannot open: {}", path, std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  FORGE_CHECK(!in.bad(), "{}: read failed", path);
-  return text;
 }
 
 // One CSV field: numbers in their shortest exact form, null (a non-finite
@@ -145,18 +114,8 @@ void MetricsLog::check_can_open(const std::string& run_dir, std::optional<int64_
     if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
       written.push_back(e.path());
   for (const fs::path& p : written) io::check_writable(p.string());
-  if (resume_step && fs::exists(jsonl, ec)) {
-    // The lines the constructor keeps and rereads, parsed as it parses them.
-    const std::string text = read_text(jsonl.string());
-    size_t pos = 0;
-    for (size_t number = 1; pos < text.size(); ++number) {
-      const size_t nl = text.find('\n', pos);
-      if (nl == std::string::npos) break;  // torn by a crash: dropped
-      const std::string_view line = std::string_view(text).substr(pos, nl - pos);
-      pos = nl + 1;
-      if (!blank(line)) parse_line(line, jsonl.string(), number);
-    }
-  }
+  if (resume_step && fs::exists(jsonl, ec))  // the lines the constructor keeps, parsed as it parses them
+    metrics_kept(read_metrics_text(jsonl.string()), jsonl.string(), *resume_step);
 }
 
 MetricsLog::MetricsLog(const std::string& run_dir, std::optional<int64_t> resume_step)
@@ -168,22 +127,8 @@ MetricsLog::MetricsLog(const std::string& run_dir, std::optional<int64_t> resume
   if (!resume_step) {
     flags |= O_TRUNC;
   } else if (fs::exists(path_, ec)) {
-    // Keep the whole lines up to the resumed step; a last line without its
-    // newline was torn by the crash.
-    const std::string text = read_text(path_);
-    std::string kept;
-    size_t pos = 0;
-    for (size_t number = 1; pos < text.size(); ++number) {
-      const size_t nl = text.find('\n', pos);
-      if (nl == std::string::npos) break;
-      const std::string_view line = std::string_view(text).substr(pos, nl - pos);
-      pos = nl + 1;
-      if (blank(line)) continue;
-      if (parse_line(line, path_, number).at("step").as_int() <= *resume_step) {
-        kept.append(line);
-        kept.push_back('\n');
-      }
-    }
+    const std::string text = read_metrics_text(path_);
+    const std::string kept = metrics_kept(text, path_, *resume_step);
     if (kept != text) io::write_file_atomic(path_, kept);
   }
   fd_ = ::open(path_.c_str(), flags, 0644);
@@ -216,7 +161,7 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::append(const json::Value& record) {
-  check_record(record, "MetricsLog " + path_);
+  check_metrics_record(record, "MetricsLog " + path_);
   json::Object out;
   for (const auto& [key, v] : record.as_object()) {
     for (const auto& [seen, unused] : out) {
@@ -239,20 +184,6 @@ void MetricsLog::log(int64_t step, const std::string& split,
   r.emplace_back("split", json::Value(split));
   for (const auto& [name, value] : values) r.emplace_back(name, json::Value(value));
   append(json::Value(std::move(r)));
-}
-
-std::vector<json::Value> read_metrics(const std::string& path) {
-  const std::string text = read_text(path);
-  std::vector<json::Value> out;
-  size_t pos = 0;
-  for (size_t number = 1; pos < text.size(); ++number) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string::npos) nl = text.size();
-    const std::string_view line = std::string_view(text).substr(pos, nl - pos);
-    pos = nl + 1;
-    if (!blank(line)) out.push_back(parse_line(line, path, number));
-  }
-  return out;
 }
 
 }  // namespace forge::train

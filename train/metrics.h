@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/json.h"
+#include "train/metrics_file.h"
 
 namespace forge::train {
 
@@ -59,9 +60,5 @@ class MetricsLog {
   std::unique_ptr<EventWriter> events_;
 };
 
-// Every record of a metrics file, in file order. Blank lines are skipped; a
-// line that is not a JSON object with an integer "step" and a string "split"
-// is a forge::Error naming the file and line ("run/metrics.jsonl:12: ...").
-std::vector<json::Value> read_metrics(const std::string& path);
 
 }  // namespace forge::train
