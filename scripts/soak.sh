@@ -10,7 +10,9 @@
 #     checkpoints/ holds what an uninterrupted run's holds (keep_last 1, so the
 #     last save prunes after its commit and kills land there too),
 #   - the final model.safetensors is byte-identical to that of an uninterrupted
-#     run of the same recipe; so are optimizer.safetensors' tensors and
+#     run of the same recipe (also for a small language model and for a
+#     2-process mpirun job whose killed rank is drawn at random, each killed
+#     SOAK_OTHER_KILLS times); so are optimizer.safetensors' tensors and
 #     __metadata__ apart from state_json_xxh3_64 (the checksum of a state.json
 #     holding wall times), and state.json apart from those wall times
 #     (elapsed_s, window.seconds).
@@ -118,7 +120,7 @@ check_checkpoints() {
     # A checkpoint directory is never modified in place: skip one already loaded.
     fp="$(stat -c '%n %i %s %y' "$ck" "$ck"/* 2>/dev/null | md5sum)"
     [ -n "${verified[$fp]:-}" ] && continue
-    out="$(timeout -s KILL 300 "$bin" eval "$ck" --set data.limit_eval=64 --out "$work/eval.json" 2>&1)"
+    out="$(timeout -s KILL 300 "$bin" eval "$ck" --set data.limit_eval=64 --out "$work/eval.json" --overwrite 2>&1)"
     st=$?
     if [ "$st" -eq 0 ]; then
       verified[$fp]=1
@@ -347,6 +349,85 @@ if [ "$n_differ" -gt 0 ]; then
   else
     echo "soak: a second uninterrupted run differs from the first too: the run itself is not deterministic"
   fi
+fi
+
+# ---- a language model, and a 2-process job with one rank killed ----
+# Each: an uninterrupted reference, then SOAK_OTHER_KILLS (3) kills at random
+# instants of the rest of the run, each followed by --resume, until it
+# finishes; its final model.safetensors must equal the reference's byte for
+# byte (a job resumed with the same number of processes sums in the same
+# order: docs/DISTRIBUTED.md). SOAK_OTHERS=0 skips them.
+cat >"$work/lm.yaml" <<'EOF2'
+name: soak_lm
+threads: 1
+model: {type: language_model, dim: 32, depth: 1, heads: 2, mlp_ratio: 2, causal: true, positional: rotary_only, attention: {kind: linear}}
+data: {dataset: lm_text, root: /usr/share/games/fortunes, exclude: ["*.dat", "*.u8"], split_fractions: [0.95, 1.0, 1.0], eval_split: valid, seq_len: 64, limit_eval: 8, workers: 1}
+schedule: {kind: cosine, warmup_steps: 5}
+loop: {steps: 60, batch_size: 8, log_every: 5, eval_every: 20}
+checkpoint: {every: 10, keep_last: 1}
+EOF2
+other_kills="${SOAK_OTHER_KILLS:-3}"
+n_other=0 n_other_identical=0 n_other_killed=0
+# other_run NAME RECIPE PROCS: PROCS 1 runs attnforge, 2 runs it under mpirun (one rank killed).
+other_run() {
+  local name="$1" recipe="$2" procs="$3" launch=() t0 ms k st
+  local out="$work/$name" ref_o="$work/$name.ref"
+  if [ "$procs" -gt 1 ]; then
+    command -v mpirun >/dev/null || { echo "soak: $name skipped: no mpirun"; return 0; }
+    launch=(mpirun --allow-run-as-root --oversubscribe -np "$procs")
+  fi
+  n_other=$((n_other + 1))
+  t0=$(now_ms)
+  if ! timeout -s KILL 600 "${launch[@]}" "$bin" train "$recipe" --out "$ref_o" >"$ref_o.log" 2>&1; then
+    fail "$name: the uninterrupted reference run failed (log $ref_o.log)"
+    return 0
+  fi
+  ms=$(( $(now_ms) - t0 ))
+  for ((k = 0; k <= other_kills; k++)); do
+    local cmd_o=("${launch[@]}" "$bin" train "$recipe" --out "$out")
+    [ -f "$out/recipe.yaml" ] && cmd_o=("${launch[@]}" "$bin" train --resume "$out")
+    if [ "$k" -eq "$other_kills" ]; then  # the last start runs to the end
+      timeout -s KILL 600 "${cmd_o[@]}" >"$out.last.log" 2>&1 ||
+        { fail "$name: the final resume failed (log $out.last.log)"; return 0; }
+      break
+    fi
+    rand 1000000
+    local delay=$(( ms * r / 1000000 ))
+    "${cmd_o[@]}" >"$out.kill$k.log" 2>&1 &
+    local pid=$!
+    sleep "$(printf '%d.%03d' $((delay / 1000)) $((delay % 1000)))"
+    if [ "$procs" -gt 1 ]; then
+      # One rank, drawn at random, of the job's attnforge processes.
+      mapfile -t ranks < <(pgrep -f "$bin train" | grep -v "^$pid\$")
+      if [ "${#ranks[@]}" -gt 0 ]; then
+        rand "${#ranks[@]}"
+        kill -9 "${ranks[$r]}" 2>/dev/null && n_other_killed=$((n_other_killed + 1))
+      fi
+    else
+      kill -9 "$pid" 2>/dev/null && n_other_killed=$((n_other_killed + 1))
+    fi
+    st=0
+    timeout -s KILL 120 tail --pid="$pid" -f /dev/null || st=$?
+    [ "$st" -eq 0 ] || { kill -9 "$pid" 2>/dev/null; fail "$name: the job did not end after its kill ($out.kill$k.log)"; }
+    wait "$pid" 2>/dev/null
+    pkill -9 -f "$bin train --resume $out\$" 2>/dev/null
+    pkill -9 -f "$bin train $recipe --out $out\$" 2>/dev/null
+    check_checkpoints "$out" "$name after kill $k" || fail "$name: a checkpoint left by kill $k does not load"
+  done
+  if cmp -s "$ref_o/checkpoints/$final_name/model.safetensors" "$out/checkpoints/$final_name/model.safetensors"; then
+    n_other_identical=$((n_other_identical + 1))
+  else
+    fail "$name: the resumed run's final model.safetensors differs from the uninterrupted one's"
+  fi
+}
+if [ "${SOAK_OTHERS:-1}" != 0 ]; then
+  if [ -d /usr/share/games/fortunes ]; then
+    other_run lm "$work/lm.yaml" 1
+  else
+    echo "soak: the language model skipped: no /usr/share/games/fortunes (Debian's fortunes package)"
+  fi
+  other_run mpi "$work/soak.yaml" 2
+  echo "soak: other runs: $n_other (a language model, a 2-process job), $n_other_killed kills, $n_other_identical byte-identical at the end"
 fi
 
 echo "soak: kills done: $((n_random + n_write)) ($n_random at random instants, $n_write inside checkpoint writes; $n_missed more attempts ended before their kill) in $runs run directories"
