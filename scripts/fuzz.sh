@@ -10,7 +10,7 @@
 #   FUZZ_SECONDS=0 scripts/fuzz.sh            replay only (what CI runs)
 #   FUZZ_TARGETS="json idx" scripts/fuzz.sh   a subset of: safetensors json recipe
 #                                             recipe_set idx listops text retrieval image
-#                                             lm_text seq2seq metrics timm_names
+#                                             lm_text seq2seq tsv_inputs metrics timm_names
 #   JOBS=2                                    build jobs (default: every core)
 #
 # Needs the Debian packages clang-14, libclang-rt-14-dev (libFuzzer and the
@@ -29,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_TARGETS="safetensors json recipe recipe_set idx listops text retrieval image lm_text seq2seq metrics timm_names"
+ALL_TARGETS="safetensors json recipe recipe_set idx listops text retrieval image lm_text seq2seq tsv_inputs metrics timm_names"
 BUILD="${FUZZ_BUILD:-build-fuzz}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 TARGETS="${FUZZ_TARGETS:-$ALL_TARGETS}"

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"
@@ -16,6 +15,7 @@
 #include "data/loader.h"
 #include "data/pixel_sequence.h"
 #include "data/text.h"
+#include "data/tsv_inputs.h"
 #include "ops/ops.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -132,38 +132,16 @@ void read_inputs(const std::string& path, const Preparer& p, int64_t max_pixels,
               "predict: input {}: the model takes token sequences: give TSV files (one example a "
               "line, in the training data's layout)",
               path);
-  std::istringstream lines(io::read_file(path, size_t{1} << 30));
-  std::string line;
-  for (int64_t number = 1; std::getline(lines, line); ++number) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    std::vector<std::string> cols;
-    for (size_t b = 0;;) {
-      const size_t t = line.find('\t', b);
-      cols.push_back(line.substr(b, t == std::string::npos ? std::string::npos : t - b));
-      if (t == std::string::npos) break;
-      b = t + 1;
-    }
-    const std::string where = fmt::format("{}:{}", path, number);
-    // The training data's own layouts, so that its files predict as they are:
-    // ListOps `expression[<TAB>label]` (LRA's header line "Source<TAB>Target"
-    // skipped); text `[label<TAB>]text`; pairs `[label<TAB>...]text1<TAB>text2`.
-    if (p.kind == "listops" && number == 1 && cols.size() == 2 && cols[0] == "Source") continue;
+  const data::TsvLayout layout = p.pairs              ? data::TsvLayout::pairs
+                                 : p.kind == "listops" ? data::TsvLayout::listops
+                                                       : data::TsvLayout::text;
+  for (const data::TsvInput& in :
+       data::parse_tsv_inputs(io::read_file(path, size_t{1} << 30), path, layout)) {
     data::Example e;
-    if (p.pairs) {
-      FORGE_CHECK(cols.size() >= 2,
-                  "predict: {}: the model compares document pairs: give two tab-separated texts "
-                  "(the last two columns)",
-                  where);
-      e.input = p.text(cols[cols.size() - 2], where);
-      e.input2 = p.text(cols.back(), where);
-    } else if (p.kind == "listops") {
-      e.input = p.text(cols.front(), where);
-    } else {
-      e.input = p.text(cols.size() == 1 ? cols[0] : line.substr(line.find('\t') + 1), where);
-    }
-    FORGE_CHECK(e.input.numel() > 0, "predict: {}: the text makes no tokens", where);
-    add(std::move(e), where);
+    e.input = p.text(in.text, in.where);
+    if (layout == data::TsvLayout::pairs) e.input2 = p.text(in.text2, in.where);
+    FORGE_CHECK(e.input.numel() > 0, "predict: {}: the text makes no tokens", in.where);
+    add(std::move(e), in.where);
   }
 }
 
