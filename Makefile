@@ -63,6 +63,7 @@ test-sanitize: deps test-deps
 # kill -9 soak of a small run (scripts/soak.sh): SOAK_KILLS kills at random
 # instants and inside checkpoint writes, each resumed; every checkpoint must
 # load, every run resume, and the final weights match an uninterrupted run's.
+# Then a small language model and a 2-process mpirun job (a rank killed) the same way.
 SOAK_KILLS ?= 40
 soak: configure
 	cmake --build $(BUILD) -j$(JOBS) --target attnforge
