@@ -8,6 +8,7 @@
 // by destructors) and throw forge::Error when such a function returns false.
 #include "data/image_io.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <csetjmp>
 #include <cstdio>
@@ -401,6 +402,45 @@ Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& what, in
   return image;
 }
 
+// A region of a JPEG in two steps around the caller's allocations (libjpeg's
+// errors longjmp out of these, so they hold nothing that needs destroying):
+// start_jpeg_region starts the decompression and narrows it to the block
+// columns holding [want.left, want.left + want.width), setting `got`;
+// read_jpeg_region reads rows [want.top, want.top + want.height) into `rows`
+// and skips the rest but for the last row, read into `last`, so that a
+// truncated file fails here too.
+bool start_jpeg_region(JpegReadState* s, const ImageRegion& want, ImageRegion* got) {
+  if (setjmp(s->error.jump)) return false;
+  jpeg_decompress_struct& c = s->cinfo;
+  jpeg_start_decompress(&c);
+  // Fancy upsampling at a cropped edge sees no neighbour: the columns asked
+  // for are widened by a block column (16 pixels at most) on each side first,
+  // so that their pixels are the whole decode's.
+  const int64_t width = c.output_width;
+  const int64_t left = std::max<int64_t>(want.left - 16, 0);
+  const int64_t right = std::min<int64_t>(want.left + want.width + 16, width);
+  JDIMENSION x0 = static_cast<JDIMENSION>(left), w = static_cast<JDIMENSION>(right - left);
+  if (left > 0 || right < width) jpeg_crop_scanline(&c, &x0, &w);  // to block boundaries
+  *got = {want.top, static_cast<int64_t>(x0), want.height, static_cast<int64_t>(c.output_width)};
+  return true;
+}
+
+bool read_jpeg_region(JpegReadState* s, const ImageRegion& want, JSAMPROW* rows, JSAMPROW last) {
+  if (setjmp(s->error.jump)) return false;
+  jpeg_decompress_struct& c = s->cinfo;
+  if (want.top > 0) jpeg_skip_scanlines(&c, static_cast<JDIMENSION>(want.top));
+  const auto end = static_cast<JDIMENSION>(want.top + want.height);
+  while (c.output_scanline < end) {
+    const JDIMENSION done = c.output_scanline - static_cast<JDIMENSION>(want.top);
+    jpeg_read_scanlines(&c, rows + done, end - c.output_scanline);
+  }
+  const JDIMENSION rest = c.output_height - c.output_scanline;
+  if (rest > 1) jpeg_skip_scanlines(&c, rest - 1);
+  while (c.output_scanline < c.output_height) jpeg_read_scanlines(&c, &last, 1);
+  jpeg_finish_decompress(&c);
+  return true;
+}
+
 struct JpegWriteState {
   jpeg_compress_struct cinfo;
   JpegError error;
@@ -490,6 +530,34 @@ Image decode_image(const std::vector<uint8_t>& bytes, const std::string& what, i
   if (has_png_signature(bytes)) return decode_png(bytes, what, max_pixels);
   if (has_jpeg_signature(bytes)) return decode_jpeg(bytes, what, max_pixels, scale_denom);
   fail_not_an_image(bytes, what);
+}
+
+Image decode_image_region(const std::vector<uint8_t>& bytes, const std::string& what,
+                          int64_t max_pixels, int scale_denom, const ImageRegion& want,
+                          ImageRegion& got) {
+  check_decode_arguments(what, max_pixels, scale_denom);
+  if (!has_jpeg_signature(bytes)) {
+    Image whole = decode_image(bytes, what, max_pixels, scale_denom);
+    got = {0, 0, whole.height, whole.width};
+    return whole;
+  }
+  JpegReader reader;
+  const DecodedHeader h = open_jpeg(reader, bytes, what, max_pixels, scale_denom);
+  FORGE_CHECK(want.top >= 0 && want.left >= 0 && want.height >= 1 && want.width >= 1 &&
+                  want.top + want.height <= h.height && want.left + want.width <= h.width,
+              "{}: region [{}, {}) x [{}, {}) is outside the {}x{} picture", what, want.top,
+              want.top + want.height, want.left, want.left + want.width, h.height, h.width);
+  JpegReadState* st = reader.state();
+  if (!start_jpeg_region(st, want, &got))
+    FORGE_FAIL("{}: invalid JPEG: {}", what, st->error.message);
+  const size_t row_bytes = static_cast<size_t>(got.width) * static_cast<size_t>(h.channels);
+  Image out{got.height, got.width, h.channels, {}};
+  out.pixels.resize(static_cast<size_t>(got.height) * row_bytes);
+  std::vector<JSAMPROW> rows = row_pointers(out.pixels.data(), got.height, row_bytes);
+  std::vector<JSAMPLE> last(row_bytes);
+  if (!read_jpeg_region(st, want, rows.data(), last.data()))
+    FORGE_FAIL("{}: invalid JPEG: {}", what, st->error.message);
+  return out;
 }
 
 Image read_image(const std::string& path, int64_t max_pixels, int scale_denom) {

@@ -48,6 +48,23 @@ Image read_image(const std::string& path, int64_t max_pixels = kDefaultMaxImageP
 Image decode_image(const std::vector<uint8_t>& bytes, const std::string& what,
                    int64_t max_pixels = kDefaultMaxImagePixels, int scale_denom = 1);
 
+// A rectangle of the picture decode_image gives (at its scale): rows
+// [top, top + height), columns [left, left + width).
+struct ImageRegion {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+};
+
+// At least `want` of the picture decode_image(bytes, what, max_pixels,
+// scale_denom) gives, with the same pixels there: a JPEG decodes only the
+// rows and the block columns that hold `want` (libjpeg-turbo's
+// jpeg_skip_scanlines and jpeg_crop_scanline: no inverse DCT, upsampling or
+// colour conversion elsewhere; the rest of the file is still read, so a
+// truncated file fails as decode_image fails); a PNG decodes whole. `got` is
+// where the returned image lies in the whole picture. `want` must lie inside it.
+Image decode_image_region(const std::vector<uint8_t>& bytes, const std::string& what,
+                          int64_t max_pixels, int scale_denom, const ImageRegion& want,
+                          ImageRegion& got);
+
 // Throws, starting with `what`, unless `image` is a non-empty 1- or
 // 3-channel picture with exactly height * width * channels pixel bytes.
 void check_image(const Image& image, const char* what);

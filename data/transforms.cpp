@@ -5,9 +5,11 @@
 #include "data/transforms.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__SSE4_1__)
@@ -498,23 +500,53 @@ Plan plan(int64_t height, int64_t width, const ImageTransformOptions& o, Rng* rn
   return {0, 0, height, width, h, w, center_offset(h, size), center_offset(w, size), false};
 }
 
-// f32 [C, size, size]: the plan rendered from `input`, the source decoded at
-// 1 / denom of the planned size, then the augmentations and the normalisation.
-Tensor render(const Image& input, const Plan& p, int denom, const ImageTransformOptions& o,
-              Rng* rng) {
+// The taps of the plan's rows (ys) and columns (xs) over a source of
+// full_h x full_w pixels decoded at 1 / denom of the planned size.
+struct PlanTaps {
+  AxisTaps ys, xs;
+};
+PlanTaps plan_taps(const Plan& p, int denom, int64_t full_h, int64_t full_w,
+                   const ImageTransformOptions& o) {
+  const double d = denom;
+  return {axis_taps(full_h, static_cast<double>(p.top) / d, static_cast<double>(p.height) / d,
+                    p.resized_h, p.offset_y, o.size, false, o.interpolation),
+          axis_taps(full_w, static_cast<double>(p.left) / d, static_cast<double>(p.width) / d,
+                    p.resized_w, p.offset_x, o.size, p.flip, o.interpolation)};
+}
+
+// The source pixels [lo, hi) the taps of an axis read (empty: none).
+std::pair<int64_t, int64_t> taps_span(const AxisTaps& a) {
+  int64_t lo = INT64_MAX, hi = 0;
+  for (size_t k = 0; k < a.first.size(); ++k)
+    if (a.count[k] > 0) {
+      lo = std::min(lo, a.first[k]);
+      hi = std::max(hi, a.first[k] + a.count[k]);
+    }
+  return lo < hi ? std::make_pair(lo, hi) : std::make_pair(int64_t{0}, int64_t{0});
+}
+
+// The taps moved to a source that starts `origin` pixels into the full one.
+void shift_taps(AxisTaps& a, int64_t origin) {
+  for (size_t k = 0; k < a.first.size(); ++k)
+    if (a.count[k] > 0) a.first[k] -= origin;
+}
+
+// f32 [C, size, size]: a plan's taps (over the whole source, decoded at the
+// plan's scale) applied to `input`, the source or the part of it at (at_y,
+// at_x) that holds every pixel they read, then the augmentations and the
+// normalisation.
+Tensor render(const Image& input, const ImageTransformOptions& o, Rng* rng, PlanTaps taps,
+              int64_t at_y, int64_t at_x) {
   check_image(input, "transform_image");
   const int64_t channels = o.grayscale ? 1 : 3;
   const Image gray = o.grayscale && input.channels == 3 ? to_grayscale(input) : Image{};
   const Image& image = gray.channels ? gray : input;
   const SourceLayout s = hwc_layout(image, channels);
   const int64_t size = o.size;
-  const double d = denom;
-  const AxisTaps ys =
-      axis_taps(image.height, static_cast<double>(p.top) / d, static_cast<double>(p.height) / d,
-                p.resized_h, p.offset_y, size, false, o.interpolation);
-  const AxisTaps xs =
-      axis_taps(image.width, static_cast<double>(p.left) / d, static_cast<double>(p.width) / d,
-                p.resized_w, p.offset_x, size, p.flip, o.interpolation);
+  shift_taps(taps.ys, at_y);
+  shift_taps(taps.xs, at_x);
+  const AxisTaps& ys = taps.ys;
+  const AxisTaps& xs = taps.xs;
   const bool train = rng != nullptr && o.train;
   const float clip = o.interpolation == Interpolation::bicubic ? 1.0f : 0.0f;
   Tensor out = Tensor::empty({channels, size, size});
@@ -543,7 +575,8 @@ Tensor render(const Image& input, const Plan& p, int denom, const ImageTransform
 Tensor transform_image(const Image& input, const ImageTransformOptions& options, Rng* rng) {
   check_image_transform_options(options);
   check_image(input, "transform_image");
-  return render(input, plan(input.height, input.width, options, rng), 1, options, rng);
+  const Plan p = plan(input.height, input.width, options, rng);
+  return render(input, options, rng, plan_taps(p, 1, input.height, input.width, options), 0, 0);
 }
 
 Tensor transform_image_file(const std::vector<uint8_t>& bytes, const std::string& what,
@@ -554,7 +587,19 @@ Tensor transform_image_file(const std::vector<uint8_t>& bytes, const std::string
   const int denom = header.jpeg && options.scaled_jpeg_decode
                         ? jpeg_scale_denom(p.height, p.width, p.resized_h, p.resized_w)
                         : 1;
-  return render(decode_image(bytes, what, max_pixels, denom), p, denom, options, rng);
+  // The sides libjpeg gives at 1 / denom (rounded up); the taps over them say
+  // which pixels are read, and only those rows and block columns are decoded.
+  const int64_t full_h = (header.height + denom - 1) / denom;
+  const int64_t full_w = (header.width + denom - 1) / denom;
+  const PlanTaps taps = plan_taps(p, denom, full_h, full_w, options);
+  const auto [y0, y1] = taps_span(taps.ys);
+  const auto [x0, x1] = taps_span(taps.xs);
+  if (!header.jpeg || y1 <= y0 || x1 <= x0)
+    return render(decode_image(bytes, what, max_pixels, denom), options, rng, taps, 0, 0);
+  ImageRegion got;
+  const Image part =
+      decode_image_region(bytes, what, max_pixels, denom, {y0, x0, y1 - y0, x1 - x0}, got);
+  return render(part, options, rng, taps, got.top, got.left);
 }
 
 }  // namespace forge::data
