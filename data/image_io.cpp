@@ -404,11 +404,11 @@ Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& what, in
 
 // A region of a JPEG in two steps around the caller's allocations (libjpeg's
 // errors longjmp out of these, so they hold nothing that needs destroying):
-// start_jpeg_region starts the decompression and narrows it to the block
-// columns holding [want.left, want.left + want.width), setting `got`;
-// read_jpeg_region reads rows [want.top, want.top + want.height) into `rows`
-// and skips the rest but for the last row, read into `last`, so that a
-// truncated file fails here too.
+// start_jpeg_region starts the decompression, narrows it to the block
+// columns holding [want.left, want.left + want.width) and sets `got` (those
+// columns, and the rows from the iMCU row above the one holding want.top);
+// read_jpeg_region reads got's rows into `rows` and skips the rest but for
+// the last row, read into `last`, so that a truncated file fails here too.
 bool start_jpeg_region(JpegReadState* s, const ImageRegion& want, ImageRegion* got) {
   if (setjmp(s->error.jump)) return false;
   jpeg_decompress_struct& c = s->cinfo;
@@ -416,22 +416,31 @@ bool start_jpeg_region(JpegReadState* s, const ImageRegion& want, ImageRegion* g
   // Fancy upsampling at a cropped edge sees no neighbour: the columns asked
   // for are widened by a block column (16 pixels at most) on each side first,
   // so that their pixels are the whole decode's.
+  // A progressive JPEG is decoded whole: its block smoothing reads
+  // neighbouring blocks that a crop leaves out (the fuzzer found pixels that
+  // differ), and its coefficients are all read before the first row anyway.
+  const bool whole = jpeg_has_multiple_scans(&c);
   const int64_t width = c.output_width;
-  const int64_t left = std::max<int64_t>(want.left - 16, 0);
-  const int64_t right = std::min<int64_t>(want.left + want.width + 16, width);
+  const int64_t left = whole ? 0 : std::max<int64_t>(want.left - 16, 0);
+  const int64_t right = whole ? width : std::min<int64_t>(want.left + want.width + 16, width);
   JDIMENSION x0 = static_cast<JDIMENSION>(left), w = static_cast<JDIMENSION>(right - left);
   if (left > 0 || right < width) jpeg_crop_scanline(&c, &x0, &w);  // to block boundaries
-  *got = {want.top, static_cast<int64_t>(x0), want.height, static_cast<int64_t>(c.output_width)};
+  // Rows: whole iMCU rows are skipped, and the one above the region's first
+  // is read too (what fancy upsampling and block smoothing take as context).
+  const int64_t imcu = static_cast<int64_t>(c.max_v_samp_factor) * c.min_DCT_scaled_size;
+  const int64_t top = whole ? 0 : std::max<int64_t>(0, (want.top / imcu - 1) * imcu);
+  *got = {top, static_cast<int64_t>(x0), want.top + want.height - top,
+          static_cast<int64_t>(c.output_width)};
   return true;
 }
 
-bool read_jpeg_region(JpegReadState* s, const ImageRegion& want, JSAMPROW* rows, JSAMPROW last) {
+bool read_jpeg_region(JpegReadState* s, const ImageRegion& got, JSAMPROW* rows, JSAMPROW last) {
   if (setjmp(s->error.jump)) return false;
   jpeg_decompress_struct& c = s->cinfo;
-  if (want.top > 0) jpeg_skip_scanlines(&c, static_cast<JDIMENSION>(want.top));
-  const auto end = static_cast<JDIMENSION>(want.top + want.height);
+  if (got.top > 0) jpeg_skip_scanlines(&c, static_cast<JDIMENSION>(got.top));
+  const auto end = static_cast<JDIMENSION>(got.top + got.height);
   while (c.output_scanline < end) {
-    const JDIMENSION done = c.output_scanline - static_cast<JDIMENSION>(want.top);
+    const JDIMENSION done = c.output_scanline - static_cast<JDIMENSION>(got.top);
     jpeg_read_scanlines(&c, rows + done, end - c.output_scanline);
   }
   const JDIMENSION rest = c.output_height - c.output_scanline;
@@ -555,7 +564,7 @@ Image decode_image_region(const std::vector<uint8_t>& bytes, const std::string& 
   out.pixels.resize(static_cast<size_t>(got.height) * row_bytes);
   std::vector<JSAMPROW> rows = row_pointers(out.pixels.data(), got.height, row_bytes);
   std::vector<JSAMPLE> last(row_bytes);
-  if (!read_jpeg_region(st, want, rows.data(), last.data()))
+  if (!read_jpeg_region(st, got, rows.data(), last.data()))
     FORGE_FAIL("{}: invalid JPEG: {}", what, st->error.message);
   return out;
 }

@@ -56,7 +56,7 @@ struct ImageRegion {
 
 // At least `want` of the picture decode_image(bytes, what, max_pixels,
 // scale_denom) gives, with the same pixels there: a JPEG decodes only the
-// rows and the block columns that hold `want` (libjpeg-turbo's
+// block rows and columns around `want` (libjpeg-turbo's
 // jpeg_skip_scanlines and jpeg_crop_scanline: no inverse DCT, upsampling or
 // colour conversion elsewhere; the rest of the file is still read, so a
 // truncated file fails as decode_image fails); a PNG decodes whole. `got` is

@@ -293,8 +293,10 @@ TEST_F(ImageIoTest, TruncatedFilesAreErrors) {
 // A region decode gives the whole decode's pixels there, bit for bit: colour
 // (4:2:0, fancy upsampling) and gray JPEGs, progressive too, at every scale,
 // over random regions (one block column, the corners, the whole picture);
-// the columns returned are whole block columns around the ones asked for. A
-// truncated file fails even when the region lies before the cut.
+// the rows and columns returned are whole block rows and columns around the
+// ones asked for (a progressive file: all of them). A truncated file fails
+// even when the region lies before the cut; the fuzzer's progressive file
+// whose cropped decode differed decodes whole.
 TEST_F(ImageIoTest, RegionDecodeGivesTheWholeDecodesPixels) {
   Rng rng(5);
   for (int64_t c : {3, 1, 0}) {  // 0: a progressive colour JPEG of the fuzz seeds
@@ -321,13 +323,13 @@ TEST_F(ImageIoTest, RegionDecodeGivesTheWholeDecodesPixels) {
             decode_image_region(bytes, "x.jpg", kDefaultMaxImagePixels, denom, want, got);
         const std::string what = fmt::format("c {} denom {} region [{}, +{}) x [{}, +{})", c,
                                              denom, want.top, want.height, want.left, want.width);
-        ASSERT_EQ(got.top, want.top) << what;
-        ASSERT_EQ(got.height, want.height) << what;
+        ASSERT_LE(got.top, want.top) << what;
+        ASSERT_GE(got.top + got.height, want.top + want.height) << what;
         ASSERT_LE(got.left, want.left) << what;
         ASSERT_GE(got.left + got.width, want.left + want.width) << what;
         ASSERT_EQ(part.height, got.height) << what;
         ASSERT_EQ(part.width, got.width) << what;
-        for (int64_t y = 0; y < got.height; ++y)
+        for (int64_t y = want.top - got.top; y < want.top - got.top + want.height; ++y)
           for (int64_t x = want.left - got.left; x < want.left - got.left + want.width; ++x)
             for (int64_t ch = 0; ch < c; ++ch)
               ASSERT_EQ(part.pixels[static_cast<size_t>((y * part.width + x) * c + ch)],
