@@ -335,78 +335,9 @@ double cubic_u8(int v1, int v2, int v3, int v4, double d) {
   return p1 + d * (p2 + d * (p3 + d * p4));
 }
 
-// bilinear_filter8 / bilinear_filter32RGB at (xin, yin) for a C-channel
-// image; false outside.
-template <int C>
-bool sample_bilinear(const Image& im, double xin, double yin, uint8_t* out) {
-  if (xin < 0.0 || xin >= static_cast<double>(im.width) || yin < 0.0 ||
-      yin >= static_cast<double>(im.height))
-    return false;
-  xin -= 0.5;
-  yin -= 0.5;
-  const int64_t x = floor_int(xin), y = floor_int(yin);
-  const double dx = xin - static_cast<double>(x), dy = yin - static_cast<double>(y);
-  const int64_t row = im.width * C;
-  const int64_t x0 = std::clamp<int64_t>(x, 0, im.width - 1) * C;
-  const int64_t x1 = std::clamp<int64_t>(x + 1, 0, im.width - 1) * C;
-  const uint8_t* r0 = im.pixels.data() + std::clamp<int64_t>(y, 0, im.height - 1) * row;
-  const bool has_r1 = y + 1 >= 0 && y + 1 < im.height;
-  const uint8_t* r1 = has_r1 ? im.pixels.data() + (y + 1) * row : r0;
-  for (int b = 0; b < C; ++b) {
-    const double v1 = lerp(r0[x0 + b], r0[x1 + b], dx);
-    const double v2 = has_r1 ? lerp(r1[x0 + b], r1[x1 + b], dx) : v1;
-    out[b] = static_cast<uint8_t>(lerp(v1, v2, dy));
-  }
-  return true;
-}
-
-// bicubic_filter8 / bicubic_filter32RGB for a C-channel image: taps clamped
-// to the image in x; in y the first row clamped and missing later rows repeat
-// the previous row's value. Inside the image (the common case) no tap is
-// clamped and every row is present.
-template <int C>
-bool sample_bicubic(const Image& im, double xin, double yin, uint8_t* out) {
-  if (xin < 0.0 || xin >= static_cast<double>(im.width) || yin < 0.0 ||
-      yin >= static_cast<double>(im.height))
-    return false;
-  xin -= 0.5;
-  yin -= 0.5;
-  const int64_t x = floor_int(xin) - 1, y = floor_int(yin) - 1;
-  const double dx = xin - static_cast<double>(x + 1), dy = yin - static_cast<double>(y + 1);
-  const int64_t row = im.width * C;
-  const uint8_t* base = im.pixels.data();
-  int64_t xs[4];
-  const uint8_t* rows[4];
-  bool has[4] = {true, true, true, true};
-  if (x >= 0 && x + 3 < im.width && y >= 0 && y + 3 < im.height) {
-    for (int k = 0; k < 4; ++k) {
-      xs[k] = (x + k) * C;
-      rows[k] = base + (y + k) * row;
-    }
-  } else {
-    for (int k = 0; k < 4; ++k) {
-      xs[k] = std::clamp<int64_t>(x + k, 0, im.width - 1) * C;
-      has[k] = k == 0 || (y + k >= 0 && y + k < im.height);
-      rows[k] = has[k] ? base + std::clamp<int64_t>(y + k, 0, im.height - 1) * row : base;
-    }
-  }
-  for (int b = 0; b < C; ++b) {
-    const auto row_value = [&](int k) {
-      const uint8_t* r = rows[k] + b;
-      return cubic_u8(r[xs[0]], r[xs[1]], r[xs[2]], r[xs[3]], dx);
-    };
-    double v[4];
-    v[0] = row_value(0);
-    for (int k = 1; k < 4; ++k) v[k] = has[k] ? row_value(k) : v[k - 1];
-    const double s = cubic(v[0], v[1], v[2], v[3], dy);
-    out[b] = s <= 0.0 ? 0 : s >= 255.0 ? 255 : static_cast<uint8_t>(s);
-  }
-  return true;
-}
-
-// ---- the same two filters for RGB, the three channels of a pixel as the
-// lanes of one vector (a fourth lane idle): every lane computes exactly what
-// the scalar code computes for its channel, in the same double operations.
+// RGB pixels take the filters below with the three channels as the lanes of
+// one vector (a fourth lane idle): every lane computes exactly what the
+// scalar code computes for its channel, in the same double operations.
 using Int4 = int32_t __attribute__((vector_size(16)));
 using Double4 = double __attribute__((vector_size(32)));
 
@@ -445,8 +376,10 @@ void cubic_u8_4(const Int4& v1, const Int4& v2, const Int4& v3, const Int4& v4, 
   out = p1 + d * (p2 + d * (p3 + d * p4));
 }
 
-template <>
-bool sample_bilinear<3>(const Image& im, double xin, double yin, uint8_t* out) {
+// bilinear_filter8 / bilinear_filter32RGB at (xin, yin) for a C-channel
+// image; false outside.
+template <int C>
+bool sample_bilinear(const Image& im, double xin, double yin, uint8_t* out) {
   if (xin < 0.0 || xin >= static_cast<double>(im.width) || yin < 0.0 ||
       yin >= static_cast<double>(im.height))
     return false;
@@ -454,30 +387,42 @@ bool sample_bilinear<3>(const Image& im, double xin, double yin, uint8_t* out) {
   yin -= 0.5;
   const int64_t x = floor_int(xin), y = floor_int(yin);
   const double dx = xin - static_cast<double>(x), dy = yin - static_cast<double>(y);
-  const int64_t row = im.width * 3;
-  const int64_t x0 = std::clamp<int64_t>(x, 0, im.width - 1) * 3;
-  const int64_t x1 = std::clamp<int64_t>(x + 1, 0, im.width - 1) * 3;
+  const int64_t row = im.width * C;
+  const int64_t x0 = std::clamp<int64_t>(x, 0, im.width - 1) * C;
+  const int64_t x1 = std::clamp<int64_t>(x + 1, 0, im.width - 1) * C;
   const uint8_t* r0 = im.pixels.data() + std::clamp<int64_t>(y, 0, im.height - 1) * row;
   const bool has_r1 = y + 1 >= 0 && y + 1 < im.height;
   const uint8_t* r1 = has_r1 ? im.pixels.data() + (y + 1) * row : r0;
-  Double4 a, b, v1, v2, v;
-  to_double4(rgb_lanes(r0, x0), a);
-  to_double4(rgb_lanes(r0, x1), b);
-  lerp4(a, b, dx, v1);
-  if (has_r1) {
-    to_double4(rgb_lanes(r1, x0), a);
-    to_double4(rgb_lanes(r1, x1), b);
-    lerp4(a, b, dx, v2);
+  if constexpr (C == 3) {
+    Double4 a, b, v1, v2, v;
+    to_double4(rgb_lanes(r0, x0), a);
+    to_double4(rgb_lanes(r0, x1), b);
+    lerp4(a, b, dx, v1);
+    if (has_r1) {
+      to_double4(rgb_lanes(r1, x0), a);
+      to_double4(rgb_lanes(r1, x1), b);
+      lerp4(a, b, dx, v2);
+    } else {
+      v2 = v1;
+    }
+    lerp4(v1, v2, dy, v);
+    for (int c = 0; c < 3; ++c) out[c] = static_cast<uint8_t>(v[c]);
   } else {
-    v2 = v1;
+    for (int b = 0; b < C; ++b) {
+      const double v1 = lerp(r0[x0 + b], r0[x1 + b], dx);
+      const double v2 = has_r1 ? lerp(r1[x0 + b], r1[x1 + b], dx) : v1;
+      out[b] = static_cast<uint8_t>(lerp(v1, v2, dy));
+    }
   }
-  lerp4(v1, v2, dy, v);
-  for (int c = 0; c < 3; ++c) out[c] = static_cast<uint8_t>(v[c]);
   return true;
 }
 
-template <>
-bool sample_bicubic<3>(const Image& im, double xin, double yin, uint8_t* out) {
+// bicubic_filter8 / bicubic_filter32RGB for a C-channel image: taps clamped
+// to the image in x; in y the first row clamped and missing later rows repeat
+// the previous row's value. Inside the image (the common case) no tap is
+// clamped and every row is present.
+template <int C>
+bool sample_bicubic(const Image& im, double xin, double yin, uint8_t* out) {
   if (xin < 0.0 || xin >= static_cast<double>(im.width) || yin < 0.0 ||
       yin >= static_cast<double>(im.height))
     return false;
@@ -485,38 +430,51 @@ bool sample_bicubic<3>(const Image& im, double xin, double yin, uint8_t* out) {
   yin -= 0.5;
   const int64_t x = floor_int(xin) - 1, y = floor_int(yin) - 1;
   const double dx = xin - static_cast<double>(x + 1), dy = yin - static_cast<double>(y + 1);
-  const int64_t row = im.width * 3;
+  const int64_t row = im.width * C;
   const uint8_t* base = im.pixels.data();
   int64_t xs[4];
   const uint8_t* rows[4];
   bool has[4] = {true, true, true, true};
   if (x >= 0 && x + 3 < im.width && y >= 0 && y + 3 < im.height) {
     for (int k = 0; k < 4; ++k) {
-      xs[k] = (x + k) * 3;
+      xs[k] = (x + k) * C;
       rows[k] = base + (y + k) * row;
     }
   } else {
     for (int k = 0; k < 4; ++k) {
-      xs[k] = std::clamp<int64_t>(x + k, 0, im.width - 1) * 3;
+      xs[k] = std::clamp<int64_t>(x + k, 0, im.width - 1) * C;
       has[k] = k == 0 || (y + k >= 0 && y + k < im.height);
       rows[k] = has[k] ? base + std::clamp<int64_t>(y + k, 0, im.height - 1) * row : base;
     }
   }
-  Double4 v[4];
-  for (int k = 0; k < 4; ++k) {
-    if (k > 0 && !has[k]) {
-      v[k] = v[k - 1];
-      continue;
+  const auto clip = [](double s) -> uint8_t {
+    return s <= 0.0 ? 0 : s >= 255.0 ? 255 : static_cast<uint8_t>(s);
+  };
+  if constexpr (C == 3) {
+    Double4 v[4];
+    for (int k = 0; k < 4; ++k) {
+      if (k > 0 && !has[k]) {
+        v[k] = v[k - 1];
+        continue;
+      }
+      const uint8_t* r = rows[k];
+      cubic_u8_4(rgb_lanes(r, xs[0]), rgb_lanes(r, xs[1]), rgb_lanes(r, xs[2]),
+                 rgb_lanes(r, xs[3]), dx, v[k]);
     }
-    const uint8_t* r = rows[k];
-    cubic_u8_4(rgb_lanes(r, xs[0]), rgb_lanes(r, xs[1]), rgb_lanes(r, xs[2]), rgb_lanes(r, xs[3]),
-               dx, v[k]);
-  }
-  Double4 sv;
-  cubic4(v[0], v[1], v[2], v[3], dy, sv);
-  for (int b = 0; b < 3; ++b) {
-    const double s = sv[b];
-    out[b] = s <= 0.0 ? 0 : s >= 255.0 ? 255 : static_cast<uint8_t>(s);
+    Double4 sv;
+    cubic4(v[0], v[1], v[2], v[3], dy, sv);
+    for (int b = 0; b < 3; ++b) out[b] = clip(sv[b]);
+  } else {
+    for (int b = 0; b < C; ++b) {
+      const auto row_value = [&](int k) {
+        const uint8_t* r = rows[k] + b;
+        return cubic_u8(r[xs[0]], r[xs[1]], r[xs[2]], r[xs[3]], dx);
+      };
+      double v[4];
+      v[0] = row_value(0);
+      for (int k = 1; k < 4; ++k) v[k] = has[k] ? row_value(k) : v[k - 1];
+      out[b] = clip(cubic(v[0], v[1], v[2], v[3], dy));
+    }
   }
   return true;
 }

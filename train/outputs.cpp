@@ -56,41 +56,38 @@ std::optional<std::string> checkpoint_area_of(const std::string& path) {
   return std::nullopt;
 }
 
-void check_output_file(const std::string& path, const std::string& what, bool overwrite) {
+namespace {
+
+// check_output_file and check_output_dir: `kind` is "file" or "directory".
+void check_output(const std::string& path, const std::string& what, bool overwrite,
+                  bool directory) {
+  const char* kind = directory ? "directory" : "file";
   if (const auto area = checkpoint_area_of(path))
     FORGE_FAIL(
         "{} {}: inside the checkpoint directory {}; no command writes into a checkpoint (it "
-        "would damage it). Give a path outside it",
-        what, path, *area);
+        "would damage it). Give a {} outside it",
+        what, path, *area, directory ? "directory" : "path");
   std::error_code ec;
   const fs::path p(path);
   if (!fs::exists(fs::symlink_status(p, ec))) return;
-  FORGE_CHECK(overwrite,
-              "{} {}: exists ({}); nothing was written. Give a new path, or add --overwrite to "
-              "replace it",
-              what, path, describe_existing(p));
-  FORGE_CHECK(fs::is_regular_file(fs::symlink_status(p, ec)),
-              "{} {}: exists and is {}, not a file; --overwrite replaces files only. Give another "
-              "path",
-              what, path, describe_existing(p));
+  FORGE_CHECK(overwrite, "{} {}: exists ({}); nothing was written. Give a new {}, or add {}", what,
+              path, describe_existing(p), directory ? "directory" : "path",
+              directory ? "--overwrite to write into it (files of the same names are replaced)"
+                        : "--overwrite to replace it");
+  const auto st = fs::symlink_status(p, ec);
+  FORGE_CHECK(directory ? fs::is_directory(st) : fs::is_regular_file(st),
+              "{} {}: exists and is {}, not a {}{}. Give another path", what, path,
+              describe_existing(p), kind, directory ? "" : "; --overwrite replaces files only");
+}
+
+}  // namespace
+
+void check_output_file(const std::string& path, const std::string& what, bool overwrite) {
+  check_output(path, what, overwrite, false);
 }
 
 void check_output_dir(const std::string& path, const std::string& what, bool overwrite) {
-  if (const auto area = checkpoint_area_of(path))
-    FORGE_FAIL(
-        "{} {}: inside the checkpoint directory {}; no command writes into a checkpoint (it "
-        "would damage it). Give a directory outside it",
-        what, path, *area);
-  std::error_code ec;
-  const fs::path p(path);
-  if (!fs::exists(fs::symlink_status(p, ec))) return;
-  FORGE_CHECK(overwrite,
-              "{} {}: exists ({}); nothing was written. Give a new directory, or add --overwrite "
-              "to write into it (files of the same names are replaced)",
-              what, path, describe_existing(p));
-  FORGE_CHECK(fs::is_directory(fs::symlink_status(p, ec)),
-              "{} {}: exists and is {}, not a directory. Give another path", what, path,
-              describe_existing(p));
+  check_output(path, what, overwrite, true);
 }
 
 }  // namespace forge::train

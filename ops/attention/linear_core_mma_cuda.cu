@@ -135,6 +135,14 @@ __device__ __forceinline__ void stage_matrix(T* tile, const float* src) {
   }
 }
 
+// A state [kF * kDv + kF] (f32): its matrix [kF, kDv] into a swizzled tile
+// of T, its vector [kF] into `vec`.
+template <int kF, int kDv, int kThreads, typename T>
+__device__ __forceinline__ void stage_state(T* tile, float* vec, const float* state) {
+  stage_matrix<kF, kDv, kThreads>(tile, state);
+  for (int f = threadIdx.x; f < kF; f += kThreads) vec[f] = state[kF * kDv + f];
+}
+
 // The A fragment of rows [m0, m0 + 16), columns [k0, k0 + 16) of the
 // transpose of a swizzled [k, m] tile (A = tile^T, as phi(K)^T in phi(K)^T V):
 // matrix q of the four holds m-block q % 2 and k-block q / 2, each read
@@ -286,8 +294,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
   stage_rows<kF, kRowThreads, Map>(
       sq, qs, i0, N, [](int) { return 1.f; }, [](int, int, const float(&)[8]) {});
-  stage_matrix<kF, kDv, kRowThreads>(ss, S);
-  for (int f = threadIdx.x; f < kF; f += kRowThreads) sz[f] = S[kF * kDv + f];
+  stage_state<kF, kDv, kRowThreads>(ss, sz, S);
   if constexpr (kBackward)
     stage_rows<kDv, kRowThreads, Identity>(
         sy, dout + bh * N * kDv, i0, N, [](int) { return 1.f; },
@@ -388,8 +395,7 @@ __global__ void __launch_bounds__(kRowThreads)
   __syncthreads();
   stage_rows<kF, kRowThreads, Map>(
       sk, ks, j0, M, [&](int r) { return skeep[r]; }, [](int, int, const float(&)[8]) {});
-  stage_matrix<kF, kDv, kRowThreads>(sr, R);
-  for (int f = threadIdx.x; f < kF; f += kRowThreads) svec[f] = R[kF * kDv + f];
+  stage_state<kF, kDv, kRowThreads>(sr, svec, R);
   stage_rows<kDv, kRowThreads, Identity>(
       sv, v + bh * M * kDv, j0, M, [](int) { return 1.f; }, [](int, int, const float(&)[8]) {});
   __syncthreads();
@@ -437,6 +443,19 @@ void allow_smem(Kernel kernel, size_t bytes) {
                                         static_cast<int>(bytes)));
 }
 
+// A row kernel (query_kernel, key_kernel) over the 64-row tiles of len rows
+// of every batch-head, with the shared memory row_smem_bytes gives.
+template <int kF, int kDv, typename T, typename Kernel, typename... Args>
+void launch_rows(Kernel kernel, int64_t BH, int64_t len, int device, const char* what,
+                 Args... args) {
+  const int64_t blocks = BH * ((len + kRows - 1) / kRows);
+  if (blocks == 0) return;
+  const size_t bytes = row_smem_bytes<kF, kDv>(sizeof(T));
+  allow_smem(kernel, bytes);
+  kernel<<<grid_of(blocks), kRowThreads, bytes, stream(device)>>>(args...);
+  FORGE_CUDA_CHECK_LAUNCH(what);
+}
+
 // Rows per partial state: a multiple of 64 giving about kTargetBlocks blocks
 // over every batch-head (from the shapes alone: the same order on every GPU).
 int64_t part_rows(int64_t BH, int64_t len) {
@@ -474,15 +493,12 @@ void forward_impl(const LinearMmaArgs& m, const void* qf, const void* kf, const 
   Scratch state(device, static_cast<size_t>(a.BH * state_size(kF, kDv)) * sizeof(float));
   launch_state<T, Src, Map, kF, kDv>(static_cast<const Src*>(kf), static_cast<const T*>(v), nullptr,
                                      nullptr, m.keep, m.H, a.BH, a.M, state.as<float>(), device);
-  const int64_t blocks = a.BH * ((a.N + kRows - 1) / kRows);
-  if (blocks == 0) return;
-  const size_t bytes = row_smem_bytes<kF, kDv>(sizeof(T));
-  auto kernel = query_kernel<T, Src, Map, kF, kDv, false>;
-  allow_smem(kernel, bytes);
-  kernel<<<grid_of(blocks), kRowThreads, bytes, stream(device)>>>(
-      static_cast<const Src*>(qf), state.as<float>(), nullptr, a.N, a.normalise,
-      static_cast<float>(a.eps), static_cast<T*>(o), nullptr, nullptr, nullptr);
-  FORGE_CUDA_CHECK_LAUNCH("linear_core (mma) query_kernel");
+  launch_rows<kF, kDv, T>(query_kernel<T, Src, Map, kF, kDv, false>, a.BH, a.N, device,
+                          "linear_core (mma) query_kernel", static_cast<const Src*>(qf),
+                          static_cast<const float*>(state.as<float>()),
+                          static_cast<const T*>(nullptr), a.N, a.normalise,
+                          static_cast<float>(a.eps), static_cast<T*>(o), static_cast<Src*>(nullptr),
+                          static_cast<float*>(nullptr), static_cast<float*>(nullptr));
 }
 
 template <typename T, typename Src, typename Map, int kF, int kDv>
@@ -492,7 +508,6 @@ void backward_impl(const LinearMmaArgs& m, const void* qf, const void* kf, const
   const auto* qs = static_cast<const Src*>(qf);
   const auto* ks = static_cast<const Src*>(kf);
   const auto* go = static_cast<const T*>(dout);
-  const size_t bytes = row_smem_bytes<kF, kDv>(sizeof(T));
   Scratch state(device, static_cast<size_t>(a.BH * state_size(kF, kDv)) * sizeof(float));
   // 1 / den, then gd of every query row: [2, BH, N].
   Scratch rows(device, static_cast<size_t>(std::max<int64_t>(2 * a.BH * a.N, 1)) * sizeof(float));
@@ -502,26 +517,19 @@ void backward_impl(const LinearMmaArgs& m, const void* qf, const void* kf, const
   // The key state, then the query side: dq, 1/den, gd.
   launch_state<T, Src, Map, kF, kDv>(ks, static_cast<const T*>(v), nullptr, nullptr, m.keep, m.H,
                                      a.BH, a.M, state.as<float>(), device);
-  if (const int64_t blocks = a.BH * ((a.N + kRows - 1) / kRows); blocks > 0) {
-    auto kernel = query_kernel<T, Src, Map, kF, kDv, true>;
-    allow_smem(kernel, bytes);
-    kernel<<<grid_of(blocks), kRowThreads, bytes, stream(device)>>>(
-        qs, state.as<float>(), go, a.N, a.normalise, static_cast<float>(a.eps), nullptr,
-        static_cast<Src*>(dqf), row_inv, row_gd);
-    FORGE_CUDA_CHECK_LAUNCH("linear_core (mma) query_kernel (backward)");
-  }
+  launch_rows<kF, kDv, T>(query_kernel<T, Src, Map, kF, kDv, true>, a.BH, a.N, device,
+                          "linear_core (mma) query_kernel (backward)", qs,
+                          static_cast<const float*>(state.as<float>()), go, a.N, a.normalise,
+                          static_cast<float>(a.eps), static_cast<T*>(nullptr),
+                          static_cast<Src*>(dqf), row_inv, row_gd);
 
   // The gradient state (R, r) = (sum phi(Q_i)^T dO_i / den_i, sum gd_i phi(Q_i)), then the keys.
   launch_state<T, Src, Map, kF, kDv>(qs, go, row_inv, row_gd, nullptr, 1, a.BH, a.N,
                                      state.as<float>(), device);
-  if (const int64_t blocks = a.BH * ((a.M + kRows - 1) / kRows); blocks > 0) {
-    auto kernel = key_kernel<T, Src, Map, kF, kDv>;
-    allow_smem(kernel, bytes);
-    kernel<<<grid_of(blocks), kRowThreads, bytes, stream(device)>>>(
-        ks, static_cast<const T*>(v), m.keep, m.H, a.M, state.as<float>(), static_cast<Src*>(dkf),
-        static_cast<T*>(dv));
-    FORGE_CUDA_CHECK_LAUNCH("linear_core (mma) key_kernel");
-  }
+  launch_rows<kF, kDv, T>(key_kernel<T, Src, Map, kF, kDv>, a.BH, a.M, device,
+                          "linear_core (mma) key_kernel", ks, static_cast<const T*>(v), m.keep, m.H,
+                          a.M, static_cast<const float*>(state.as<float>()), static_cast<Src*>(dkf),
+                          static_cast<T*>(dv));
 }
 
 // Calls fn.template operator()<T, Src, Map, kF, kDv>() for the case.

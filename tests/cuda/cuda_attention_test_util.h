@@ -10,11 +10,13 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
+#include "ops/attention/attention.h"
 #include "ops/ops.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/ops/attention/attention_test_util.h"
@@ -176,5 +178,51 @@ inline void expect_linear_memory_cuda(
   EXPECT_LE(static_cast<double>(p2), 4.5 * static_cast<double>(p1)) << what;
   EXPECT_LE(static_cast<double>(p3), 4.5 * static_cast<double>(p2)) << what;
 }
+
+// Sets the process's GPU attention engine (cuda::FlashEngine: softmax, local,
+// linformer; cuda::LinearEngine: the linear family's core) for a scope.
+template <typename E>
+class EngineScope {
+ public:
+  explicit EngineScope(E e) : before_(get()) { set(e); }
+  ~EngineScope() { set(before_); }
+  EngineScope(const EngineScope&) = delete;
+  EngineScope& operator=(const EngineScope&) = delete;
+
+ private:
+  static E get() {
+    if constexpr (std::is_same_v<E, cuda::FlashEngine>)
+      return ops::attention::flash_engine();
+    else
+      return ops::attention::linear_engine();
+  }
+  static void set(E e) {
+    if constexpr (std::is_same_v<E, cuda::FlashEngine>)
+      ops::attention::set_flash_engine(e);
+    else
+      ops::attention::set_linear_engine(e);
+  }
+  E before_;
+};
+
+// The GPU output of fn on `in` (CPU inputs, moved and cast to `dtype`) under
+// `engine`, then the gradients of q, k, v for a fixed output gradient:
+// {o, dq, dk, dv}, named by kOutputNames.
+template <typename E>
+std::vector<Tensor> gpu_run(const AttentionFn& fn, const std::vector<Tensor>& in, DType dtype,
+                            E engine) {
+  const EngineScope scope(engine);
+  std::vector<Tensor> g;
+  for (size_t i = 0; i < in.size(); ++i) {
+    Tensor x = in[i].detach().to(gpu());
+    if (is_floating(x.dtype())) x = x.to(dtype);
+    if (i < 3) x.set_requires_grad(true);
+    g.push_back(x);
+  }
+  const Tensor o = fn(g);
+  autograd::backward({o}, {uniform(o.shape(), 99, DType::f32, -1, 1, false).to(gpu()).to(dtype)});
+  return {o, g[0].grad(), g[1].grad(), g[2].grad()};
+}
+inline const char* const kOutputNames[] = {"o", "dq", "dk", "dv"};
 
 }  // namespace forge::testing

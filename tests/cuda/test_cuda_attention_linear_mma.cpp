@@ -21,23 +21,12 @@ namespace {
 
 using cuda::LinearEngine;
 using testing::AttentionFn;
+using testing::EngineScope;
 using testing::expect_cuda_matches_cpu;
 using testing::gpu;
+using testing::gpu_run;
+using testing::kOutputNames;
 using testing::uniform;
-
-// Sets the process's linear engine for a scope.
-class EngineScope {
- public:
-  explicit EngineScope(LinearEngine e) : before_(ops::attention::linear_engine()) {
-    ops::attention::set_linear_engine(e);
-  }
-  ~EngineScope() { ops::attention::set_linear_engine(before_); }
-  EngineScope(const EngineScope&) = delete;
-  EngineScope& operator=(const EngineScope&) = delete;
-
- private:
-  LinearEngine before_;
-};
 
 AttentionFn linear_fn(bool causal = false) {
   return [causal](const std::vector<Tensor>& in) {
@@ -112,25 +101,6 @@ TEST(CudaLinearMma, MatchesCpuForwardAndGradients) {
                                 label(c.what, d, dv, dt));
 }
 
-// The GPU output of fn on `in` in `dtype` under `engine`, then the gradients
-// of q, k, v for a fixed output gradient: {o, dq, dk, dv}.
-std::vector<Tensor> gpu_run(const AttentionFn& fn, const std::vector<Tensor>& in, DType dtype,
-                            LinearEngine engine) {
-  const EngineScope scope(engine);
-  std::vector<Tensor> g;
-  for (size_t i = 0; i < in.size(); ++i) {
-    Tensor x = in[i].detach().to(gpu());
-    if (is_floating(x.dtype())) x = x.to(dtype);
-    if (i < 3) x.set_requires_grad(true);
-    g.push_back(x);
-  }
-  const Tensor o = fn(g);
-  autograd::backward({o}, {uniform(o.shape(), 99, DType::f32, -1, 1, false).to(gpu()).to(dtype)});
-  return {o, g[0].grad(), g[1].grad(), g[2].grad()};
-}
-
-const char* const kOutputs[] = {"o", "dq", "dk", "dv"};
-
 TEST(CudaLinearMma, AgreesWithTheFmaCoreAndRepeatsBitIdentically) {
   FORGE_REQUIRE_CUDA();
   for (const auto& [d, dv] : kDims)
@@ -142,10 +112,10 @@ TEST(CudaLinearMma, AgreesWithTheFmaCoreAndRepeatsBitIdentically) {
         const auto b = gpu_run(c.fn, c.in, dt, LinearEngine::mma);
         for (size_t i = 0; i < 4; ++i) {
           EXPECT_LE(testing::scaled_diff(a[i], fma[i]), testing::attention_tolerance(dt))
-              << what << ": " << kOutputs[i];
+              << what << ": " << kOutputNames[i];
           EXPECT_EQ(testing::host_f32(a[i]).to_vector<float>(),
                     testing::host_f32(b[i]).to_vector<float>())
-              << what << ": " << kOutputs[i] << " differs between two runs";
+              << what << ": " << kOutputNames[i] << " differs between two runs";
         }
       }
 }
@@ -176,7 +146,7 @@ TEST(CudaLinearMma, CasesItDoesNotTakeRunTheFmaCore) {
     for (size_t i = 0; i < 4; ++i)
       EXPECT_EQ(testing::host_f32(fma[i]).to_vector<float>(),
                 testing::host_f32(mma[i]).to_vector<float>())
-          << c.what << ": " << kOutputs[i];
+          << c.what << ": " << kOutputNames[i];
   }
 }
 

@@ -24,23 +24,12 @@ using cuda::FlashEngine;
 using ops::attention::LocalOptions;
 using ops::attention::SoftmaxOptions;
 using testing::AttentionFn;
+using testing::EngineScope;
 using testing::expect_cuda_matches_cpu;
 using testing::gpu;
+using testing::gpu_run;
+using testing::kOutputNames;
 using testing::uniform;
-
-// Sets the process's flash engine for a scope.
-class EngineScope {
- public:
-  explicit EngineScope(FlashEngine e) : before_(ops::attention::flash_engine()) {
-    ops::attention::set_flash_engine(e);
-  }
-  ~EngineScope() { ops::attention::set_flash_engine(before_); }
-  EngineScope(const EngineScope&) = delete;
-  EngineScope& operator=(const EngineScope&) = delete;
-
- private:
-  FlashEngine before_;
-};
 
 // q, k, v [B, H, len, d] in f64 on the CPU, then the mask when given.
 std::vector<Tensor> make_inputs(int64_t B, int64_t H, int64_t N, int64_t M, int64_t d,
@@ -109,25 +98,6 @@ TEST(CudaFlashMma, MatchesCpuForwardAndGradients) {
                                 c.what + ", d " + std::to_string(d) + " (" + dtype_name(dt) + ")");
 }
 
-// The GPU output of fn on `in` in `dtype` under `engine`, then the gradients
-// of q, k, v for a fixed output gradient: {o, dq, dk, dv}.
-std::vector<Tensor> gpu_run(const AttentionFn& fn, const std::vector<Tensor>& in, DType dtype,
-                            FlashEngine engine) {
-  const EngineScope scope(engine);
-  std::vector<Tensor> g;
-  for (size_t i = 0; i < in.size(); ++i) {
-    Tensor x = in[i].detach().to(gpu());
-    if (is_floating(x.dtype())) x = x.to(dtype);
-    if (i < 3) x.set_requires_grad(true);
-    g.push_back(x);
-  }
-  const Tensor o = fn(g);
-  autograd::backward({o}, {uniform(o.shape(), 99, DType::f32, -1, 1, false).to(gpu()).to(dtype)});
-  return {o, g[0].grad(), g[1].grad(), g[2].grad()};
-}
-
-const char* const kOutputs[] = {"o", "dq", "dk", "dv"};
-
 TEST(CudaFlashMma, AgreesWithTheTiledKernelsAndRepeatsBitIdentically) {
   FORGE_REQUIRE_CUDA();
   for (int64_t d : {64, 128})
@@ -139,10 +109,10 @@ TEST(CudaFlashMma, AgreesWithTheTiledKernelsAndRepeatsBitIdentically) {
         const auto b = gpu_run(c.fn, c.in, dt, FlashEngine::mma);
         for (size_t i = 0; i < 4; ++i) {
           EXPECT_LE(testing::scaled_diff(a[i], tiled[i]), testing::attention_tolerance(dt))
-              << what << ": " << kOutputs[i];
+              << what << ": " << kOutputNames[i];
           EXPECT_EQ(testing::host_f32(a[i]).to_vector<float>(),
                     testing::host_f32(b[i]).to_vector<float>())
-              << what << ": " << kOutputs[i] << " differs between two runs";
+              << what << ": " << kOutputNames[i] << " differs between two runs";
         }
       }
 }
@@ -172,7 +142,7 @@ TEST(CudaFlashMma, CasesItDoesNotTakeRunTheTiledKernels) {
     for (size_t i = 0; i < 4; ++i)
       EXPECT_EQ(testing::host_f32(tiled[i]).to_vector<float>(),
                 testing::host_f32(mma[i]).to_vector<float>())
-          << c.what << ": " << kOutputs[i];
+          << c.what << ": " << kOutputNames[i];
   }
 }
 
@@ -208,7 +178,7 @@ TEST(CudaFlashCudnn, AgreesWithTheTiledKernelsAndRepeatsItsForward) {
         const auto b = gpu_run(c.fn, c.in, dt, FlashEngine::cudnn);
         for (size_t i = 0; i < 4; ++i)
           EXPECT_LE(testing::scaled_diff(a[i], tiled[i]), testing::attention_tolerance(dt))
-              << what << ": " << kOutputs[i];
+              << what << ": " << kOutputNames[i];
         EXPECT_EQ(testing::host_f32(a[0]).to_vector<float>(),
                   testing::host_f32(b[0]).to_vector<float>())
             << what << ": o differs between two runs";
@@ -229,7 +199,7 @@ TEST(CudaFlashCudnn, CasesItDoesNotTakeRunAsMma) {
       for (size_t i = 0; i < 4; ++i)
         EXPECT_EQ(testing::host_f32(mma[i]).to_vector<float>(),
                   testing::host_f32(cudnn[i]).to_vector<float>())
-            << c.what << " (" << dtype_name(dt) << "): " << kOutputs[i];
+            << c.what << " (" << dtype_name(dt) << "): " << kOutputNames[i];
     }
 }
 
