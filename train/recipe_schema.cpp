@@ -317,7 +317,7 @@ std::vector<KeySpec> build_schema() {
 
   s.section = "schedule.";
   s.choice("kind", "cosine", {"constant", "linear_warmup", "cosine", "step", "rsqrt", "linear_decay"}, "Learning-rate schedule (rsqrt: LRA's constant * linear_warmup * rsqrt_decay).");
-  s.integer("warmup_steps", 0, 0, kInf, "Linear warmup steps.");
+  s.integer("warmup_steps", 0, 0, kInf, "Linear warmup steps (one longer than the run: cut to it, except rsqrt; a warning says so).");
   s.number("warmup_epochs", 0.0, 0, kInf, "Warmup in epochs (used when warmup_steps is 0).");
   s.number("min_lr_ratio", 0.0, 0, 1, "cosine / linear_decay: final lr as a fraction of the base.");
   s.integer("step_size", 1000, 1, kInf, "step: steps between decays.");

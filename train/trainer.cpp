@@ -31,13 +31,10 @@
 #include "ops/blas_core.h"
 #include "ops/linalg/matmul.h"
 #include "ops/ops.h"
-#include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/ema.h"
 #include "optim/grad_scaler.h"
-#include "optim/lamb.h"
 #include "optim/schedule.h"
-#include "optim/sgd.h"
 #include "train/attention_maps.h"
 #include "train/card.h"
 #include "train/checkpoint.h"
@@ -46,6 +43,7 @@
 #include "train/init_from.h"
 #include "train/metrics.h"
 #include "train/model.h"
+#include "train/optimization.h"
 #include "train/plot.h"
 #include "train/progress.h"
 #include "train/run_state.h"
@@ -190,93 +188,6 @@ class CreatedDirGuard {
   std::string dir_;
   bool armed_;
 };
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const Recipe& r, nn::Module& model) {
-  const double wd = r.number("optimizer.weight_decay"),
-               layer_decay = r.number("optimizer.layer_decay");
-  const bool exclude = r.boolean("optimizer.no_decay_on_norms_biases");
-  std::vector<optim::ParamGroup> groups;
-  if (layer_decay < 1) {
-    FORGE_CHECK(r.string("model.type") == "vit",
-                "recipe: optimizer.layer_decay numbers a ViT's layers (timm's); model.type {} has "
-                "no such numbering: leave it at 1",
-                r.string("model.type"));
-    const int64_t depth = r.integer("model.depth");
-    groups = optim::param_groups_layer_decay(
-        model, wd, exclude, layer_decay,
-        [depth](const std::string& name) { return nn::vit_layer_id(name, depth); },
-        nn::vit_num_layers(depth));
-  } else {
-    groups = optim::param_groups(model, wd, exclude);
-  }
-  for (const std::string& prefix : r.string_list("optimizer.freeze")) {
-    size_t frozen = 0;
-    for (optim::ParamGroup& g : groups)
-      frozen +=
-          std::erase_if(g.params, [&](const auto& p) { return p.first.rfind(prefix, 0) == 0; });
-    FORGE_CHECK(frozen > 0,
-                "recipe: optimizer.freeze: no parameter name starts with '{}' (names look like "
-                "'transformer.layers.0.attn.to_q.weight')",
-                prefix);
-  }
-  const double lr = r.number("optimizer.lr");
-  const std::string& name = r.string("optimizer.name");
-  if (name == "sgd") {
-    optim::SGDOptions o;
-    o.momentum = r.number("optimizer.momentum");
-    o.nesterov = r.boolean("optimizer.nesterov");
-    return std::make_unique<optim::SGD>(std::move(groups), lr, o);
-  }
-  if (name == "lamb") {
-    optim::LambOptions o;
-    o.beta1 = r.number("optimizer.beta1");
-    o.beta2 = r.number("optimizer.beta2");
-    o.eps = r.number("optimizer.eps");
-    return std::make_unique<optim::Lamb>(std::move(groups), lr, o);
-  }
-  optim::AdamOptions o;
-  o.beta1 = r.number("optimizer.beta1");
-  o.beta2 = r.number("optimizer.beta2");
-  o.eps = r.number("optimizer.eps");
-  if (name == "adam") return std::make_unique<optim::Adam>(std::move(groups), lr, o);
-  return std::make_unique<optim::AdamW>(std::move(groups), lr, o);
-}
-
-// The schedule of a run of `total_steps`. A warmup longer than a decaying
-// schedule's run (a short trial: --set loop.steps=50) is cut to the run's
-// length, with a note saying so.
-optim::ScheduleConfig make_schedule(const Recipe& r, int64_t total_steps, int64_t steps_per_epoch,
-                                    std::vector<std::string>* notes) {
-  optim::ScheduleConfig s;
-  s.kind = optim::schedule_from_name(r.string("schedule.kind"));
-  s.warmup_steps = r.integer("schedule.warmup_steps");
-  const char* warmup_key = "schedule.warmup_steps";
-  if (s.warmup_steps == 0 && r.number("schedule.warmup_epochs") > 0) {
-    s.warmup_steps =
-        static_cast<int64_t>(std::llround(r.number("schedule.warmup_epochs") * steps_per_epoch));
-    warmup_key = "schedule.warmup_epochs";
-  }
-  const bool decays =
-      s.kind == optim::ScheduleKind::cosine || s.kind == optim::ScheduleKind::linear_decay;
-  if (decays && s.warmup_steps > total_steps) {
-    notes->push_back(fmt::format(
-        "{} makes a warmup of {} steps, longer than this run's {} steps: the warmup is cut to {} "
-        "(the learning rate rises over the whole run)",
-        warmup_key, s.warmup_steps, total_steps, total_steps));
-    s.warmup_steps = total_steps;
-  }
-  s.total_steps = total_steps;
-  s.min_lr_ratio = r.number("schedule.min_lr_ratio");
-  s.step_size = r.integer("schedule.step_size");
-  s.gamma = r.number("schedule.gamma");
-  try {
-    s.validate();
-  } catch (const Error& e) {
-    FORGE_FAIL("recipe: the schedule section does not fit this run ({} steps, warmup {}): {}",
-               total_steps, s.warmup_steps, message_of(e));
-  }
-  return s;
-}
 
 // Class ids of the largest logit per row of (B, C), and how many equal `labels`.
 int64_t count_correct(const Tensor& logits_any_device, const Tensor& labels_any_device) {
@@ -718,7 +629,8 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   std::optional<InitReport> init;
   if (!r.string("model.init_from").empty() && !from_checkpoint)
     init = init_from(model, r.string("model.init_from"));
-  auto optimizer = make_optimizer(r, model);
+  std::vector<std::string> setup_info;  // said in the log once the run has started
+  auto optimizer = make_optimizer(r, model, &setup_info);
   optim::GradScaler scaler(optim::GradScalerOptions{.enabled = place.loss_scaling});
   std::vector<std::string> notes;  // said in the log once the run has started
   const optim::ScheduleConfig schedule =
@@ -842,6 +754,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   forked.reset();
   for (const std::string& n : notes) log->warn("{}", n);
   if (init) log->info("{}", init->summary());
+  for (const std::string& line : setup_info) log->info("{}", line);
   if (fork) {
     log->info("new run {} continuing {} (step {} of {}); {} is left as it was", run_dir, fork->dir,
               step, total_steps, fork->run_dir);
