@@ -2,16 +2,14 @@
 //
 //   attnforge train RECIPE.yaml [--set key=value]... [--out DIR] [--dump-config] [--check-nan]
 //   attnforge train --resume RUN_OR_CHECKPOINT [--out NEW_DIR] [--set key=value]... [--check-nan]
-//   attnforge eval CHECKPOINT [--split NAME] [--ema] [--out FILE [--overwrite]] [--set key=value]...
-//   attnforge predict CKPT INPUT... [--top-k K] [--batch-size N] [--ema] [--out FILE [--overwrite]]
-//   attnforge attention-maps CKPT INPUT [--index I] [--ema] [--out DIR [--overwrite]] [--set ...]
-//   attnforge export CKPT --out DIR [--overwrite] [--format pytorch|timm] [--ema]
-//   attnforge generate CKPT [--prompt TEXT | --prompt-file F] [--source TEXT] [--length N] ...
-//   attnforge gradcheck [OP...] [--list]
-//   attnforge bench attention [options of bench_attention]
-//   attnforge info
-//   attnforge recipe-reference          (the Markdown of docs/RECIPES.md)
-//   attnforge --version
+//   attnforge eval CHECKPOINT [--split NAME] [--ema] [--out FILE [--overwrite]] [--set
+//   key=value]... attnforge predict CKPT INPUT... [--top-k K] [--batch-size N] [--ema] [--out FILE
+//   [--overwrite]] attnforge attention-maps CKPT INPUT [--index I] [--ema] [--out DIR
+//   [--overwrite]] [--set ...] attnforge export CKPT --out DIR [--overwrite] [--format
+//   pytorch|timm] [--ema] attnforge generate CKPT [--prompt TEXT | --prompt-file F] [--source TEXT]
+//   [--length N] ... attnforge gradcheck [OP...] [--list] attnforge bench attention [options of
+//   bench_attention] attnforge info attnforge recipe-reference          (the Markdown of
+//   docs/RECIPES.md) attnforge --version
 //
 // Data parallelism: `mpirun -np N attnforge train|eval ...` (docs/DISTRIBUTED.md).
 // Rank 0 prints; a rank that fails prints its error and ends the whole job.
@@ -21,6 +19,7 @@
 // writing a checkpoint.
 #include <cblas.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <atomic>
 #include <chrono>
@@ -42,6 +41,7 @@
 #include "core/json.h"
 #include "core/threading.h"
 #include "core/version.h"
+#include "data/lra_release.h"
 #include "dist/group.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/registry.h"
@@ -86,6 +86,7 @@ commands:
   export     write a checkpoint as plain PyTorch (model.py, model.safetensors, config.json)
   attention-maps  draw a classifier's attention (per layer and head, rollout for ViTs) on one input
   generate   continue a text with a language model, or decode a source with an encoder-decoder
+  data       prepare a Long Range Arena task's data from its public release (data TASK --from DIR)
   gradcheck  check every attention op's backward against finite differences (f64)
   bench      time the attention mechanisms (bench attention ...)
   info       the build, BLAS, threads and CUDA devices
@@ -249,6 +250,31 @@ constexpr const char* kBenchHelp =
 
 Times every attention mechanism's forward and forward+backward and measures its
 peak memory (B 1, H 8, d 64, f32). The PyTorch comparison: make bench-torch.
+)";
+
+constexpr const char* kDataHelp = R"(usage: attnforge data TASK --from DIR [--out DIR]
+
+Prepares a Long Range Arena task's data from its public release, downloaded and
+unpacked, into the layout its recipe (recipes/lra/TASK.yaml) reads. --out
+defaults to data/lra/TASK, the recipe's data.root. Everything is read back by
+the reader the recipe uses before it is moved into place; nothing is
+overwritten: --out must not exist or be an empty folder.
+
+  TASK        --from
+  listops     lra_release/lra_release/listops-1000      (LRA's lra_release.gz)
+  retrieval   lra_release/lra_release/tsv_data          (LRA's lra_release.gz)
+  pathfinder  lra_release/lra_release/pathfinder32/curv_contour_length_14
+              (or another curv_* folder; split 80/10/10 as LRA does)
+  text        aclImdb                                   (IMDb's aclImdb_v1.tar.gz)
+  image       cifar-10-batches-bin                      (CIFAR-10's binary version)
+
+docs/USER_GUIDE.md, "Long Range Arena", has the downloads and each step.
+)";
+
+constexpr const char* kRecipeReferenceHelp = R"(usage: attnforge recipe-reference
+
+Prints every recipe key with its type, default and meaning, as Markdown (the
+text of docs/RECIPES.md).
 )";
 
 constexpr const char* kInfoHelp = R"(usage: attnforge info
@@ -551,8 +577,7 @@ int cmd_predict(const std::vector<std::string>& args) {
     else if (a == "--batch-size") {
       q.batch_size = number_of<int64_t>(args, i);
       if (q.batch_size < 1) throw UsageError("predict: --batch-size must be 1 or more");
-    }
-    else if (a == "--out")
+    } else if (a == "--out")
       out = value_of(args, i);
     else if (a == "--set")
       q.overrides.push_back(value_of(args, i));
@@ -754,6 +779,48 @@ int cmd_bench(const std::vector<std::string>& args) {
   return bench_attention_main(static_cast<int>(argv_s.size()), argv.data());
 }
 
+int cmd_data(const std::vector<std::string>& args) {
+  if (wants_help(args)) {
+    std::fputs(kDataHelp, stdout);
+    return 0;
+  }
+  std::string task_name, from, out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--from")
+      from = value_of(args, i);
+    else if (a == "--out")
+      out = value_of(args, i);
+    else if (!a.empty() && a[0] == '-')
+      throw UsageError(fmt::format("data: unknown option {}", a));
+    else if (task_name.empty())
+      task_name = a;
+    else
+      throw UsageError(fmt::format("data: one task expected, got a second: {}", a));
+  }
+  if (task_name.empty() || from.empty())
+    throw UsageError(
+        "data: give a task (listops, text, retrieval, image, pathfinder) and --from DIR");
+  forge::data::LraTask task;
+  try {
+    task = forge::data::lra_task_from_name(task_name);
+  } catch (const forge::Error& e) {
+    throw UsageError(forge::message_of(e));
+  }
+  if (out.empty()) out = forge::data::lra_default_dir(task);
+  const forge::data::PreparedLra p = forge::data::prepare_lra(task, from, out);
+  std::vector<std::string> counts;
+  for (const auto& [split, n] : p.examples) counts.push_back(fmt::format("{} {}", split, n));
+  std::fprintf(stderr, "prepared LRA %s from %s into %s: %s examples\n", task_name.c_str(),
+               p.from.c_str(), out.c_str(), fmt::format("{}", fmt::join(counts, ", ")).c_str());
+  for (const std::string& n : p.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  const std::string set_root =
+      out == forge::data::lra_default_dir(task) ? "" : " --set data.root=" + out;
+  std::fprintf(stderr, "train with: attnforge train recipes/lra/%s.yaml%s\n", task_name.c_str(),
+               set_root.c_str());
+  return 0;
+}
+
 int cmd_info(const std::vector<std::string>& args) {
   if (wants_help(args)) {
     std::fputs(kInfoHelp, stdout);
@@ -810,7 +877,14 @@ int run_command(const std::string& cmd, const std::vector<std::string>& args) {
   if (cmd == "gradcheck") return cmd_gradcheck(args);
   if (cmd == "bench") return cmd_bench(args);
   if (cmd == "info") return cmd_info(args);
+  if (cmd == "data") return cmd_data(args);
   if (cmd == "recipe-reference") {
+    if (wants_help(args)) {
+      std::fputs(kRecipeReferenceHelp, stdout);
+      return 0;
+    }
+    if (!args.empty())
+      throw UsageError(fmt::format("recipe-reference takes no arguments, got {}", args[0]));
     std::fputs(forge::train::recipe_reference_markdown().c_str(), stdout);
     return 0;
   }
@@ -848,7 +922,8 @@ int main(int argc, char** argv) {
     if (!group || group->root()) {
       const bool known = cmd == "train" || cmd == "eval" || cmd == "generate" || cmd == "predict" ||
                          cmd == "export" || cmd == "attention-maps" || cmd == "gradcheck" ||
-                         cmd == "bench" || cmd == "info";
+                         cmd == "bench" || cmd == "info" || cmd == "data" ||
+                         cmd == "recipe-reference";
       std::fprintf(stderr, "attnforge: %s\n(attnforge %s--help for the options)\n", e.what(),
                    known ? (cmd + " ").c_str() : "");
     }

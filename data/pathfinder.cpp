@@ -272,6 +272,12 @@ std::vector<fs::path> metadata_files(const fs::path& dir) {
 
 }  // namespace
 
+std::vector<std::string> pathfinder_metadata_files(const std::string& root) {
+  std::vector<std::string> out;
+  for (const fs::path& p : metadata_files(fs::path(root) / "metadata")) out.push_back(p.string());
+  return out;
+}
+
 int64_t pathfinder_link_radius(const PathfinderGenConfig& config) {
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(config.gap_length)));
 }

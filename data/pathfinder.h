@@ -77,6 +77,10 @@ std::vector<PathfinderSample> generate_pathfinder(const PathfinderGenConfig& con
 void write_pathfinder(const std::string& root, const std::vector<PathfinderSample>& samples,
                       int64_t per_folder = 1000);
 
+// root/metadata/*.npy in the order they are read: numeric stems in numeric
+// order, then the other stems by name.
+std::vector<std::string> pathfinder_metadata_files(const std::string& root);
+
 // Reads the layout above. Errors name the metadata file and line, or the image;
 // an image of more than `max_image_pixels` pixels is refused (image_io.h).
 std::vector<PathfinderSample> read_pathfinder(const std::string& root,

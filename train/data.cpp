@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "core/error.h"
 #include "core/file_io.h"
@@ -142,9 +143,83 @@ std::string cached_generation(const std::string& generator, const std::string& s
   return dir.string();
 }
 
+// ---- data.root or generated stand-ins ----
+
+// What a source reads from data.root, and how to get it: said when the root is
+// not given or not there.
+struct RootHelp {
+  std::string layout, get;
+};
+
+RootHelp root_help(const Recipe& r) {
+  const std::string& kind = r.string("data.dataset");
+  if (kind == "image_folder")
+    return {"a folder with one sub-folder per split (data.train_split, data.eval_split: train/ "
+            "and val/), each with one folder of pictures per class (ImageNet: ILSVRC2012's "
+            "train and val images, val sorted into the 1000 class folders of train)",
+            "docs/USER_GUIDE.md, 'ImageNet-style training', says how to lay out ILSVRC2012's archives"};
+  if (kind == "pixels")
+    return {"LRA Image: a folder with train/, val/ and test/, one folder of pictures per class",
+            "attnforge data image --from cifar-10-batches-bin (CIFAR-10's binary release) "
+            "writes it to data/lra/image"};
+  if (kind == "listops")
+    return {"basic_train.tsv, basic_val.tsv and basic_test.tsv (LRA's listops-1000 folder)",
+            "attnforge data listops --from lra_release/lra_release/listops-1000 (LRA's release "
+            "archive, lra_release.gz) writes it to data/lra/listops"};
+  if (kind == "pathfinder")
+    return {"train/, val/ and test/, each in the layout of Linsley's generator (imgs/ and "
+            "metadata/)",
+            "attnforge data pathfinder --from "
+            "lra_release/lra_release/pathfinder32/curv_contour_length_14 (LRA's release archive) "
+            "splits it 80/10/10 into data/lra/pathfinder"};
+  if (kind == "text")
+    return {"train.tsv and test.tsv, one 'label<TAB>text' a line",
+            "attnforge data text --from aclImdb (IMDb's release, aclImdb_v1.tar.gz) writes them "
+            "to data/lra/text"};
+  if (kind == "retrieval")
+    return {"train.tsv, val.tsv and test.tsv, one 'label<TAB>text1<TAB>text2' (or LRA's AAN "
+            "row) a line",
+            "attnforge data retrieval --from lra_release/lra_release/tsv_data (LRA's release "
+            "archive) writes them to data/lra/retrieval"};
+  return {"the source's files", "docs/USER_GUIDE.md, 'Data'"};
+}
+
+bool can_generate(const Recipe& r) {
+  const std::string& kind = r.string("data.dataset");
+  return kind == "listops" || kind == "pathfinder" || kind == "image_folder" ||
+         (kind == "pixels" && r.string("data.pixel_source") == "image_folder");
+}
+
+// The data.root of a source with real data, checked to be there; nullopt
+// when the recipe asks for generated stand-ins (data.synthetic: true) instead.
+std::optional<std::string> data_root(const Recipe& r) {
+  const std::string& kind = r.string("data.dataset");
+  if (r.boolean("data.synthetic")) {
+    FORGE_CHECK(can_generate(r),
+                "recipe: data.synthetic: data.dataset {} has no generated stand-in (listops, "
+                "pathfinder and image_folder have); leave data.synthetic false",
+                kind);
+    return std::nullopt;
+  }
+  const std::string& root = r.string("data.root");
+  const RootHelp help = root_help(r);
+  const std::string stand_in =
+      can_generate(r) ? "; to try the recipe on generated stand-in data instead (a smoke test, "
+                        "not the task), --set data.synthetic=true"
+                      : "";
+  FORGE_CHECK(!root.empty(), "recipe: data.dataset {} needs data.root: {}. To get it: {}{}", kind,
+              help.layout, help.get, stand_in);
+  std::error_code ec;
+  FORGE_CHECK(fs::exists(root, ec),
+              "recipe: data.root '{}' does not exist; data.dataset {} reads from it {}. To get "
+              "it: {}{}",
+              root, kind, help.layout, help.get, stand_in);
+  return root;
+}
+
 // Without data.root: pictures generated once into the cache (train/ and val/).
 std::string image_folder_root(const Recipe& r, const std::function<void(const std::string&)>& log) {
-  if (!r.string("data.root").empty()) return r.string("data.root");
+  if (const auto root = data_root(r)) return *root;
   data::SyntheticImagesOptions g;
   g.classes = r.integer("data.generate_classes");
   g.train_per_class = std::max<int64_t>(1, r.integer("data.generate_train") / g.classes);
@@ -171,7 +246,7 @@ data::DatasetPtr image_folder(const Recipe& r, const std::string& split, bool ra
 // ListOps: root/basic_<split>.tsv (LRA's names), generated when no root is given.
 std::string listops_file(const Recipe& r, const std::string& split,
                          const std::function<void(const std::string&)>& log) {
-  std::string root = r.string("data.root");
+  std::string root = data_root(r).value_or("");
   if (root.empty()) {
     data::ListOpsGenConfig g;
     g.num_train = r.integer("data.generate_train");
@@ -195,7 +270,7 @@ std::string listops_file(const Recipe& r, const std::string& split,
 // Pathfinder: root/<split> in the LRA layout, generated when no root is given.
 std::string pathfinder_dir(const Recipe& r, const std::string& split,
                            const std::function<void(const std::string&)>& log) {
-  std::string root = r.string("data.root");
+  std::string root = data_root(r).value_or("");
   if (root.empty()) {
     const std::vector<std::pair<std::string, int64_t>> splits = {
         {"train", r.integer("data.generate_train")},
@@ -410,12 +485,9 @@ TaskData build_data(const Recipe& r, const std::string& split_arg, bool open_tra
       return std::make_shared<data::ListOps>(listops_file(r, split, log), o);
     }
     if (kind == "text" || kind == "retrieval") {
-      FORGE_CHECK(!r.string("data.root").empty(),
-                  "recipe: data.dataset {} needs data.root (a folder with <split>.tsv files)",
-                  kind);
       data::TextOptions o;
       if (max_length > 0) o.max_length = max_length;
-      const std::string file = (fs::path(r.string("data.root")) / (split + ".tsv")).string();
+      const std::string file = (fs::path(*data_root(r)) / (split + ".tsv")).string();
       if (kind == "text") return std::make_shared<data::TextClassification>(file, o);
       return std::make_shared<data::TextPairs>(file, o);
     }

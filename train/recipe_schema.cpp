@@ -205,10 +205,16 @@ std::vector<KeySpec> build_schema() {
            "The data source (see docs/USER_GUIDE.md, Data).");
   s.string(
       "root", "",
-      "Where the data lives; empty: the source's default (Fashion-MNIST: "
-      "/usr/share/datasets/fashion-mnist; listops / pathfinder / image_folder: generated into "
-      "the data cache). "
+      "Where the data lives (docs/USER_GUIDE.md, Data, gives each source's layout; "
+      "`attnforge data` prepares LRA's). Fashion-MNIST: empty reads "
+      "/usr/share/datasets/fashion-mnist; every other source refuses to start without it "
+      "(unless data.synthetic). "
       "lm_text: a file or a folder of files; seq2seq_tsv: a folder of <split>.tsv[.gz].");
+  s.boolean("synthetic", false,
+            "listops, pathfinder, image_folder (and pixels of an image_folder): train on "
+            "generated stand-in data (made once into the data cache; generate_* keys) instead of "
+            "data.root. A smoke test, not the task: the log says so at warning level at the "
+            "start and the end of the run.");
   s.choice("pixel_source", "fashion_mnist", {"fashion_mnist", "image_folder"}, "pixels (LRA Image): the image source read as grayscale pixel sequences.");
   s.string("train_split", "train",
            "Split used for training (file or folder name, see the source; lm_text: train, valid or "
@@ -261,7 +267,7 @@ std::vector<KeySpec> build_schema() {
             "IDCT when the crop is resized down by at least twice that anyway (much faster on "
             "large photos); false: always decode at full size.");
   s.integer("generate_classes", 4, 2, 1000,
-            "image_folder without data.root: classes of the generated pictures (JPEGs of "
+            "image_folder with data.synthetic: classes of the generated pictures (JPEGs of "
             "coloured shapes on noise, 48 to 96 pixels a side, generate_train / generate_eval "
             "of them split over the classes).");
   s.number("mixup_alpha", 0.0, 0, kInf, "Mixup Beta(alpha, alpha); 0: off.");
@@ -269,9 +275,9 @@ std::vector<KeySpec> build_schema() {
   s.number("mix_prob", 1.0, 0, 1, "Probability that a batch is mixed.");
   s.number("mix_switch_prob", 0.5, 0, 1, "With both on: probability of CutMix instead of Mixup.");
   s.integer("generate_train", 96000, 1, kInf,
-            "listops / pathfinder without data, copy: generated training examples (an epoch).");
+            "listops / pathfinder with data.synthetic, copy: generated training examples (an epoch).");
   s.integer("generate_eval", 2000, 1, kInf,
-            "listops / pathfinder without data, copy: generated evaluation examples (each of val "
+            "listops / pathfinder with data.synthetic, copy: generated evaluation examples (each of val "
             "and test).");
   s.integer("seq_len", 1024, 1, kInf,
             "lm_text: tokens (bytes) per window; a window holds seq_len + 1 bytes, the inputs and "

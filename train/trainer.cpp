@@ -55,6 +55,11 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Said at the start and the end of a run on generated stand-in data.
+constexpr const char* kSyntheticWarning =
+    "data.synthetic: this run trains and evaluates on generated stand-in data, not the task's "
+    "(a smoke test): its accuracy says nothing of the task. Give data.root for the real data";
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -755,6 +760,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   for (const std::string& n : notes) log->warn("{}", n);
   if (init) log->info("{}", init->summary());
   for (const std::string& line : setup_info) log->info("{}", line);
+  if (r.boolean("data.synthetic")) log->warn("{}", kSyntheticWarning);
   if (fork) {
     log->info("new run {} continuing {} (step {} of {}); {} is left as it was", run_dir, fork->dir,
               step, total_steps, fork->run_dir);
@@ -1106,6 +1112,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
               skipped_steps ? fmt::format(" ({} steps skipped by the loss scaler)", skipped_steps)
                             : std::string());
   }
+  if (r.boolean("data.synthetic")) log->warn("{}", kSyntheticWarning);
   autograd::set_check_nan(false);
   log->flush();
   return result;

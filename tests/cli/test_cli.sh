@@ -36,9 +36,10 @@ EOF
 
 # ---- help and bad command lines ----
 expect 0 "commands:" -- "$bin" --help
-for cmd in train eval gradcheck bench info; do
+for cmd in train eval gradcheck bench info data recipe-reference; do
   expect 0 "usage: attnforge $cmd" -- "$bin" "$cmd" --help
 done
+expect 2 "recipe-reference takes no arguments" -- "$bin" recipe-reference extra
 expect 2 "unknown command 'trian'" -- "$bin" trian
 expect 2 "train: unknown option --bogus" -- "$bin" train "$work/tiny.yaml" --bogus
 expect 2 "give a recipe file, or --resume" -- "$bin" train
@@ -187,10 +188,13 @@ expect 1 "input .*: a directory; give the files in it" -- "$bin" predict "$run" 
 expect 2 "predict: --batch-size must be 1 or more" -- "$bin" predict "$run" "$work/shirt.png" --batch-size 0
 # A sequence classifier (ListOps, generated into the cache) on a TSV of expressions.
 lo="$work/listops"
-expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/lra/listops.yaml" --set data.generate_train=64 \
+expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/lra/listops.yaml" --set data.synthetic=true --set data.generate_train=64 \
   --set data.generate_eval=16 --set data.generate_min_length=5 --set data.generate_max_length=40 \
   --set model.dim=16 --set model.depth=1 --set model.heads=2 --set loop.steps=2 --set loop.batch_size=8 \
   --set schedule.warmup_steps=1 --set threads=2 --out "$lo"
+# Generated stand-ins are said at warning level at the start and the end.
+[ "$(grep -c "warning.*data.synthetic: this run trains and evaluates on generated stand-in data" "$lo/train.log")" -eq 2 ] ||
+  fail "a data.synthetic run did not warn at its start and end: $(cat "$lo/train.log")"
 printf 'Source\tTarget\n[MAX 2 9 [MIN 4 7 ] 0 ]\t9\n\n[SM 1 2 3 ]\n' >"$work/exprs.tsv"
 out="$("$bin" predict "$lo" "$work/exprs.tsv" --top-k 3 2>&1)"
 [ "$(grep -c '"top_k"' <<<"$out")" -eq 2 ] && grep -q 'exprs.tsv:4"' <<<"$out" ||
@@ -268,6 +272,8 @@ cmp -s "$work/fork/checkpoints/step-00000400/model.safetensors" \
 expect 0 "init_from .*step-00000[0-9]+: 24 tensors loaded" -- "$bin" train "$work/tiny.yaml" \
   --set model.init_from="$run/checkpoints/best" --set "optimizer.freeze=[patch_embed]" \
   --set loop.steps=20 --set loop.eval_every=20 --set schedule.warmup_steps=1 --out "$work/finetune"
+grep -q "optimizer.freeze: not trained: 'patch_embed': 2 tensors of [0-9]* values (patch_embed.proj.bias, patch_embed.proj.weight)" \
+  "$work/finetune/train.log" || fail "the log does not say what optimizer.freeze froze"
 # It starts where the source ended: far above the 10% a fresh model starts at.
 python3 - "$work/finetune/metrics.jsonl" <<'PY' || fail "the fine-tuned run did not start from the weights"
 import json, sys
@@ -376,6 +382,42 @@ expect 1 "LM corpus: '.*nothing' does not exist" -- "$bin" train "$src/recipes/l
   --set data.root="$work/nothing" --out "$work/lm_missing"
 [ ! -e "$work/lm_missing" ] || fail "a missing corpus created its run directory"
 
+# ---- real data or a clear refusal; attnforge data prepares LRA's releases ----
+mkdir -p "$work/fresh"
+before_cache="$(ls "$ATTNFORGE_CACHE" 2>/dev/null | sort)"
+for task in listops pathfinder text retrieval image; do
+  expect 1 "data.root 'data/lra/$task' does not exist.*attnforge data $task --from" -- \
+    bash -c "cd '$work/fresh' && '$bin' train '$src/recipes/lra/$task.yaml' --out '$work/fresh/run_$task'"
+  [ ! -e "$work/fresh/run_$task" ] || fail "lra/$task without its data created its run directory"
+done
+expect 1 "data.root 'data/lra/listops' does not exist.*--set data.synthetic=true" -- \
+  bash -c "cd '$work/fresh' && '$bin' train '$src/recipes/lra/listops.yaml'"
+expect 1 "data.dataset image_folder needs data.root: .*one folder of pictures per class.*USER_GUIDE.md, 'ImageNet-style training'.*data.synthetic=true" -- \
+  "$bin" train "$src/recipes/vit/imagenet_vit_ti16.yaml" --out "$work/fresh/imagenet"
+[ "$(ls "$ATTNFORGE_CACHE" 2>/dev/null | sort)" = "$before_cache" ] ||
+  fail "a recipe refused for want of data generated some into the cache"
+expect 1 "data.dataset text has no generated stand-in" -- \
+  "$bin" train "$src/recipes/lra/text.yaml" --set data.synthetic=true --out "$work/fresh/text_syn"
+# IMDb's layout (aclImdb/{train,test}/{neg,pos}/<id>_<rating>.txt) to LRA Text, then a step of its recipe.
+for split in train test; do
+  for label in neg pos; do
+    mkdir -p "$work/aclImdb/$split/$label"
+    for i in 0 1 2 3; do
+      printf '%s review %s of %s: %s<br /><br />the end.' "$label" "$i" "$split" "$(head -c 200 /dev/zero | tr '\0' x)" \
+        >"$work/aclImdb/$split/$label/${i}_$((i + 5)).txt"
+    done
+  done
+done
+expect 2 "unknown LRA task 'imdb'" -- "$bin" data imdb --from "$work/aclImdb"
+expect 0 "prepared LRA text from .*aclImdb into .*lra_text: train 8, test 8 examples" -- \
+  "$bin" data text --from "$work" --out "$work/lra_text"
+expect 1 "already exists and is not an empty folder" -- "$bin" data text --from "$work" --out "$work/lra_text"
+expect 0 "done: 1 steps" -- "$bin" train "$src/recipes/lra/text.yaml" --set data.root="$work/lra_text" \
+  --set model.dim=16 --set model.depth=1 --set model.heads=2 --set model.mlp_dim=16 --set loop.steps=1 \
+  --set loop.batch_size=4 --set threads=2 --out "$work/lra_text_run"
+# A trial shorter than the rsqrt warmup says how far it gets.
+grep -q "warning.*schedule.warmup_steps makes a warmup of 8000 steps, longer than this run's 1 steps: the rsqrt" \
+  "$work/lra_text_run/train.log" || fail "a trial run shorter than its rsqrt warmup did not say so"
 # ---- gradcheck, info ----
 expect 0 "cases: [0-9]+ passed, 0 failed" -- "$bin" gradcheck linear/plain linear/causal
 expect 0 "TaylorShift direct vs efficient" -- "$bin" gradcheck taylorshift/direct

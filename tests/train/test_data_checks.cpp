@@ -136,6 +136,7 @@ TEST(DataCache, GeneratedDataIsMadeOnceAndKeyedByItsSettings) {
     SCOPED_TRACE(kind);
     Recipe r;
     r.set(std::string("data.dataset=") + kind);
+    r.set("data.synthetic=true");
     r.set("data.generate_train=6");
     r.set("data.generate_eval=4");
     r.set("data.generate_min_length=5");
@@ -163,6 +164,54 @@ TEST(DataCache, GeneratedDataIsMadeOnceAndKeyedByItsSettings) {
     EXPECT_TRUE(fs::exists(e.path() / "settings.txt")) << e.path();
     EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << "leftover " << e.path();
   }
+  if (before)
+    ::setenv("ATTNFORGE_CACHE", saved.c_str(), 1);
+  else
+    ::unsetenv("ATTNFORGE_CACHE");
+}
+
+// A source that needs real data refuses to start without it, naming the key,
+// the layout and how to get it, and generates nothing; data.synthetic is the
+// only way to generated stand-ins, and only where there are some.
+TEST(DataChecks, RealDataOrAClearRefusal) {
+  TempDir cache;
+  const char* before = std::getenv("ATTNFORGE_CACHE");
+  const std::string saved = before ? before : "";
+  ::setenv("ATTNFORGE_CACHE", cache.str().c_str(), 1);
+  struct Case {
+    std::string dataset, layout, get;
+    bool can_generate;
+  };
+  const std::vector<Case> cases = {
+      {"image_folder", "one folder of pictures per class",
+       "docs/USER_GUIDE.md, 'ImageNet-style training'", true},
+      {"listops", "basic_train.tsv, basic_val.tsv and basic_test.tsv",
+       "attnforge data listops --from lra_release/lra_release/listops-1000", true},
+      {"pathfinder", "each in the layout of Linsley's generator",
+       "attnforge data pathfinder --from", true},
+      {"text", "train.tsv and test.tsv", "attnforge data text --from aclImdb", false},
+      {"retrieval", "train.tsv, val.tsv and test.tsv", "attnforge data retrieval --from", false},
+      {"pixels", "LRA Image", "attnforge data image --from cifar-10-batches-bin", true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.dataset);
+    Recipe r;
+    r.set("data.dataset=" + c.dataset);
+    if (c.dataset == "pixels") r.set("data.pixel_source=image_folder");
+    std::vector<std::string> parts = {"data.dataset " + c.dataset + " needs data.root: ", c.layout,
+                                      "To get it: " + c.get};
+    if (c.can_generate) parts.push_back("--set data.synthetic=true");
+    expect_error([&] { build_data(r, "", true, [](const std::string&) {}); }, parts);
+    r.set("data.root=/nonexistent/lra");
+    parts[0] = "data.root '/nonexistent/lra' does not exist";
+    expect_error([&] { build_data(r, "", true, [](const std::string&) {}); }, parts);
+    if (!c.can_generate) {
+      r.set("data.synthetic=true");
+      expect_error([&] { build_data(r, "", true, [](const std::string&) {}); },
+                   {"data.dataset " + c.dataset + " has no generated stand-in"});
+    }
+  }
+  EXPECT_TRUE(fs::is_empty(cache.path())) << "a refused source generated data";
   if (before)
     ::setenv("ATTNFORGE_CACHE", saved.c_str(), 1);
   else

@@ -46,8 +46,7 @@ TEST(MakeSchedule, AWarmupInEpochsIsCutAndNamedAsGiven) {
   const Built b = schedule_of("linear_warmup", {"schedule.warmup_epochs=5"}, 20, 10);
   EXPECT_EQ(b.schedule.warmup_steps, 20);
   ASSERT_EQ(b.notes.size(), 1u);
-  EXPECT_NE(b.notes[0].find("schedule.warmup_epochs makes a warmup of 50 steps"),
-            std::string::npos)
+  EXPECT_NE(b.notes[0].find("schedule.warmup_epochs makes a warmup of 50 steps"), std::string::npos)
       << b.notes[0];
 }
 

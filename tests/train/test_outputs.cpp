@@ -53,22 +53,23 @@ TEST(Outputs, FilesAreNeverWrittenIntoACheckpointNorOverWhatExistsUnlessTold) {
                  {"eval --out", inside, "inside the checkpoint directory", "no command writes"});
   const std::string taken = tmp.file("taken.json");
   write_file(taken, "12345");
-  expect_error([&] { check_output_file(taken, "predict --out", false); },
-               {taken, "exists (a file of 5 bytes)", "nothing was written", "new path",
-                "--overwrite"});
+  expect_error(
+      [&] { check_output_file(taken, "predict --out", false); },
+      {taken, "exists (a file of 5 bytes)", "nothing was written", "new path", "--overwrite"});
   check_output_file(taken, "predict --out", true);
   check_output_file(tmp.file("new.json"), "predict --out", false);
   expect_error([&] { check_output_file(tmp.str(), "eval --out", true); },
                {"exists and is a directory, not a file"});
   // Directories: the same, and an existing one only with overwrite.
   expect_error(
-      [&] { check_output_dir((run / "checkpoints" / "maps").string(), "attention-maps --out", true); },
+      [&] {
+        check_output_dir((run / "checkpoints" / "maps").string(), "attention-maps --out", true);
+      },
       {"inside the checkpoint directory"});
   expect_error([&] { check_output_dir(tmp.str(), "attention-maps --out", false); },
                {"exists (a directory)", "--overwrite"});
   check_output_dir(tmp.str(), "attention-maps --out", true);
-  expect_error([&] { check_output_dir(taken, "attention-maps --out", true); },
-               {"not a directory"});
+  expect_error([&] { check_output_dir(taken, "attention-maps --out", true); }, {"not a directory"});
   EXPECT_EQ(testing::read_file(taken), "12345");
 }
 

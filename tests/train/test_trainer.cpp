@@ -821,8 +821,11 @@ TEST(ShippedRecipes, EveryRecipeTrainsAFewSteps) {
     if (r.string("schedule.kind") == "constant") r.set("schedule.warmup_steps=0");
     const std::string& kind = r.string("data.dataset");
     if (kind == "image_folder" ||
-        (kind == "pixels" && r.string("data.pixel_source") == "image_folder"))
+        (kind == "pixels" && r.string("data.pixel_source") == "image_folder")) {
+      r.set("data.synthetic=false");
       r.set("data.root=" + (tmp.path() / "images").string());
+    }
+    if (kind == "listops" || kind == "pathfinder") r.set("data.synthetic=true");
     if (kind == "image_folder") r.set("model.image_size=32");
     if (kind == "text") r.set("data.root=" + (tmp.path() / "text").string());
     if (kind == "retrieval") r.set("data.root=" + (tmp.path() / "pairs").string());
