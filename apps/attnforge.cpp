@@ -692,6 +692,12 @@ int cmd_attention_maps(const std::vector<std::string>& args) {
     r = forge::train::draw_attention_maps(*model.task, b, forge::train::vit_layout(model.recipe),
                                           out);
   });
+  if (r.layers_with_maps == 0)
+    throw std::runtime_error(fmt::format(
+        "attention-maps: model.attention.kind {} forms no attention matrix in any of its {} "
+        "layers (softmax, local, linformer and taylorshift heads have one; the linear forms "
+        "compute attention without it), so there is nothing to draw; nothing was written",
+        model.recipe.string("model.attention.kind"), r.layers));
   std::fprintf(stderr, "%s: %zu images of %lld layer(s) (%lld with explicit maps)%s in %s\n",
                inputs.names[0].c_str(), r.files.size(), static_cast<long long>(r.layers),
                static_cast<long long>(r.layers_with_maps), r.rollout ? ", rollout included" : "",

@@ -177,9 +177,12 @@ AttentionMapsResult draw_attention_maps(TaskModel& task, const data::Batch& batc
                                         const VitLayout& layout, const std::string& dir) {
   NoGradGuard no_grad;
   const std::vector<Tensor> maps = task.attention_maps(batch);
-  fs::create_directories(dir);
   AttentionMapsResult r;
   r.layers = static_cast<int64_t>(maps.size());
+  // No layer with a map: nothing to draw, and no folder is made.
+  if (std::none_of(maps.begin(), maps.end(), [](const Tensor& m) { return m.defined(); }))
+    return r;
+  fs::create_directories(dir);
   const data::Image picture =
       layout.vit ? picture_of(ops::squeeze(ops::narrow(batch.input, 0, 0, 1), 0)) : data::Image{};
   const int64_t tokens = (layout.cls ? 1 : 0) + layout.grid * layout.grid;

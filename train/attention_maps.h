@@ -45,7 +45,8 @@ struct AttentionMapsResult {
 };
 
 // Draws the maps of the first example of `batch` (placed as the model's
-// inputs) into `dir` (created). A ViT's picture is that example's input
+// inputs) into `dir` (created; not when no layer has a map: softmax, local,
+// linformer and taylorshift heads have them, the linear forms none). A ViT's picture is that example's input
 // [C, H, W], shown min-max scaled.
 AttentionMapsResult draw_attention_maps(TaskModel& task, const data::Batch& batch,
                                         const VitLayout& layout, const std::string& dir);

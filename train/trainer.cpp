@@ -807,10 +807,20 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   if (place.device.is_cpu() && place.autocast == DType::bf16)
     log->info("CPU: matmuls, linear layers, the patch embedding and softmax / local attention "
               "from 128 keys in bf16 with f32 accumulation (oneDNN); every other op in f32");
+  // The precision the run has, which may differ from the recipe's (fp16 on a CPU is fp32).
+  const std::string precision = place.autocast == DType::bf16   ? "bf16"
+                                : place.autocast == DType::f16  ? "fp16"
+                                : place.dtype == DType::f64     ? "fp64"
+                                                                : "fp32";
   log->info(
       "model: {} {} on {} ({} parameters), attention {}, {} steps ({} per epoch, batch {} x {} "
       "accumulation), {} thread{}",
-      r.string("model.type"), r.string("precision"), place.device.str(), model.num_parameters(),
+      r.string("model.type"),
+      precision == r.string("precision")
+          ? precision
+          : fmt::format("{} (the recipe's precision {} does not apply here)", precision,
+                        r.string("precision")),
+      place.device.str(), model.num_parameters(),
       r.string("model.attention.kind"), total_steps, steps_per_epoch, r.integer("loop.batch_size"),
       accum, num_threads(), num_threads() == 1 ? "" : "s");
 

@@ -382,6 +382,13 @@ expect 1 "LM corpus: '.*nothing' does not exist" -- "$bin" train "$src/recipes/l
   --set data.root="$work/nothing" --out "$work/lm_missing"
 [ ! -e "$work/lm_missing" ] || fail "a missing corpus created its run directory"
 
+# fp16 is mixed precision on GPUs only: the CPU run says it is fp32, and never the other.
+expect 0 "model: vit fp32 [(]the recipe's precision fp16 does not apply here[)] on cpu" -- \
+  "$bin" train "$work/tiny.yaml" --set precision=fp16 --set loop.steps=1 --out "$work/fp16_on_cpu"
+# attention-maps of a model whose mechanism forms no attention matrix: an error, no folder.
+expect 1 "model.attention.kind favor forms no attention matrix in any of its 1 layers.*nothing was written" -- \
+  "$bin" attention-maps "$work/favor" "$work/shirt.png" --out "$work/maps_favor"
+[ ! -e "$work/maps_favor" ] || fail "attention-maps of a FAVOR+ model left a folder"
 # ---- real data or a clear refusal; attnforge data prepares LRA's releases ----
 mkdir -p "$work/fresh"
 before_cache="$(ls "$ATTNFORGE_CACHE" 2>/dev/null | sort)"

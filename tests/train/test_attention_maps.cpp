@@ -62,6 +62,7 @@ TEST(AttentionMaps, AVitDrawsEveryHeadItsPictureAndTheRollout) {
   EXPECT_EQ(none.layers_with_maps, 0);
   EXPECT_FALSE(none.rollout);
   EXPECT_TRUE(none.files.empty());
+  EXPECT_FALSE(fs::exists(dir.file("linear"))) << "a folder was made for no maps";
 }
 
 }  // namespace
