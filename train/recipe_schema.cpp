@@ -55,7 +55,7 @@ const std::vector<std::string> kMechanisms = {"softmax",       "local",     "eff
 std::vector<KeySpec> build_schema() {
   SchemaBuilder s;
   s.section = "";
-  s.string("name", "run", "Name of the run; the default output directory is runs/<name>.");
+  s.string("name", "run", "Name of the run; the default output directory is runs/<name>-<N> (N: one more than the largest number there, from 1).");
   s.integer("seed", 0, 0, kInf, "Seed of every random stream (initialisation, dropout, data order, augmentation).");
   s.choice("device", "cpu", {"cpu", "cuda", "auto"}, "Where to train: cpu, cuda (the first GPU; an error when none is visible) or auto (the GPU when one is visible, else the CPU). Every attention mechanism has CUDA kernels (docs/GPU.md says which have run on a GPU).");
   s.choice("precision", "fp32", {"fp32", "fp64", "bf16", "fp16"}, "fp32 / fp64: parameter and activation type. bf16 / fp16: mixed precision: f32 master weights and optimizer state, GEMMs and the patch convolution in bf16 / f16 with f32 accumulation (on a GPU also softmax and local attention); fp16 adds dynamic loss scaling. On the CPU: bf16 where the CPU has AVX512-BF16 or AMX (an error elsewhere), softmax and local attention in bf16 from 128 keys per tile, the other mechanisms in f32; fp16 runs as fp32 (logged).");
@@ -371,7 +371,7 @@ std::vector<KeySpec> build_schema() {
            "before it stops the job with an error naming the wait.");
 
   s.section = "output.";
-  s.string("dir", "", "Run directory; empty: runs/<name>.");
+  s.string("dir", "", "Run directory; empty: runs/<name>-<N> (N: one more than the largest number there, from 1).");
   s.boolean("attention_maps", false, "At the end, write attention-map images (PNG) of one evaluation example for each layer and head (softmax, local, linformer, taylorshift heads).");
   return s.keys;
 }
