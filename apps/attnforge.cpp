@@ -225,6 +225,12 @@ options:
   --filter-thres F     sample among the top (1 - F) fraction of the vocabulary
                        (performer-pytorch's top_k filter, e.g. 0.9)
   --greedy             the most likely token each time, no sampling
+  --exact-window       past the model's positions (model.max_len), recompute the
+                       last max_len tokens for every token, as the references'
+                       generate loops do; by default the decoding state is
+                       rebuilt from the last max_len / 2 tokens when it is full
+                       (each token then sees max_len / 2 to max_len tokens), as
+                       fast as within the window
   --seed S             seed of the sampling (default 0): a seed gives one output
   --eos ID             stop at this token (default: the data's end token, if any)
   --set KEY=VALUE      override a recipe key (e.g. device=cpu, threads=2)
@@ -527,6 +533,8 @@ int cmd_generate(const std::vector<std::string>& args) {
       q.filter_thres = number_of<double>(args, i);
     else if (a == "--greedy")
       q.greedy = true;
+    else if (a == "--exact-window")
+      q.exact_window = true;
     else if (a == "--seed")
       q.seed = number_of<uint64_t>(args, i);
     else if (a == "--eos")
@@ -552,9 +560,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   std::fprintf(stderr, "\n%s: %lld prompt tokens, %lld generated in %.2f s (%.1f tokens/s; %s)\n",
                r.checkpoint.c_str(), static_cast<long long>(r.prompt_tokens),
                static_cast<long long>(r.generated), r.seconds,
-               r.seconds > 0 ? static_cast<double>(r.generated) / r.seconds : 0.0,
-               r.recurrent ? "recurrent state"
-                           : fmt::format("a sliding window of {} tokens", r.positions).c_str());
+               r.seconds > 0 ? static_cast<double>(r.generated) / r.seconds : 0.0, r.how().c_str());
   return 0;
 }
 

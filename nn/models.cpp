@@ -594,12 +594,12 @@ Tensor LanguageModel::generate(const Tensor& prime, int64_t length, const Genera
   const bool on_cpu = token_emb->weight.device().is_cpu();
   const bool recurrent = o.use_recurrent_state && transformer->supports_recurrent() &&
                          (on_cpu || (o.state_on_gpu && transformer->recurrent_with_ops()));
-  FORGE_CHECK(
-      !recurrent || positions.kind == PositionalKind::none || P + length - 1 <= config.max_len,
-      "LanguageModel::generate: {} prime + {} new tokens need {} positions with the "
-      "recurrent state, more than max_len = {}; generate fewer or set "
-      "GenerateOptions.use_recurrent_state = false (a sliding window of max_len tokens)",
-      P, length, P + length - 1, config.max_len);
+  // Positions bound the state's window, unless the model has none.
+  const bool bounded = positions.kind != PositionalKind::none;
+  const int64_t keep = o.rebase_keep > 0 ? o.rebase_keep : config.max_len / 2;
+  FORGE_CHECK(keep >= 1 && keep < config.max_len,
+              "GenerateOptions.rebase_keep must be in [1, max_len = {}), got {}", config.max_len,
+              keep);
 
   NoGradGuard no_grad;
   ModeRestore restore(*this);
@@ -617,19 +617,33 @@ Tensor LanguageModel::generate(const Tensor& prime, int64_t length, const Genera
       v.insert(v.end(), tokens[b].begin() + start, tokens[b].begin() + start + n);
     return Tensor::from_vector<int64_t>(v, {B, n});
   };
+  if (o.stats) *o.stats = GenerateStats{.recurrent = recurrent};
   std::vector<BlockState> states;
-  if (recurrent) states = transformer->initial_state();
+  // With the state, tokens [base, cur) are in it at positions 0 .. cur - base - 1;
+  // `fresh`: it is empty, and the next step fills it with all of them.
+  int64_t base = 0;
+  bool fresh = true;
 
   std::vector<bool> done(static_cast<size_t>(B), false);
   int64_t cur = P;  // current length
   for (int64_t i = 0; i < length; ++i) {
+    // Past max_len positions the state is rebuilt from the last `keep` tokens,
+    // which take positions 0 .. keep - 1 (one forward's worth of work every
+    // max_len - keep tokens).
+    if (recurrent && bounded && cur - base > config.max_len) {
+      base = cur - keep;
+      fresh = true;
+      if (o.stats) ++o.stats->rebuilds;
+    }
+    if (recurrent && fresh) states = transformer->initial_state();
     // The hidden states (B, n, D) of positions [start, cur): with the state,
-    // the whole prime, then only the newest token; without, the last max_len
-    // tokens afresh.
+    // every token it does not hold yet (the prime, or the kept tokens after a
+    // rebuild), then only the newest; without, the last max_len tokens afresh.
     const int64_t start =
-        recurrent ? (i == 0 ? 0 : cur - 1) : std::max<int64_t>(0, cur - config.max_len);
+        recurrent ? (fresh ? base : cur - 1) : std::max<int64_t>(0, cur - config.max_len);
+    fresh = false;
     const int64_t n = cur - start;
-    const Tensor x = embed(ids_of(start, n), recurrent ? start : 0);
+    const Tensor x = embed(ids_of(start, n), recurrent ? start - base : 0);
     const Tensor h = recurrent ? transformer->step(x, states, context, context_mask)
                                : transformer->forward(x, Tensor(), context, context_mask);
     const Tensor last = head(ops::narrow(h, 1, n - 1, 1));  // (B, 1, V)

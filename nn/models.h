@@ -206,6 +206,12 @@ struct LanguageModelConfig {
   void validate(const std::string& where = "LanguageModelConfig") const;
 };
 
+// What a generate call did, for its caller to report.
+struct GenerateStats {
+  bool recurrent = false;  // the decoding state was used (else the window was recomputed per token)
+  int64_t rebuilds = 0;    // times the state was rebuilt past max_len positions
+};
+
 struct GenerateOptions {
   double temperature = 1.0;
   int64_t top_k = 0;                // keep the k most likely tokens; 0: the full distribution
@@ -213,6 +219,12 @@ struct GenerateOptions {
   int64_t eos = -1;                 // >= 0: a sequence ends at this token; all ended: stop early
   bool greedy = false;              // argmax instead of sampling
   bool use_recurrent_state = true;  // O(1) per token when the stack supports it
+  // With the state, past max_len positions (a model with positions): the state
+  // is rebuilt from the last rebase_keep tokens (0: max_len / 2), which then
+  // take positions 0 .. rebase_keep - 1, so each token sees between rebase_keep
+  // and max_len tokens. use_recurrent_state = false is the references' sliding
+  // window instead: the last max_len tokens recomputed for every token.
+  int64_t rebase_keep = 0;
   // On a GPU, keep the recurrent state of linear, efficient and favor heads on
   // the device (Stack::recurrent_with_ops) instead of recomputing the window
   // for every token. Off until its GPU test has run (docs/GPU.md).
@@ -224,6 +236,7 @@ struct GenerateOptions {
   // Called before each draw with the logits (B, V) it draws from (before
   // temperature and filtering), e.g. to compare them with a forward.
   std::function<void(const Tensor& logits)> on_logits{};
+  GenerateStats* stats = nullptr;  // filled in when given
 };
 
 class LanguageModel : public Module {
@@ -239,8 +252,10 @@ class LanguageModel : public Module {
   // no grad inside (the previous mode is restored). Incremental when
   // o.use_recurrent_state and the stack supports_recurrent(): the prime in one
   // Stack::step, then each token into the state (O(1) per token for the linear
-  // mechanisms, a KV cache for softmax and local heads; CPU models only);
-  // otherwise the full forward over the last max_len tokens for every new token.
+  // mechanisms, a KV cache for softmax and local heads; CPU models only), the
+  // state rebuilt from the last o.rebase_keep tokens whenever max_len positions
+  // are full; otherwise the full forward over the last max_len tokens for every
+  // new token (the references' loop).
   Tensor generate(const Tensor& prime, int64_t length, const GenerateOptions& o = {},
                   const Tensor& context = Tensor(), const Tensor& context_mask = Tensor());
 

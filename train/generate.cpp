@@ -98,13 +98,14 @@ GenerateResult generate(const GenerateRequest& q,
   o.greedy = q.greedy;
   o.eos = q.eos != -2 ? q.eos : codec.kind == "seq2seq_tsv" ? data::kSeq2SeqEnd : -1;
   o.gen = &draws;
-  // The recurrent state (O(1) per token) covers max_len positions; a longer
-  // generation slides a window of max_len tokens, as the references do.
+  // The decoding state, rebuilt from the last half of the positions when they
+  // are full; exact_window: the references' window recomputed per token.
   const int64_t positions = shape.task == Task::seq2seq
                                 ? std::max(shape.target_length, r.integer("model.target_max_len"))
                                 : std::max(shape.max_length, r.integer("model.max_len"));
-  o.use_recurrent_state = static_cast<int64_t>(prime.size()) + q.length - 1 <= positions;
-  result.recurrent = o.use_recurrent_state;
+  o.use_recurrent_state = !q.exact_window;
+  nn::GenerateStats stats;
+  o.stats = &stats;
   result.positions = positions;
   o.on_token = [&](const std::vector<int64_t>& next) {
     if (next[0] == o.eos) return;
@@ -129,7 +130,25 @@ GenerateResult generate(const GenerateRequest& q,
     task->encoder_decoder()->generate(s.to(place.device), ids.to(place.device), q.length, o);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  result.recurrent = stats.recurrent;
+  result.rebuilds = stats.rebuilds;
+  if (!stats.recurrent)
+    result.why = q.exact_window ? "--exact-window"
+                 : place.device.is_cuda()
+                     ? "on a GPU the decoding state is off until its GPU test has run "
+                       "(docs/GPU.md)"
+                     : "a block of this model cannot decode a token at a time";
   return result;
+}
+
+std::string GenerateResult::how() const {
+  if (!recurrent)
+    return fmt::format("the last {} tokens recomputed for every token: {}", positions, why);
+  if (rebuilds == 0) return "decoding state";
+  return fmt::format(
+      "decoding state, rebuilt {} time{} from the last {} tokens when the model's {} positions "
+      "were full (--exact-window: the references' sliding window, slower)",
+      rebuilds, rebuilds == 1 ? "" : "s", positions / 2, positions);
 }
 
 }  // namespace forge::train

@@ -9,10 +9,12 @@
 //                at the end token 2
 //   copy         source and prompt are token ids written as integers separated
 //                by spaces; the decoder starts with the start token 1
-// One sequence is generated (batch 1); the model's recurrent state makes each
-// token O(1) for the causal linear mechanisms (nn::LanguageModel::generate)
-// while the sequence fits the model's positions (model.max_len); past them a
-// window of that many tokens slides, as in the references' generate.
+// One sequence is generated (batch 1); the model's decoding state makes each
+// token O(1) for the causal linear mechanisms, a KV cache for softmax and local
+// heads (nn::LanguageModel::generate). Past the model's positions
+// (model.max_len) the state is rebuilt from the last half of them, so a long
+// generation runs at the speed of a short one; exact_window instead recomputes
+// the last max_len tokens for every token, as the references' generate loops do.
 #pragma once
 
 #include <cstdint>
@@ -35,17 +37,22 @@ struct GenerateRequest {
   bool greedy = false;      // argmax instead of sampling
   int64_t eos = -2;         // -2: the data's end token (seq2seq_tsv: 2; else none); -1: none
   uint64_t seed = 0;        // of the sampling draws
+  bool exact_window = false;  // the references' sliding window, recomputed per token
 };
 
 struct GenerateResult {
   std::string checkpoint;  // the directory read
   int64_t prompt_tokens = 0, generated = 0;
   double seconds = 0;  // generation alone (the model built and loaded before)
-  // Whether the model's recurrent state was used: when the prompt and the new
-  // tokens fit its `positions`; otherwise each token re-runs the model over
-  // the last `positions` tokens (a sliding window).
+  // Whether the model's decoding state was used, and how often it was rebuilt
+  // past its `positions`; without it each token re-runs the model over the
+  // last `positions` tokens, and `why` says why.
   bool recurrent = true;
+  int64_t rebuilds = 0;
   int64_t positions = 0;
+  std::string why;
+  // How the tokens were made, for the summary line.
+  std::string how() const;
 };
 
 // Loads the checkpoint, encodes the prompt (and source), and generates,

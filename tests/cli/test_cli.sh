@@ -365,7 +365,13 @@ expect 0 "bpb" -- "$bin" train "$src/recipes/lm/fortunes_tiny.yaml" --set loop.s
   --set schedule.warmup_steps=5 --set loop.eval_every=30 --set data.limit_eval=4 \
   --set model.dim=64 --set model.depth=1 --set threads=2 --out "$lm"
 expect 0 '"bits_per_byte"' -- "$bin" eval "$lm/checkpoints/$(cat "$lm/checkpoints/latest")"
-expect 0 "20 generated.*recurrent state" -- "$bin" generate "$lm" --prompt "The " --length 20 --seed 3
+expect 0 "20 generated.*decoding state" -- "$bin" generate "$lm" --prompt "The " --length 20 --seed 3
+# Past the model's 256 positions the state is rebuilt from the last 128 tokens
+# (at 257, 386 and 515 tokens); --exact-window recomputes the window per token.
+expect 0 "600 generated.*decoding state, rebuilt 3 times from the last 128 tokens when the model's 256 positions were full" -- \
+  "$bin" generate "$lm" --prompt "The " --length 600 --seed 3
+expect 0 "300 generated.*the last 256 tokens recomputed for every token: --exact-window" -- \
+  "$bin" generate "$lm" --prompt "The " --length 300 --seed 3 --exact-window
 a="$("$bin" generate "$lm" --prompt "The " --length 20 --seed 3 2>/dev/null)"
 b="$("$bin" generate "$lm" --prompt "The " --length 20 --seed 3 2>/dev/null)"
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "generate: a seed must give one output ('$a' vs '$b')"

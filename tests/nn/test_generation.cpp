@@ -271,6 +271,48 @@ TEST(Generation, Generated512TokensMatchTheFullRecomputationInF32) {
   }
 }
 
+// Past max_len positions the state is rebuilt from the last rebase_keep
+// tokens (max_len / 2 by default), which take positions 0 ..: every step's
+// logits are a forward's over the tokens [base, cur) the state holds, for
+// every causal mechanism, absolute and rotary positions, a prime longer than
+// the window too.
+TEST(Generation, PastTheWindowTheStateIsRebuiltFromTheLastTokens) {
+  for (const auto& [name, c] : causal_cases()) {
+    for (PositionalKind pos : {PositionalKind::learned, PositionalKind::rotary}) {
+      for (const auto& [P, keep] : {std::pair<int64_t, int64_t>{3, 0}, {15, 0}, {5, 9}}) {
+        SCOPED_TRACE(
+            fmt::format("{} / {}, prime {}, keep {}", name, positional_name(pos), P, keep));
+        LanguageModelConfig lc = lm_config(c, pos, DType::f64);
+        lc.max_len = 12;
+        Generator g(21);
+        LanguageModel lm(lc, &g);
+        lm.fix_projections();
+        std::vector<Tensor> used;
+        Generator draws(22);
+        GenerateOptions o{.rebase_keep = keep, .gen = &draws};
+        o.on_logits = [&](const Tensor& logits) { used.push_back(logits); };
+        const int64_t length = 30;
+        const Tensor out = lm.generate(random_ids(2, P, 13, 23), length, o);
+        ASSERT_EQ(static_cast<int64_t>(used.size()), length);
+        const int64_t k = keep > 0 ? keep : lc.max_len / 2;
+        int64_t base = 0, rebuilds = 0;
+        for (int64_t i = 0; i < length; ++i) {
+          const int64_t cur = P + i;
+          if (cur - base > lc.max_len) {
+            base = cur - k;
+            ++rebuilds;
+          }
+          const Tensor window = ops::narrow(out, 1, base, cur - base);
+          const Tensor full = lm.forward(window);
+          const Tensor last = ops::narrow(full, 1, cur - base - 1, 1).view(used[i].shape());
+          ASSERT_LE(max_abs_diff(used[i], last), 1e-10) << "step " << i << ", window from " << base;
+        }
+        EXPECT_GE(rebuilds, 3);
+      }
+    }
+  }
+}
+
 TEST(Generation, KVCacheDrawsTheTokensOfTheFullRecomputation) {
   for (const auto& [name, c] : causal_cases()) {
     if (c.kind != Mechanism::softmax && c.kind != Mechanism::local && c.n_local_heads == 0)

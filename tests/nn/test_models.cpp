@@ -660,7 +660,9 @@ TEST(ModelsConfig, BadConfigsGiveClearErrors) {
   LanguageModel model(tiny_lm(Mechanism::linear));
   const Tensor prime = random_ids(1, 2, 11, 1);
   expect_error([&] { model.generate(prime, 3, {.temperature = 0}); }, "temperature");
-  expect_error([&] { model.generate(prime, kLen, {}); }, "use_recurrent_state = false");
+  // Past max_len the state is rebuilt (Generation.PastTheWindow...); a keep of
+  // the whole window leaves no room for a token.
+  expect_error([&] { model.generate(prime, kLen, {.rebase_keep = kLen}); }, "rebase_keep");
   EXPECT_EQ(model.generate(prime, kLen, {.use_recurrent_state = false}).shape(),
             (Shape{1, 2 + kLen}));  // a sliding window past max_len
 

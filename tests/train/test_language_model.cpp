@@ -216,14 +216,24 @@ TEST(Generate, ContinuesAPromptDeterministicallyForASeedAndStreams) {
   generate(q, [&](std::string_view s) { other += s; });
   EXPECT_NE(once, other);
 
-  // 8 + 64 tokens exceed the 32 positions: a sliding window; within them, the
-  // recurrent state.
-  EXPECT_FALSE(g.recurrent);
+  // 8 + 64 tokens exceed the 32 positions: the state is rebuilt from the last
+  // 16 tokens at 33, 50 and 67 tokens; exact_window recomputes the last 32
+  // tokens for every token instead; within the positions, the state alone.
+  EXPECT_TRUE(g.recurrent);
+  EXPECT_EQ(g.rebuilds, 3);
   EXPECT_EQ(g.positions, 32);
+  q.exact_window = true;
+  const GenerateResult exact = generate(q, [](std::string_view) {});
+  EXPECT_FALSE(exact.recurrent);
+  EXPECT_EQ(exact.how(), "the last 32 tokens recomputed for every token: --exact-window");
+  q.exact_window = false;
   q.greedy = true;
   q.length = 20;
   std::string recurrent;
-  EXPECT_TRUE(generate(q, [&](std::string_view s) { recurrent += s; }).recurrent);
+  const GenerateResult within = generate(q, [&](std::string_view s) { recurrent += s; });
+  EXPECT_TRUE(within.recurrent);
+  EXPECT_EQ(within.rebuilds, 0);
+  EXPECT_EQ(within.how(), "decoding state");
   EXPECT_EQ(recurrent.size(), 20u);
 
   q.prompt.clear();
