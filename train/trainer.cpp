@@ -867,6 +867,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
   const auto stop_now = [&] {
     return group.any(opt.stop_requested && opt.stop_requested(step), "the stop decision");
   };
+  double last_eval_seconds = 0;  // how long the last evaluation took, for the ETA
   auto evaluate = [&]() -> std::optional<EvalResult> {
     const auto t0 = Clock::now();
     std::optional<EvalResult> e = run_eval(*task, eval_loader, place, smoothing, group, stop_now);
@@ -901,6 +902,7 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       rec["ema_accuracy"] = e_ema->accuracy;
     }
     rec["seconds"] = seconds_since(t0);
+    last_eval_seconds = rec.at("seconds").as_double();
     if (metrics) metrics->append(rec);
     log->info("eval  step {:>6}  loss {:.4f}{}  accuracy {:.2f}%{}  ({} examples{}, {})", step,
               e->loss, token_metrics_text(rec), 100 * e->accuracy,
@@ -912,6 +914,21 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
               format_duration(seconds_since(t0)));
     return e;
   };
+
+  // Evaluations still to come after `at` steps (every eval_every steps, or at
+  // each epoch's end, and at the last step), for the ETA.
+  const auto evaluations_left = [&](int64_t at) -> double {
+    const int64_t every = eval_every > 0 ? eval_every : std::max<int64_t>(steps_per_epoch, 1);
+    return static_cast<double>(total_steps / every - at / every +
+                               (total_steps % every != 0 ? 1 : 0));
+  };
+  // A ViT's tokens per picture: its patches, and the class token.
+  const int64_t vit_tokens =
+      data.shape.images && r.string("model.type") == "vit"
+          ? (r.integer("model.image_size") / r.integer("model.patch_size")) *
+                    (r.integer("model.image_size") / r.integer("model.patch_size")) +
+                (r.string("model.pool") == "cls" ? 1 : 0)
+          : 0;
 
   // ---- the loop ----
   Uploader uploader(place.device);  // batches go to a GPU through pinned buffers
@@ -1027,6 +1044,11 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
     if (ema) ema->update(model, step);
     const double dt = seconds_since(t0);
     eta.add(dt);
+    if (step == first_step + 1 && log_every > 1 && step < total_steps)
+      log->info("step {} done in {}; progress every {} steps (loop.log_every), ETA {}", step,
+                format_duration(dt), log_every,
+                format_duration(eta.eta(total_steps - step) +
+                                evaluations_left(step) * last_eval_seconds));
     window.grad_norm_sum += norm;
     window.seconds += dt;
     window.steps += 1;
@@ -1049,7 +1071,11 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       rec["lr"] = optimizer->lr();
       rec["grad_norm"] = window.grad_norm_sum / static_cast<double>(window.steps);
       rec["samples_per_s"] = static_cast<double>(window.examples) / window.seconds;
-      rec["tokens_per_s"] = static_cast<double>(window.tokens) / window.seconds;
+      // A ViT's tokens are its patches and class token, not the pixels the loader counts.
+      rec["tokens_per_s"] =
+          (data.shape.images ? static_cast<double>(window.examples * vit_tokens)
+                             : static_cast<double>(window.tokens)) /
+          window.seconds;
       rec["step_time_ms"] = 1000 * window.seconds / static_cast<double>(window.steps);
       rec["peak_memory_mb"] = static_cast<double>(mem.peak) / (1 << 20);
       if (reducer) {
@@ -1063,15 +1089,22 @@ TrainResult train(Recipe r, const TrainOptions& opt) {
       }
       if (metrics) metrics->append(rec);
       const double frac = static_cast<double>(step) / static_cast<double>(total_steps);
+      // What a step is measured in: pictures, sequences, or a language model's tokens.
+      const std::string rate =
+          data.shape.images ? format_count(rec.at("samples_per_s").as_double()) + " img/s"
+          : data.shape.task == Task::classification
+              ? format_count(rec.at("samples_per_s").as_double()) + " seq/s"
+              : format_count(rec.at("tokens_per_s").as_double()) + " tok/s";
       log->info(
           "step {:>6}/{} {} {:3.0f}% ep {:.2f}  loss {:.4f}{}  acc {:5.2f}%  lr {:.2e}  |g| {:.3f} "
           " "
-          "{}/s  {:.0f} ms/step  mem {:.0f} MB  ETA {}",
+          "{}  {:.0f} ms/step  mem {:.0f} MB  ETA {}",
           step, total_steps, progress_bar(frac, 20), 100 * frac, epoch_f,
           rec.at("loss").as_double(), token_metrics_text(rec), 100 * rec.at("accuracy").as_double(),
           optimizer->lr(), rec.at("grad_norm").as_double(),
-          format_count(rec.at("samples_per_s").as_double()), rec.at("step_time_ms").as_double(),
-          rec.at("peak_memory_mb").as_double(), format_duration(eta.eta(total_steps - step)));
+          rate, rec.at("step_time_ms").as_double(), rec.at("peak_memory_mb").as_double(),
+          format_duration(eta.eta(total_steps - step) +
+                          evaluations_left(step) * last_eval_seconds));
       window = MetricWindow{};
     }
     const bool epoch_ended = completed_epochs(train_loader) != epochs_before;

@@ -123,6 +123,16 @@ wait "$pid"
 status=$?
 [ "$status" -eq 130 ] || fail "SIGINT: exit status $status, expected 130; log: $(cat "$work/train1.log")"
 grep -q "continue with: attnforge train --resume" "$work/train1.log" || fail "SIGINT: no resume hint"
+# The progress line gives its rate's unit; a line comes after the first step,
+# before the first log_every steps; a ViT's tokens are its 16 patches and class token.
+grep -q "step 1 done in .*; progress every 5 steps (loop.log_every), ETA" "$work/train1.log" ||
+  fail "nothing said after the first step: $(head -20 "$work/train1.log")"
+grep -q "step .*/400 .* img/s  [0-9]* ms/step" "$work/train1.log" || fail "the progress line has no img/s"
+python3 - "$run/metrics.jsonl" <<'PY' || fail "a ViT's tokens_per_s is not 17 tokens a picture"
+import json, sys
+r = [r for r in map(json.loads, open(sys.argv[1])) if r["split"] == "train"][0]
+assert abs(r["tokens_per_s"] / r["samples_per_s"] - 17) < 1e-9, r
+PY
 [ -f "$run/checkpoints/latest" ] || fail "SIGINT: no checkpoint written"
 expect 0 "done: steps [0-9]+ to 400 of 400" -- "$bin" train --resume "$run"
 expect 1 "already holds a run" -- "$bin" train "$work/tiny.yaml" --out "$run"
@@ -192,6 +202,7 @@ expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/lra/listops.yaml" --set d
   --set data.generate_eval=16 --set data.generate_min_length=5 --set data.generate_max_length=40 \
   --set model.dim=16 --set model.depth=1 --set model.heads=2 --set loop.steps=2 --set loop.batch_size=8 \
   --set schedule.warmup_steps=1 --set threads=2 --out "$lo"
+grep -q "step .* seq/s  [0-9]* ms/step" "$lo/train.log" || fail "a sequence classifier's progress line has no seq/s"
 # Generated stand-ins are said at warning level at the start and the end.
 [ "$(grep -c "warning.*data.synthetic: this run trains and evaluates on generated stand-in data" "$lo/train.log")" -eq 2 ] ||
   fail "a data.synthetic run did not warn at its start and end: $(cat "$lo/train.log")"
@@ -365,6 +376,7 @@ expect 0 "bpb" -- "$bin" train "$src/recipes/lm/fortunes_tiny.yaml" --set loop.s
   --set schedule.warmup_steps=5 --set loop.eval_every=30 --set data.limit_eval=4 \
   --set model.dim=64 --set model.depth=1 --set threads=2 --out "$lm"
 expect 0 '"bits_per_byte"' -- "$bin" eval "$lm/checkpoints/$(cat "$lm/checkpoints/latest")"
+grep -q "step .* tok/s  [0-9]* ms/step" "$lm/train.log" || fail "a language model's progress line has no tok/s"
 expect 0 "20 generated.*decoding state" -- "$bin" generate "$lm" --prompt "The " --length 20 --seed 3
 # Past the model's 256 positions the state is rebuilt from the last 128 tokens
 # (at 257, 386 and 515 tokens); --exact-window recomputes the window per token.
