@@ -765,6 +765,40 @@ void CheckpointManager::prune() {
 
 namespace {
 
+// For a path that does not exist: the checkpoints of the run it points into
+// (the nearest of its three parents that is a run or its checkpoints/ folder),
+// as "; RUN/checkpoints holds: step-..., latest, best", or else the runs beside
+// it (a misspelt run name: "; runs holds the runs a-1, a-2"); empty when none.
+std::string checkpoints_near(const fs::path& missing) {
+  fs::path d = missing.parent_path();
+  {
+    std::error_code ec;
+    std::vector<std::string> runs;
+    for (const auto& e : fs::directory_iterator(d.empty() ? fs::path(".") : d, ec))
+      if (fs::is_directory(e.path() / "checkpoints", ec))
+        runs.push_back(e.path().filename().string());
+    std::sort(runs.begin(), runs.end());
+    if (!runs.empty())
+      return fmt::format("; {} holds the run{} {}", d.empty() ? "." : d.string(),
+                         runs.size() == 1 ? "" : "s", fmt::join(runs, ", "));
+  }
+  for (int up = 0; up < 3 && !d.empty(); ++up, d = d.parent_path()) {
+    std::error_code ec;
+    const fs::path ck = d.filename() == "checkpoints" ? d : d / "checkpoints";
+    if (!fs::is_directory(ck, ec)) continue;
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(ck, ec)) {
+      const std::string n = e.path().filename().string();
+      if (parse_name(n) || n == "latest" || n == "best") names.push_back(n);
+    }
+    std::sort(names.begin(), names.end());
+    return names.empty()
+               ? fmt::format("; {} holds no checkpoint", ck.string())
+               : fmt::format("; {} holds: {}", ck.string(), fmt::join(names, ", "));
+  }
+  return "";
+}
+
 // Where `path` says a checkpoint is (see resolve_checkpoint); `verified` is
 // set when the run's manager chose it, having read it whole.
 CheckpointRef locate_checkpoint(const std::string& path, const std::string& what,
@@ -775,7 +809,8 @@ CheckpointRef locate_checkpoint(const std::string& path, const std::string& what
   constexpr const char* kAccepted =
       "give a run directory, RUN/checkpoints/latest, RUN/checkpoints/best or "
       "RUN/checkpoints/step-N";
-  FORGE_CHECK(fs::exists(p, ec), "{} {}: no such file or directory ({})", what, path, kAccepted);
+  FORGE_CHECK(fs::exists(p, ec), "{} {}: no such file or directory ({}){}", what, path, kAccepted,
+              checkpoints_near(p));
   // What RUN/checkpoints/latest names, read without reading the checkpoint
   // (the manager reads it whole; whether a given one is the latest needs the name only).
   const auto named_latest = [](const fs::path& run) -> std::optional<int64_t> {

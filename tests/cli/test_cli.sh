@@ -156,7 +156,10 @@ expect 0 '"examples": 10000' -- "$bin" eval "$run"
 expect 0 '"examples": 64' -- "$bin" eval "$run/checkpoints/latest" --set data.limit_eval=64
 expect 0 '"step": (200|400)' -- "$bin" eval "$run/checkpoints/best" --set data.limit_eval=64
 expect 0 '"step": 300' -- "$bin" eval "$run/checkpoints/step-00000300" --set data.limit_eval=64
-expect 1 "nope: no such file or directory" -- "$bin" eval "$work/nope"
+expect 1 "nope: no such file or directory.*; $work holds the run[s]? .*run" -- "$bin" eval "$work/nope"
+# A checkpoint that is not there: the error lists those that are.
+expect 1 "step-00000301: no such file or directory.*$run/checkpoints holds: best, latest, .*step-00000400" -- \
+  "$bin" eval "$run/checkpoints/step-00000301"
 expect 1 "neither a checkpoint .* nor a run directory" -- "$bin" eval "$work"
 
 # Classifiers also get top-5, per-class accuracy and the confusion matrix (JSON and SVG).
