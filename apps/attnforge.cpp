@@ -156,6 +156,7 @@ options:
   --top-k K          classes listed per example (default 5)
   --ema              use the moving average of the weights (a run with ema.decay)
   --batch-size N     examples per forward (default: the recipe's eval batch size)
+  --limit N          the first N examples of the inputs only (e.g. of an IDX file)
   --out FILE         write the JSON lines there instead of stdout (never inside a checkpoint,
                      not over an existing file unless --overwrite)
   --overwrite        replace an existing --out file
@@ -583,6 +584,9 @@ int cmd_predict(const std::vector<std::string>& args) {
     else if (a == "--batch-size") {
       q.batch_size = number_of<int64_t>(args, i);
       if (q.batch_size < 1) throw UsageError("predict: --batch-size must be 1 or more");
+    } else if (a == "--limit") {
+      q.limit = number_of<int64_t>(args, i);
+      if (q.limit < 1) throw UsageError("predict: --limit must be 1 or more");
     } else if (a == "--out")
       out = value_of(args, i);
     else if (a == "--set")

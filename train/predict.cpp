@@ -231,8 +231,13 @@ PredictResult predict(const PredictRequest& q,
   const auto t0 = std::chrono::steady_clock::now();
   FORGE_CHECK(!q.inputs.empty(), "predict: give at least one input file");
   FORGE_CHECK(q.top_k >= 1, "predict: --top-k must be 1 or more, got {}", q.top_k);
+  FORGE_CHECK(q.limit >= 0, "predict: --limit must be 0 (all) or more, got {}", q.limit);
   const Classifier m = load_classifier(q.checkpoint, q.overrides, "predict", q.ema);
-  const PreparedInputs inputs = prepare_inputs(m, q.inputs);
+  PreparedInputs inputs = prepare_inputs(m, q.inputs);
+  if (q.limit > 0 && static_cast<int64_t>(inputs.examples.size()) > q.limit) {
+    inputs.examples.resize(static_cast<size_t>(q.limit));
+    inputs.names.resize(static_cast<size_t>(q.limit));
+  }
   PredictResult result;
   result.checkpoint = m.checkpoint;
   for_each_batch(m, inputs, q.batch_size, [&](const data::Batch& b, int64_t first) {

@@ -65,6 +65,7 @@ struct PredictRequest {
   int64_t batch_size = 0;              // 0: the recipe's evaluation batch size
   std::vector<std::string> overrides;  // --set assignments to the checkpoint's recipe
   bool ema = false;                    // the moving average of the weights (ema.decay)
+  int64_t limit = 0;                   // > 0: the first `limit` examples of the inputs, in order
 };
 
 struct PredictResult {

@@ -198,6 +198,10 @@ expect 0 '"input":"[^"]*shirt.png","top_k":\[\{"class":[0-9],"name":"[^"]+","pro
 expect 1 "takes pictures" -- "$bin" predict "$run" "$work/tiny.yaml"
 expect 1 "no such file" -- "$bin" predict "$run" "$work/nothing.png"
 expect 1 "input .*: a directory; give the files in it" -- "$bin" predict "$run" "$work/"
+# The first N images of an IDX file.
+[ "$("$bin" predict "$run" "$fmnist/t10k-images-idx3-ubyte.gz" --limit 7 2>/dev/null | grep -c '"top_k"')" -eq 7 ] ||
+  fail "predict --limit 7 did not give 7 lines"
+expect 2 "predict: --limit must be 1 or more" -- "$bin" predict "$run" "$work/shirt.png" --limit 0
 expect 2 "predict: --batch-size must be 1 or more" -- "$bin" predict "$run" "$work/shirt.png" --batch-size 0
 # A sequence classifier (ListOps, generated into the cache) on a TSV of expressions.
 lo="$work/listops"
