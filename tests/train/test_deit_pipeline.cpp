@@ -72,7 +72,8 @@ TEST(DeitPipeline, TheTinyImageFolderRecipeLearnsAndReportsItsEma) {
   const testing::TempDir tmp;
   const TrainResult t = train(tiny_imagefolder(), quiet(tmp.file("run")));
   EXPECT_EQ(t.status, TrainResult::Status::finished);
-  // 4 classes (chance 25%), with every augmentation on: about 93% here.
+  // 4 classes (chance 25%), with every augmentation on: 89.6% (86 of 96) on the
+  // 2-core AMD EPYC.
   EXPECT_GT(t.eval_accuracy, 0.8);
   ASSERT_TRUE(t.ema_eval_accuracy.has_value());
   EXPECT_GT(*t.ema_eval_accuracy, 0.8);
