@@ -17,18 +17,10 @@ namespace forge::data {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::expect_error;
 using testing::read_file;
 using testing::TempDir;
 using testing::write_file;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return message_of(e);
-  }
-  return "";
-}
 
 // lra_release.gz unpacks to lra_release/lra_release/listops-1000/basic_*.tsv.
 TEST(LraRelease, ListOpsIsFoundInTheUnpackedArchiveAndCopiedAsItIs) {
@@ -173,34 +165,31 @@ TEST(LraRelease, RefusalsWriteNothing) {
   TempDir dir;
   // Not the release: the error says what was looked for, and where.
   fs::create_directories(dir.path() / "empty");
-  std::string e =
-      error_of([&] { prepare_lra(LraTask::listops, dir.file("empty"), dir.file("o")); });
-  EXPECT_NE(e.find("LRA's ListOps files"), std::string::npos) << e;
-  EXPECT_NE(e.find("listops-1000/basic_train.tsv"), std::string::npos) << e;
-  e = error_of([&] { prepare_lra(LraTask::text, dir.file("nowhere"), dir.file("o")); });
-  EXPECT_NE(e.find("--from " + dir.str() + "/nowhere: no such folder"), std::string::npos) << e;
+  expect_error([&] { prepare_lra(LraTask::listops, dir.file("empty"), dir.file("o")); },
+               {"LRA's ListOps files", "listops-1000/basic_train.tsv"});
+  expect_error([&] { prepare_lra(LraTask::text, dir.file("nowhere"), dir.file("o")); },
+               {"--from " + dir.str() + "/nowhere: no such folder"});
   // A bad row: the reader's error, and no output or temporary folder left.
   const fs::path tsv = dir.path() / "tsv_data";
   write_file(tsv / "new_aan_pairs.train.tsv", "1\ta\tb\n");
   write_file(tsv / "new_aan_pairs.eval.tsv", "yes\ta\tb\n");
   write_file(tsv / "new_aan_pairs.test.tsv", "1\ta\tb\n");
-  e = error_of([&] { prepare_lra(LraTask::retrieval, tsv.string(), dir.file("o")); });
-  EXPECT_NE(e.find("new_aan_pairs.eval.tsv:1"), std::string::npos) << e;
+  expect_error([&] { prepare_lra(LraTask::retrieval, tsv.string(), dir.file("o")); },
+               {"new_aan_pairs.eval.tsv:1"});
   EXPECT_FALSE(fs::exists(dir.path() / "o"));
   for (const auto& entry : fs::directory_iterator(dir.path()))
     EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
   // An output that holds files is never written into.
   write_file(dir.path() / "full" / "keep.txt", "mine");
   write_file(tsv / "new_aan_pairs.eval.tsv", "1\ta\tb\n");
-  e = error_of([&] { prepare_lra(LraTask::retrieval, tsv.string(), dir.file("full")); });
-  EXPECT_NE(e.find("already exists and is not an empty folder"), std::string::npos) << e;
+  expect_error([&] { prepare_lra(LraTask::retrieval, tsv.string(), dir.file("full")); },
+               {"already exists and is not an empty folder"});
   EXPECT_EQ(testing::snapshot(dir.path() / "full").size(), 1u);
   // An empty folder is taken.
   fs::create_directories(dir.path() / "ready");
   EXPECT_EQ(prepare_lra(LraTask::retrieval, tsv.string(), dir.file("ready")).examples.size(), 3u);
   EXPECT_EQ(lra_task_from_name("pathfinder"), LraTask::pathfinder);
-  e = error_of([] { lra_task_from_name("imdb"); });
-  EXPECT_NE(e.find("listops, text, retrieval, image, pathfinder"), std::string::npos) << e;
+  expect_error([] { lra_task_from_name("imdb"); }, {"listops, text, retrieval, image, pathfinder"});
   EXPECT_EQ(lra_default_dir(LraTask::text), "data/lra/text");
 }
 
