@@ -207,13 +207,11 @@ std::optional<std::string> data_root(const Recipe& r) {
       can_generate(r) ? "; to try the recipe on generated stand-in data instead (a smoke test, "
                         "not the task), --set data.synthetic=true"
                       : "";
-  FORGE_CHECK(!root.empty(), "recipe: data.dataset {} needs data.root: {}. To get it: {}{}", kind,
-              help.layout, help.get, stand_in);
+  const std::string how = fmt::format("{}. To get it: {}{}", help.layout, help.get, stand_in);
+  FORGE_CHECK(!root.empty(), "recipe: data.dataset {} needs data.root: {}", kind, how);
   std::error_code ec;
-  FORGE_CHECK(fs::exists(root, ec),
-              "recipe: data.root '{}' does not exist; data.dataset {} reads from it {}. To get "
-              "it: {}{}",
-              root, kind, help.layout, help.get, stand_in);
+  FORGE_CHECK(fs::exists(root, ec), "recipe: data.root '{}' does not exist; data.dataset {} reads "
+              "from it {}", root, kind, how);
   return root;
 }
 
