@@ -234,6 +234,10 @@ options:
                        fast as within the window
   --seed S             seed of the sampling (default 0): a seed gives one output
   --eos ID             stop at this token (default: the data's end token, if any)
+  --logits FILE        write a JSON line per draw: the tokens before it ("context",
+                       and the encoder's "source"), the "logits" it was drawn from
+                       and the token drawn ("next")
+  --overwrite          replace an existing --logits file
   --set KEY=VALUE      override a recipe key (e.g. device=cpu, threads=2)
   --help               this text
 )";
@@ -540,6 +544,10 @@ int cmd_generate(const std::vector<std::string>& args) {
       q.seed = number_of<uint64_t>(args, i);
     else if (a == "--eos")
       q.eos = number_of<int64_t>(args, i);
+    else if (a == "--logits")
+      q.logits_file = value_of(args, i);
+    else if (a == "--overwrite")
+      q.overwrite = true;
     else if (a == "--set")
       q.overrides.push_back(value_of(args, i));
     else if (!a.empty() && a[0] == '-')

@@ -96,6 +96,9 @@ Block::Block(const BlockConfig& c, int64_t layer, std::shared_ptr<ProjectionBank
   const auto make_norm = [&] { return std::make_shared<SublayerNorm>(c.norm, D, dt, c.norm_eps); };
   FORGE_CHECK(!c.post_norm || !c.attend_axially,
               "Block: attend_axially is a pre-norm option (as in linear-attention-transformer)");
+  FORGE_CHECK(!c.post_norm || !c.shift_tokens,
+              "Block: shift_tokens is a pre-norm option (linear-attention-transformer shifts "
+              "each pre-norm branch's normalised input); unset post_norm or shift_tokens");
   FORGE_CHECK(!c.post_norm || c.norm != NormKind::rezero,
               "Block: post-norm with ReZero is not a transformer block; use pre-norm with ReZero");
   FORGE_CHECK(c.drop_path >= 0 && c.drop_path < 1,

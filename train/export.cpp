@@ -33,16 +33,8 @@ struct Supported {
 };
 const std::vector<Supported>& supported() {
   static const std::vector<Supported> s = {
-      {"model.type", {"vit", "sequence_classifier"}},
-      {"model.norm", {"layer"}},
-      {"model.final_norm_kind", {"layer"}},
-      {"model.reversible", {"false"}},
       {"model.attend_axially", {"false"}},
       {"model.dual_encoder", {"false"}},
-      {"model.positional", {"learned", "sinusoidal", "none"}},
-      {"model.attention.local_heads", {"0"}},
-      {"model.attention.per_layer_local_heads", {"[]"}},
-      {"model.attention.sharing", {"none", "headwise", "kv", "layerwise"}},
   };
   return s;
 }

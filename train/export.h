@@ -8,7 +8,7 @@
 //                                             from config.json, every attention mechanism written
 //                                             from docs/ATTENTION.md, and loads the weights:
 //                                               import model; m = model.load("DIR")
-//                                               logits = m(x)
+//                                               logits = m(x)    (m(src, tgt): encoder_decoder)
 //   --format timm      softmax ViTs as timm's VisionTransformer holds them:
 //                      DIR/model.safetensors  timm's names (blocks.L.attn.qkv: the rows of
 //                                             to_q, to_k, to_v stacked; norm1, attn.proj, norm2,
@@ -17,8 +17,9 @@
 //                        m = timm.create_model(model_name, **kwargs)
 //                        m.load_state_dict(state_dict, strict=True)
 // The directory is built beside DIR and renamed into place: an existing DIR
-// is never overwritten. Classifiers only (vit, sequence_classifier); an option
-// model.py does not rebuild is refused naming the recipe key.
+// is never overwritten. Every model type exports to pytorch; an option model.py
+// does not rebuild (attend_axially, the dual encoder) is refused naming the
+// recipe key.
 #pragma once
 
 #include <string>

@@ -9,12 +9,14 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "data/seq2seq.h"
 #include "nn/models.h"
 #include "ops/autocast.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/model.h"
+#include "train/outputs.h"
 
 namespace forge::train {
 
@@ -67,6 +69,7 @@ struct Codec {
 GenerateResult generate(const GenerateRequest& q,
                         const std::function<void(std::string_view)>& emit) {
   GenerateResult result;
+  if (!q.logits_file.empty()) check_output_file(q.logits_file, "generate --logits", q.overwrite);
   result.checkpoint = resolve_checkpoint(q.checkpoint, "generate").dir;
   const Checkpoint c = read_checkpoint(result.checkpoint);
   Recipe r = Recipe::from_yaml(c.recipe_yaml, result.checkpoint + "/model.safetensors (recipe)");
@@ -107,7 +110,20 @@ GenerateResult generate(const GenerateRequest& q,
   nn::GenerateStats stats;
   o.stats = &stats;
   result.positions = positions;
+  // --logits: one line per draw, written when the generation is done.
+  std::vector<int64_t> src, context = prime;
+  std::string lines, pending;
+  if (!q.logits_file.empty())
+    o.on_logits = [&](const Tensor& logits) {
+      pending = fmt::format("{{{}\"context\": [{}], \"logits\": [{:.9g}]",
+                            src.empty() ? "" : fmt::format("\"source\": [{}], ", fmt::join(src, ", ")),
+                            fmt::join(context, ", "),
+                            fmt::join(logits.to(Device::cpu()).to(DType::f64).to_vector<double>(), ", "));
+    };
   o.on_token = [&](const std::vector<int64_t>& next) {
+    if (!pending.empty()) lines += pending + fmt::format(", \"next\": {}}}\n", next[0]);
+    pending.clear();
+    context.push_back(next[0]);
     if (next[0] == o.eos) return;
     emit(codec.decode(next[0], result.generated == 0));
     ++result.generated;
@@ -120,7 +136,7 @@ GenerateResult generate(const GenerateRequest& q,
     lm->generate(ids.to(place.device), q.length, o);
   } else {
     const Codec source_codec{codec.kind, shape.vocab_size};
-    const std::vector<int64_t> src = source_codec.encode(q.source, "--source");
+    src = source_codec.encode(q.source, "--source");
     FORGE_CHECK(!src.empty(), "generate: an encoder-decoder needs --source (the encoder's input)");
     const int64_t encoder_positions = std::max(shape.max_length, r.integer("model.max_len"));
     FORGE_CHECK(static_cast<int64_t>(src.size()) <= encoder_positions,
@@ -130,6 +146,7 @@ GenerateResult generate(const GenerateRequest& q,
     task->encoder_decoder()->generate(s.to(place.device), ids.to(place.device), q.length, o);
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!q.logits_file.empty()) io::write_file_atomic(q.logits_file, lines);
   result.recurrent = stats.recurrent;
   result.rebuilds = stats.rebuilds;
   if (!stats.recurrent)

@@ -38,6 +38,13 @@ struct GenerateRequest {
   int64_t eos = -2;         // -2: the data's end token (seq2seq_tsv: 2; else none); -1: none
   uint64_t seed = 0;        // of the sampling draws
   bool exact_window = false;  // the references' sliding window, recomputed per token
+  // When set, a JSON line per draw is written here at the end: {"source": the
+  // encoder's tokens (encoder-decoders), "context": the tokens before the draw
+  // (prime included), "logits": the V logits drawn from (before temperature
+  // and filtering), "next": the token drawn}. An existing file is refused
+  // unless overwrite.
+  std::string logits_file;
+  bool overwrite = false;
 };
 
 struct GenerateResult {

@@ -338,9 +338,9 @@ check_export "$work/lo_shift" "$work/exprs1.tsv" shift_listops
 [ -f "$work/pt_softmax_vit/model.py" ] && grep -q '"card"' "$work/pt_softmax_vit/config.json" ||
   fail "export: no model.py or no card in config.json"
 expect 0 "done: 2 steps" -- "$bin" train "$work/tiny.yaml" --set model.reversible=true \
+  --set model.norm=scale --set model.attention.local_heads=2 --set model.attention.local_window=4 \
   --set loop.steps=2 --set schedule.warmup_steps=1 --out "$work/reversible"
-expect 1 "model.reversible = true is not rebuilt" -- "$bin" export "$work/reversible" --out "$work/pt_rev"
-[ ! -e "$work/pt_rev" ] || fail "a refused export left its directory"
+check_export "$work/reversible" "$work/t500.idx" reversible_vit
 
 # ---- export --format timm: timm's VisionTransformer names, and back in through init_from ----
 expect 0 "20 tensors" -- "$bin" export "$run" --format timm --out "$work/timm"
@@ -406,6 +406,49 @@ expect 1 "is damaged.*No other checkpoint is used in its place" -- "$bin" genera
 expect 1 "LM corpus: '.*nothing' does not exist" -- "$bin" train "$src/recipes/lm/fortunes_tiny.yaml" \
   --set data.root="$work/nothing" --out "$work/lm_missing"
 [ ! -e "$work/lm_missing" ] || fail "a missing corpus created its run directory"
+
+# ---- export of language models and encoder-decoders: model.py gives the
+# distribution of every draw of generate --logits (teacher-forced, 1e-5 relative) ----
+check_generate() {  # RUN NAME GENERATE-ARGS...
+  local run="$1" name="$2"
+  shift 2
+  "$bin" export "$run" --out "$work/pt_$name" >/dev/null 2>&1 &&
+    "$bin" generate "$run" --logits "$work/pt_$name.jsonl" "$@" >/dev/null 2>&1 &&
+    /usr/bin/python3 "$src/tests/export/check_generate.py" "$work/pt_$name" "$work/pt_$name.jsonl" \
+      >"$work/pt_$name.log" 2>&1 || fail "export $name: the PyTorch model disagrees: $(cat "$work/pt_$name.log")"
+}
+check_generate "$lm" fortunes --prompt "The " --length 40   # linear, rotary_only
+lm_small=(--set loop.steps=2 --set loop.eval_every=30 --set data.limit_eval=2 --set precision=fp32
+  --set model.dim=32 --set model.heads=4 --set model.head_dim=8 --set data.seq_len=64 --set threads=1)
+# enwik8_performer's options: FAVOR+ with local heads (local rotary) per layer,
+# ScaleNorm, token shifts, reversible, rotary; then linear-attention-transformer's:
+# causal efficient attention, axial positions, token shift, tied and factorised embeddings.
+expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/lm/enwik8_performer.yaml" "${lm_small[@]}" \
+  --set data.root=/usr/share/games/fortunes --set "data.exclude=[\"*.dat\", \"*.u8\"]" --set "data.split_fractions=[0.95,1.0,1.0]" \
+  --set model.depth=3 --set model.attention.nb_features=16 --set "model.attention.per_layer_local_heads=[4,2,1]" \
+  --set model.attention.local_window=16 --out "$work/lm_performer"
+check_generate "$work/lm_performer" performer --prompt "The " --length 56
+expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/lm/enwik8_linear_transformer.yaml" "${lm_small[@]}" \
+  --set data.root=/usr/share/games/fortunes --set "data.exclude=[\"*.dat\", \"*.u8\"]" --set "data.split_fractions=[0.95,1.0,1.0]" \
+  --set model.depth=2 --set model.attention.local_window=16 --set model.axial_shape=[4,16] \
+  --set model.tie_embedding=true --set model.emb_dim=16 --out "$work/lm_lintrans"
+check_generate "$work/lm_lintrans" lintrans --prompt "The " --length 56
+# The copy recipe's encoder-decoder (FAVOR+, rotary, reversible, cross-attention).
+expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/seq2seq/copy_performer.yaml" --set loop.steps=2 \
+  --set model.dim=32 --set model.heads=4 --set model.head_dim=8 --set model.attention.nb_features=16 \
+  --set data.copy_length=8 --set data.generate_train=32 --set data.generate_eval=8 --set loop.batch_size=8 \
+  --set threads=1 --out "$work/copy"
+check_generate "$work/copy" copy --source "2 3 4 5 6 7 8 9" --length 12
+expect 1 "generate --logits .*pt_copy.jsonl: exists" -- "$bin" generate "$work/copy" --source "2 3" \
+  --logits "$work/pt_copy.jsonl"
+expect 0 "2 prompt tokens" -- "$bin" generate "$work/copy" --source "2 3" --prompt 2 --length 2 \
+  --logits "$work/pt_copy.jsonl" --overwrite
+[ "$(wc -l <"$work/pt_copy.jsonl")" -eq 2 ] || fail "generate --logits --overwrite: not the new run's 2 lines"
+# What model.py does not rebuild is refused, naming the key, and leaves nothing.
+expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/lm/fortunes_tiny.yaml" "${lm_small[@]}" \
+  --set model.depth=1 --set model.attend_axially=true --set model.attention.local_window=16 --out "$work/lm_axially"
+expect 1 "model.attend_axially = true is not rebuilt" -- "$bin" export "$work/lm_axially" --out "$work/pt_axially"
+[ ! -e "$work/pt_axially" ] || fail "a refused export left its directory"
 
 # fp16 is mixed precision on GPUs only: the CPU run says it is fp32, and never the other.
 expect 0 "model: vit fp32 [(]the recipe's precision fp16 does not apply here[)] on cpu" -- \

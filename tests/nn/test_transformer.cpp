@@ -251,6 +251,17 @@ TEST(Transformer, ReZeroStartsAsTheIdentityAndPostNormRuns) {
                    {leaf64({1, 6, 12}, 15), pn.bank->E(1, 0).weight});
 }
 
+TEST(Transformer, TokenShiftIsAPreNormOption) {
+  // A post-norm block has no branch input to shift (linear-attention-transformer
+  // shifts the normalised input of each pre-norm branch): refused, not ignored.
+  StackConfig sc = stack_config(Mechanism::softmax, 1);
+  sc.block.post_norm = true;
+  sc.block.shift_tokens = true;
+  Generator g(13);
+  forge::testing::expect_error([&] { Stack s(sc, &g); },
+                               {"shift_tokens is a pre-norm option", "post_norm"});
+}
+
 TEST(Transformer, CrossAttentionBlocksPassGradientsToTheContext) {
   for (Mechanism cross : {Mechanism::softmax, Mechanism::linformer, Mechanism::favor}) {
     SCOPED_TRACE(mechanism_name(cross));
