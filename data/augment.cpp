@@ -799,24 +799,6 @@ void fill_region(float* plane, int64_t width, int64_t top, int64_t left, int64_t
 
 }  // namespace
 
-const char* interpolation_name(Interpolation interpolation) {
-  switch (interpolation) {
-    case Interpolation::nearest:
-      return "nearest";
-    case Interpolation::bilinear:
-      return "bilinear";
-    case Interpolation::bicubic:
-      return "bicubic";
-  }
-  return "?";
-}
-
-Interpolation interpolation_from_name(const std::string& name) {
-  for (Interpolation i : {Interpolation::nearest, Interpolation::bilinear, Interpolation::bicubic})
-    if (name == interpolation_name(i)) return i;
-  FORGE_FAIL("unknown interpolation '{}'; expected nearest, bilinear or bicubic", name);
-}
-
 // ---- the PIL operations ----
 
 Image auto_contrast(const Image& image) {

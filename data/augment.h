@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/names.h"
 #include "core/tensor.h"
 #include "data/image_io.h"
 #include "data/random.h"
@@ -25,9 +26,13 @@
 namespace forge::data {
 
 enum class Interpolation { nearest, bilinear, bicubic };
-const char* interpolation_name(Interpolation interpolation);  // "nearest", "bilinear", "bicubic"
+inline constexpr NameTable<Interpolation, 3> kInterpolationNames{
+    "interpolation", {"nearest", "bilinear", "bicubic"}};
+inline const char* interpolation_name(Interpolation i) { return name_of(kInterpolationNames, i); }
 // The Interpolation of that name; throws naming it and the valid ones.
-Interpolation interpolation_from_name(const std::string& name);
+inline Interpolation interpolation_from_name(const std::string& name) {
+  return enum_from_name(kInterpolationNames, name);
+}
 
 // ---- RandAugment as timm's rand_augment_transform ----
 

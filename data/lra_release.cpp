@@ -25,9 +25,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::array<const char*, 5> kTaskNames = {"listops", "text", "retrieval", "image",
-                                                   "pathfinder"};
-
 // The first of `candidates` (relative to `from`) holding `marker`; an error
 // naming what was looked for otherwise.
 fs::path find_release_dir(const std::string& from, const std::vector<std::string>& candidates,
@@ -253,14 +250,6 @@ void prepare_pathfinder(const std::string& from, const fs::path& out, PreparedLr
 }
 
 }  // namespace
-
-const char* lra_task_name(LraTask task) { return kTaskNames[static_cast<size_t>(task)]; }
-
-LraTask lra_task_from_name(const std::string& name) {
-  for (size_t i = 0; i < kTaskNames.size(); ++i)
-    if (name == kTaskNames[i]) return static_cast<LraTask>(i);
-  FORGE_FAIL("data: unknown LRA task '{}'; the tasks are {}", name, fmt::join(kTaskNames, ", "));
-}
 
 std::string lra_default_dir(LraTask task) {
   return (fs::path("data") / "lra" / lra_task_name(task)).string();

@@ -29,13 +29,18 @@
 #include <string>
 #include <vector>
 
+#include "core/names.h"
+
 namespace forge::data {
 
 enum class LraTask { listops, text, retrieval, image, pathfinder };
-
-const char* lra_task_name(LraTask task);
+inline constexpr NameTable<LraTask, 5> kLraTaskNames{
+    "LRA task", {"listops", "text", "retrieval", "image", "pathfinder"}};
+inline const char* lra_task_name(LraTask task) { return name_of(kLraTaskNames, task); }
 // Throws a forge::Error listing the names on an unknown one.
-LraTask lra_task_from_name(const std::string& name);
+inline LraTask lra_task_from_name(const std::string& name) {
+  return enum_from_name(kLraTaskNames, name);
+}
 // "data/lra/<task>": where the recipes look.
 std::string lra_default_dir(LraTask task);
 

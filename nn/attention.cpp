@@ -17,45 +17,6 @@ namespace forge::nn {
 
 namespace att = ops::attention;
 
-namespace {
-
-constexpr const char* kMechanismNames[] = {"softmax", "local",         "efficient",
-                                           "linear",  "taylor_linear", "linformer",
-                                           "favor",   "taylorshift"};
-constexpr const char* kSharingNames[] = {"none", "headwise", "kv", "layerwise"};
-constexpr const char* kLocalHeadsAtNames[] = {"first", "last"};
-
-template <typename E, size_t K>
-E enum_from_name(const char* const (&names)[K], const std::string& name, const char* what) {
-  std::string valid;
-  for (size_t i = 0; i < K; ++i) {
-    if (name == names[i]) return static_cast<E>(i);
-    valid += (i ? ", " : "") + std::string(names[i]);
-  }
-  FORGE_FAIL("unknown {} '{}'; expected one of: {}", what, name, valid);
-}
-
-}  // namespace
-
-const char* mechanism_name(Mechanism m) {
-  return kMechanismNames[static_cast<int>(m)];
-}
-Mechanism mechanism_from_name(const std::string& name) {
-  return enum_from_name<Mechanism>(kMechanismNames, name, "attention mechanism");
-}
-const char* sharing_name(LinformerSharing s) {
-  return kSharingNames[static_cast<int>(s)];
-}
-LinformerSharing sharing_from_name(const std::string& name) {
-  return enum_from_name<LinformerSharing>(kSharingNames, name, "linformer sharing");
-}
-const char* local_heads_at_name(LocalHeadsAt p) {
-  return kLocalHeadsAtNames[static_cast<int>(p)];
-}
-LocalHeadsAt local_heads_at_from_name(const std::string& name) {
-  return enum_from_name<LocalHeadsAt>(kLocalHeadsAtNames, name, "local heads position");
-}
-
 void AttentionConfig::validate(const std::string& where) const {
   FORGE_CHECK(dim > 0, "{}.dim must be > 0, got {}", where, dim);
   FORGE_CHECK(heads > 0, "{}.heads must be > 0, got {}", where, heads);

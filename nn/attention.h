@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/names.h"
 #include "nn/embeddings.h"
 #include "nn/layers.h"
 #include "ops/attention/attention.h"
@@ -27,22 +28,38 @@ enum class Mechanism {
   favor,
   taylorshift
 };
-const char* mechanism_name(Mechanism m);
-Mechanism mechanism_from_name(const std::string& name);  // throws, listing the valid names
+// The mechanisms' names (recipes' model.attention.kind; core/names.h).
+inline constexpr NameTable<Mechanism, 8> kMechanismNames{
+    "attention mechanism",
+    {"softmax", "local", "efficient", "linear", "taylor_linear", "linformer", "favor",
+     "taylorshift"}};
+inline const char* mechanism_name(Mechanism m) { return name_of(kMechanismNames, m); }
+// Throws, listing the valid names.
+inline Mechanism mechanism_from_name(const std::string& name) {
+  return enum_from_name(kMechanismNames, name);
+}
 
 // Linformer E/F sharing (linformer-pytorch's parameter_sharing): per head per
 // layer, one pair per layer (headwise), one matrix per layer used as E and F
 // (kv), one matrix for the whole model (layerwise).
 enum class LinformerSharing { none, headwise, kv, layerwise };
-const char* sharing_name(LinformerSharing s);
-LinformerSharing sharing_from_name(const std::string& name);
+inline constexpr NameTable<LinformerSharing, 4> kSharingNames{
+    "linformer sharing", {"none", "headwise", "kv", "layerwise"}};
+inline const char* sharing_name(LinformerSharing s) { return name_of(kSharingNames, s); }
+inline LinformerSharing sharing_from_name(const std::string& name) {
+  return enum_from_name(kSharingNames, name);
+}
 
 // Where a layer's n_local_heads local heads sit among its H heads: first
 // (linear-attention-transformer's split_at_index) or last (performer-pytorch's
 // Attention, which splits t[:, :global_heads] and t[:, global_heads:]).
 enum class LocalHeadsAt { first, last };
-const char* local_heads_at_name(LocalHeadsAt p);
-LocalHeadsAt local_heads_at_from_name(const std::string& name);
+inline constexpr NameTable<LocalHeadsAt, 2> kLocalHeadsAtNames{"local heads position",
+                                                               {"first", "last"}};
+inline const char* local_heads_at_name(LocalHeadsAt p) { return name_of(kLocalHeadsAtNames, p); }
+inline LocalHeadsAt local_heads_at_from_name(const std::string& name) {
+  return enum_from_name(kLocalHeadsAtNames, name);
+}
 
 struct AttentionConfig {
   Mechanism kind = Mechanism::softmax;

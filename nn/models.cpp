@@ -228,47 +228,6 @@ class ModeRestore {
 
 }  // namespace
 
-// ---- names ----
-
-const char* pool_name(Pool p) {
-  return p == Pool::cls ? "cls" : "mean";
-}
-
-Pool pool_from_name(const std::string& name) {
-  if (name == "cls") return Pool::cls;
-  if (name == "mean") return Pool::mean;
-  FORGE_FAIL("unknown pool '{}'; expected cls or mean", name);
-}
-
-const char* positional_name(PositionalKind k) {
-  switch (k) {
-    case PositionalKind::none:
-      return "none";
-    case PositionalKind::learned:
-      return "learned";
-    case PositionalKind::sinusoidal:
-      return "sinusoidal";
-    case PositionalKind::rotary:
-      return "rotary";
-    case PositionalKind::rotary_only:
-      return "rotary_only";
-    case PositionalKind::axial:
-      return "axial";
-  }
-  return "?";
-}
-
-PositionalKind positional_from_name(const std::string& name) {
-  for (PositionalKind k :
-       {PositionalKind::none, PositionalKind::learned, PositionalKind::sinusoidal,
-        PositionalKind::rotary, PositionalKind::rotary_only, PositionalKind::axial})
-    if (name == positional_name(k)) return k;
-  FORGE_FAIL(
-      "unknown positional embedding '{}'; expected none, learned, sinusoidal, rotary, rotary_only "
-      "or axial",
-      name);
-}
-
 Tensor Positions::add(const Tensor& x, int64_t offset) const {
   const int64_t n = x.size(1);
   if (learned) return x + learned->forward(n, offset);

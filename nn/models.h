@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "core/names.h"
 #include "nn/embeddings.h"
 #include "nn/layers.h"
 #include "nn/module.h"
@@ -42,8 +43,9 @@ void for_each_module(Module& root, Fn&& fn, const std::string& prefix = "") {
 // How a classifier reduces the sequence: the CLS token's output, or the mean
 // over the real (unmasked) tokens. Mean-pooled models have no CLS token.
 enum class Pool { cls, mean };
-const char* pool_name(Pool p);
-Pool pool_from_name(const std::string& name);
+inline constexpr NameTable<Pool, 2> kPoolNames{"pool", {"cls", "mean"}};
+inline const char* pool_name(Pool p) { return name_of(kPoolNames, p); }
+inline Pool pool_from_name(const std::string& name) { return enum_from_name(kPoolNames, name); }
 
 // Positions added to the embedded input (learned, sinusoidal, axial), applied
 // to q and k inside every attention layer (rotary_only), or both: rotary is
@@ -51,8 +53,12 @@ Pool pool_from_name(const std::string& name);
 // use_rotary_emb, which add the fixed sinusoids to the input and turn q and k
 // in every layer.
 enum class PositionalKind { none, learned, sinusoidal, rotary, rotary_only, axial };
-const char* positional_name(PositionalKind k);
-PositionalKind positional_from_name(const std::string& name);
+inline constexpr NameTable<PositionalKind, 6> kPositionalNames{
+    "positional embedding", {"none", "learned", "sinusoidal", "rotary", "rotary_only", "axial"}};
+inline const char* positional_name(PositionalKind k) { return name_of(kPositionalNames, k); }
+inline PositionalKind positional_from_name(const std::string& name) {
+  return enum_from_name(kPositionalNames, name);
+}
 
 // The positional modules of a sequence model: one of learned, sinusoidal and
 // axial (registered as "pos_emb") for those kinds, sinusoidal and rotary

@@ -12,20 +12,6 @@ namespace forge::nn {
 
 namespace {
 
-constexpr const char* kNormNames[] = {"layer", "scale", "rezero"};
-constexpr const char* kReversibleOutputNames[] = {"sum", "mean"};
-constexpr const char* kFinalNormKindNames[] = {"layer", "block"};
-
-template <typename E, size_t K>
-E enum_from_name(const char* const (&names)[K], const std::string& name, const char* what) {
-  std::string valid;
-  for (size_t i = 0; i < K; ++i) {
-    if (name == names[i]) return static_cast<E>(i);
-    valid += (i ? ", " : "") + std::string(names[i]);
-  }
-  FORGE_FAIL("unknown {} '{}'; expected one of: {}", what, name, valid);
-}
-
 // Token shift of new tokens x (B, n, D) that continue a sequence whose last
 // branch input was prev (B, 1, D) (zeros before the first token): the last n
 // rows of shift(cat(prev, x)); prev becomes x's last row. Causal shifts are 0
@@ -39,25 +25,6 @@ Tensor shift_on(TokenShift& shift, const Tensor& x, Tensor& prev) {
 }
 
 }  // namespace
-
-const char* norm_name(NormKind k) {
-  return kNormNames[static_cast<int>(k)];
-}
-NormKind norm_from_name(const std::string& name) {
-  return enum_from_name<NormKind>(kNormNames, name, "norm");
-}
-const char* reversible_output_name(ReversibleOutput o) {
-  return kReversibleOutputNames[static_cast<int>(o)];
-}
-ReversibleOutput reversible_output_from_name(const std::string& name) {
-  return enum_from_name<ReversibleOutput>(kReversibleOutputNames, name, "reversible output");
-}
-const char* final_norm_kind_name(FinalNormKind k) {
-  return kFinalNormKindNames[static_cast<int>(k)];
-}
-FinalNormKind final_norm_kind_from_name(const std::string& name) {
-  return enum_from_name<FinalNormKind>(kFinalNormKindNames, name, "final norm kind");
-}
 
 // ---- SublayerNorm ----
 

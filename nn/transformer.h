@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/names.h"
 #include "nn/attention.h"
 #include "nn/drop_path.h"
 #include "nn/layers.h"
@@ -27,24 +28,37 @@
 namespace forge::nn {
 
 enum class NormKind { layer, scale, rezero };
-const char* norm_name(NormKind k);
-NormKind norm_from_name(const std::string& name);
+inline constexpr NameTable<NormKind, 3> kNormNames{"norm", {"layer", "scale", "rezero"}};
+inline const char* norm_name(NormKind k) { return name_of(kNormNames, k); }
+inline NormKind norm_from_name(const std::string& name) { return enum_from_name(kNormNames, name); }
 
 enum class CheckpointLevel { C0, C1, C2 };
+inline constexpr NameTable<CheckpointLevel, 3> kCheckpointLevelNames{"checkpoint level",
+                                                                     {"C0", "C1", "C2"}};
 
 // What a reversible stack returns from its two halves (y1, y2): their sum
 // (performer-pytorch) or their mean (linear-attention-transformer).
 enum class ReversibleOutput { sum, mean };
-const char* reversible_output_name(ReversibleOutput o);
-ReversibleOutput reversible_output_from_name(const std::string& name);
+inline constexpr NameTable<ReversibleOutput, 2> kReversibleOutputNames{"reversible output",
+                                                                       {"sum", "mean"}};
+inline const char* reversible_output_name(ReversibleOutput o) {
+  return name_of(kReversibleOutputNames, o);
+}
+inline ReversibleOutput reversible_output_from_name(const std::string& name) {
+  return enum_from_name(kReversibleOutputNames, name);
+}
 
 // The norm after the last block: a LayerNorm whatever the blocks use
 // (performer-pytorch and linear-attention-transformer, whose models end in
 // nn.LayerNorm with ScaleNorm or ReZero blocks too), or the blocks' own kind
 // (ScaleNorm after ScaleNorm blocks; LayerNorm after LayerNorm or ReZero blocks).
 enum class FinalNormKind { layer, block };
-const char* final_norm_kind_name(FinalNormKind k);
-FinalNormKind final_norm_kind_from_name(const std::string& name);
+inline constexpr NameTable<FinalNormKind, 2> kFinalNormKindNames{"final norm kind",
+                                                                 {"layer", "block"}};
+inline const char* final_norm_kind_name(FinalNormKind k) { return name_of(kFinalNormKindNames, k); }
+inline FinalNormKind final_norm_kind_from_name(const std::string& name) {
+  return enum_from_name(kFinalNormKindNames, name);
+}
 
 struct BlockConfig {
   AttentionConfig attention;  // self-attention; attention.dim is D

@@ -10,10 +10,6 @@
 namespace forge::optim {
 namespace {
 
-constexpr ScheduleKind kKinds[] = {ScheduleKind::constant, ScheduleKind::linear_warmup,
-                                   ScheduleKind::cosine,   ScheduleKind::step,
-                                   ScheduleKind::rsqrt,    ScheduleKind::linear_decay};
-
 // Linear warmup from 1 / W at step 0 to 1 at step W - 1.
 double warmup(int64_t warmup_steps, int64_t step) {
   if (step >= warmup_steps) return 1.0;
@@ -28,33 +24,6 @@ double progress(const ScheduleConfig& c, int64_t step) {
 }
 
 }  // namespace
-
-const char* schedule_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::constant:
-      return "constant";
-    case ScheduleKind::linear_warmup:
-      return "linear_warmup";
-    case ScheduleKind::cosine:
-      return "cosine";
-    case ScheduleKind::step:
-      return "step";
-    case ScheduleKind::rsqrt:
-      return "rsqrt";
-    case ScheduleKind::linear_decay:
-      return "linear_decay";
-  }
-  FORGE_FAIL("schedule_name: unknown ScheduleKind {}", static_cast<int>(kind));
-}
-
-ScheduleKind schedule_from_name(const std::string& name) {
-  std::string valid;
-  for (ScheduleKind k : kKinds) {
-    if (name == schedule_name(k)) return k;
-    valid += (valid.empty() ? "" : ", ") + std::string(schedule_name(k));
-  }
-  FORGE_FAIL("unknown schedule '{}'; expected one of {}", name, valid);
-}
 
 void ScheduleConfig::validate() const {
   const char* k = schedule_name(kind);

@@ -22,14 +22,18 @@
 #include <cstdint>
 #include <string>
 
+#include "core/names.h"
+
 namespace forge::optim {
 
 enum class ScheduleKind { constant, linear_warmup, cosine, step, rsqrt, linear_decay };
-
-// "constant", "linear_warmup", "cosine", "step", "rsqrt", "linear_decay"
-const char* schedule_name(ScheduleKind kind);
+inline constexpr NameTable<ScheduleKind, 6> kScheduleNames{
+    "schedule", {"constant", "linear_warmup", "cosine", "step", "rsqrt", "linear_decay"}};
+inline const char* schedule_name(ScheduleKind kind) { return name_of(kScheduleNames, kind); }
 // Throws a forge::Error listing the valid names on an unknown one.
-ScheduleKind schedule_from_name(const std::string& name);
+inline ScheduleKind schedule_from_name(const std::string& name) {
+  return enum_from_name(kScheduleNames, name);
+}
 
 struct ScheduleConfig {
   ScheduleKind kind = ScheduleKind::constant;

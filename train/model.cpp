@@ -36,13 +36,10 @@ nn::AttentionConfig attention_config(const Recipe& r, const std::string& kind,
   a.bucket_size = r.integer("model.attention.bucket_size");
   a.linear_eps = r.number("model.attention.linear_eps");
   a.nb_features = r.integer("model.attention.nb_features");
-  const std::string& fk = r.string("model.attention.favor_kernel");
-  a.favor_kernel = fk == "softmax" ? ops::attention::FavorKernel::softmax
-                   : fk == "relu"  ? ops::attention::FavorKernel::relu
-                                   : ops::attention::FavorKernel::no_projection;
-  a.favor_stabilizer = r.string("model.attention.favor_stabilizer") == "prefix"
-                           ? ops::attention::FavorStabilizer::prefix
-                           : ops::attention::FavorStabilizer::global;
+  a.favor_kernel = enum_from_name(ops::attention::kFavorKernelNames,
+                                  r.string("model.attention.favor_kernel"));
+  a.favor_stabilizer = enum_from_name(ops::attention::kFavorStabilizerNames,
+                                      r.string("model.attention.favor_stabilizer"));
   a.favor_scaling = static_cast<int>(r.integer("model.attention.favor_scaling"));
   a.feature_redraw_interval = r.integer("model.attention.feature_redraw_interval");
   a.k = r.integer("model.attention.k");
@@ -97,10 +94,7 @@ nn::StackConfig stack_config(const Recipe& r) {
   s.block.token_shifts = r.int_list("model.token_shifts");
   s.block.attend_axially = r.boolean("model.attend_axially");
   s.drop_path = r.number("model.drop_path");
-  const std::string& level = r.string("model.checkpoint");
-  s.checkpoint = level == "C0"   ? nn::CheckpointLevel::C0
-                 : level == "C1" ? nn::CheckpointLevel::C1
-                                 : nn::CheckpointLevel::C2;
+  s.checkpoint = enum_from_name(nn::kCheckpointLevelNames, r.string("model.checkpoint"));
   s.reversible = r.boolean("model.reversible");
   s.reversible_output = nn::reversible_output_from_name(r.string("model.reversible_output"));
   s.sharing = nn::sharing_from_name(r.string("model.attention.sharing"));

@@ -5,6 +5,8 @@
 #include <map>
 
 #include "core/error.h"
+#include "nn/models.h"
+#include "optim/schedule.h"
 #include "train/recipe.h"
 
 namespace forge::train {
@@ -49,8 +51,8 @@ struct SchemaBuilder {
   }
 };
 
-const std::vector<std::string> kMechanisms = {"softmax",       "local",     "efficient", "linear",
-                                              "taylor_linear", "linformer", "favor",     "taylorshift"};
+// The choices of keys that name an enum are that enum's name table (core/names.h).
+const std::vector<std::string> kMechanisms = names_of(nn::kMechanismNames);
 
 std::vector<KeySpec> build_schema() {
   SchemaBuilder s;
@@ -87,12 +89,12 @@ std::vector<KeySpec> build_schema() {
            "per sample with a rate rising linearly from 0 at the first block to this at the last, "
            "the kept ones scaled by 1 / (1 - rate); training only. Works with checkpoint levels "
            "and reversible stacks.");
-  s.choice("pool", "cls", {"cls", "mean"}, "Classifier input: the CLS token or the mean over real tokens.");
-  s.choice("norm", "layer", {"layer", "scale", "rezero"}, "Normalisation of each branch.");
+  s.choice("pool", "cls", names_of(nn::kPoolNames), "Classifier input: the CLS token or the mean over real tokens.");
+  s.choice("norm", "layer", names_of(nn::kNormNames), "Normalisation of each branch.");
   s.boolean("post_norm", false, "Post-norm blocks (the original Transformer) instead of pre-norm.");
   s.boolean("final_norm", true, "A norm after the last block (pre-norm stacks).");
   s.choice(
-      "final_norm_kind", "layer", {"layer", "block"},
+      "final_norm_kind", "layer", names_of(nn::kFinalNormKindNames),
       "The final norm: a LayerNorm whatever the blocks use (performer-pytorch, "
       "linear-attention-transformer), or the blocks' own kind (ScaleNorm after ScaleNorm blocks).");
   s.number(
@@ -109,9 +111,9 @@ std::vector<KeySpec> build_schema() {
   s.boolean("out_bias", true,
             "A bias on the attention output projection (performer-pytorch: attn_out_bias, false by "
             "default).");
-  s.choice("checkpoint", "C0", {"C0", "C1", "C2"}, "Gradient checkpointing: C0 none, C1 each branch, C2 each branch and each head.");
+  s.choice("checkpoint", "C0", names_of(nn::kCheckpointLevelNames), "Gradient checkpointing: C0 none, C1 each branch, C2 each branch and each head.");
   s.boolean("reversible", false, "Reversible blocks (RevNet couplings; activation memory flat in depth).");
-  s.choice("reversible_output", "sum", {"sum", "mean"},
+  s.choice("reversible_output", "sum", names_of(nn::kReversibleOutputNames),
            "Reversible stacks: the output is the sum of the two halves (performer-pytorch) or "
            "their mean (linear-attention-transformer).");
   s.integer("image_size", 28, 1, kInf, "vit: input image side (images are square).");
@@ -123,8 +125,7 @@ std::vector<KeySpec> build_schema() {
   s.integer("max_len", 0, 0, kInf,
             "Sequence models: longest sequence, the positions available (encoder_decoder: the "
             "source's); 0: from the data (data.max_length, data.seq_len).");
-  s.choice("positional", "learned",
-           {"none", "learned", "sinusoidal", "rotary", "rotary_only", "axial"},
+  s.choice("positional", "learned", names_of(nn::kPositionalNames),
            "Sequence models: position encoding. rotary: fixed sinusoids added to the input and "
            "rotary q, k in every layer (performer-pytorch's rotary_position_emb, "
            "linear-attention-transformer's use_rotary_emb); rotary_only: the rotation alone.");
@@ -161,7 +162,7 @@ std::vector<KeySpec> build_schema() {
   s.string_list("per_layer", kMechanisms, "Optional mechanism per layer (length depth); overrides kind layer by layer.");
   s.integer("local_heads", 0, 0, 1024,
             "local_heads heads of each layer use local attention, the others kind.");
-  s.choice("local_heads_at", "first", {"first", "last"},
+  s.choice("local_heads_at", "first", names_of(nn::kLocalHeadsAtNames),
            "Where the local heads sit among the heads: first (linear-attention-transformer) or "
            "last (performer-pytorch).");
   s.boolean("local_rotary", false,
@@ -177,12 +178,12 @@ std::vector<KeySpec> build_schema() {
   s.integer("bucket_size", 64, 1, kInf, "efficient, causal: blind-spot bucket.");
   s.number("linear_eps", 1e-6, 0, kInf, "linear: normaliser epsilon.");
   s.integer("nb_features", 0, 0, kInf, "favor: random features m; 0: int(d ln d).");
-  s.choice("favor_kernel", "softmax", {"softmax", "relu", "no_projection"}, "favor: feature map.");
-  s.choice("favor_stabilizer", "prefix", {"prefix", "global"}, "favor, causal softmax kernel: stabiliser.");
+  s.choice("favor_kernel", "softmax", names_of(ops::attention::kFavorKernelNames), "favor: feature map.");
+  s.choice("favor_stabilizer", "prefix", names_of(ops::attention::kFavorStabilizerNames), "favor, causal softmax kernel: stabiliser.");
   s.integer("favor_scaling", 0, 0, 1, "favor: 0 row norms of Gaussian vectors, 1 sqrt(d).");
   s.integer("feature_redraw_interval", 1000, 0, kInf, "favor: training steps between redraws of the projection; 0: never.");
   s.integer("k", 256, 1, kInf, "linformer: projected length k.");
-  s.choice("sharing", "none", {"none", "headwise", "kv", "layerwise"}, "linformer: E/F parameter sharing.");
+  s.choice("sharing", "none", names_of(nn::kSharingNames), "linformer: E/F parameter sharing.");
   s.integer("k_reduce_by_layer", 0, 0, kInf, "linformer: k shrinks by this much per layer.");
   s.number("ts_a", 0.5, -kInf, kInf, "taylorshift: coefficient a of a x^2 + b x + c.");
   s.number("ts_b", 1.0, -kInf, kInf, "taylorshift: coefficient b.");
@@ -322,7 +323,7 @@ std::vector<KeySpec> build_schema() {
   s.string_list("freeze", {}, "Parameters left out of the optimizer: name prefixes, e.g. [transformer.projections] keeps Linformer's E/F at their random init.");
 
   s.section = "schedule.";
-  s.choice("kind", "cosine", {"constant", "linear_warmup", "cosine", "step", "rsqrt", "linear_decay"}, "Learning-rate schedule (rsqrt: LRA's constant * linear_warmup * rsqrt_decay).");
+  s.choice("kind", "cosine", names_of(optim::kScheduleNames), "Learning-rate schedule (rsqrt: LRA's constant * linear_warmup * rsqrt_decay).");
   s.integer("warmup_steps", 0, 0, kInf, "Linear warmup steps (one longer than the run: cut to it, except rsqrt; a warning says so).");
   s.number("warmup_epochs", 0.0, 0, kInf, "Warmup in epochs (used when warmup_steps is 0).");
   s.number("min_lr_ratio", 0.0, 0, 1, "cosine / linear_decay: final lr as a fraction of the base.");

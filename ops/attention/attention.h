@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "core/names.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "ops/attention/flash_cuda.h"
@@ -87,7 +88,11 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 
 // ---- favor: Performer FAVOR+ ----
 enum class FavorKernel { softmax, relu, no_projection };
+inline constexpr NameTable<FavorKernel, 3> kFavorKernelNames{"favor kernel",
+                                                             {"softmax", "relu", "no_projection"}};
 enum class FavorStabilizer { prefix, global };  // causal softmax kernel only
+inline constexpr NameTable<FavorStabilizer, 2> kFavorStabilizerNames{"favor stabilizer",
+                                                                     {"prefix", "global"}};
 struct FavorOptions {
   FavorKernel kernel = FavorKernel::softmax;
   bool causal = false;
