@@ -1,5 +1,5 @@
-// The attention mechanisms of ../shared/ATTENTION.md (docs/ATTENTION.md for
-// users), each ONE autograd op with its own fused forward and backward.
+// The attention mechanisms of docs/ATTENTION.md (their exact formulas and a
+// user's guide), each ONE autograd op with its own fused forward and backward.
 //
 // Shapes (the letters never change meaning): q [B, H, N, d]; k [B, H, M, d];
 // v [B, H, M, dv]; output [B, H, N, dv]. key_padding_mask (optional, may be an
