@@ -17,13 +17,20 @@ namespace forge::nn {
 
 namespace att = ops::attention;
 
+int64_t resolve_head_dim(int64_t dim, int64_t heads, int64_t head_dim, const std::string& dim_name,
+                         const std::string& heads_name, const std::string& head_dim_name) {
+  if (head_dim > 0) return head_dim;
+  FORGE_CHECK(heads > 0 && dim % heads == 0,
+              "{} = {} is not divisible by {} = {}; change one of them or set {} (0: {} / {})",
+              dim_name, dim, heads_name, heads, head_dim_name, dim_name, heads_name);
+  return dim / heads;
+}
+
 void AttentionConfig::validate(const std::string& where) const {
   FORGE_CHECK(dim > 0, "{}.dim must be > 0, got {}", where, dim);
   FORGE_CHECK(heads > 0, "{}.heads must be > 0, got {}", where, heads);
-  FORGE_CHECK(head_dim > 0 || dim % heads == 0,
-              "{}: dim {} is not divisible by heads {}; set head_dim explicitly", where, dim,
-              heads);
   FORGE_CHECK(head_dim >= 0, "{}.head_dim must be >= 0 (0: dim / heads), got {}", where, head_dim);
+  resolve_head_dim(dim, heads, head_dim, where + ".dim", where + ".heads", where + ".head_dim");
   FORGE_CHECK(n_local_heads >= 0 && n_local_heads <= heads,
               "{}.n_local_heads must be in [0, heads = {}], got {}", where, heads, n_local_heads);
   FORGE_CHECK(local_window >= 1, "{}.local_window must be >= 1, got {}", where, local_window);

@@ -61,6 +61,13 @@ inline LocalHeadsAt local_heads_at_from_name(const std::string& name) {
   return enum_from_name(kLocalHeadsAtNames, name);
 }
 
+// The per-head width d: head_dim, or dim / heads when head_dim is 0, which
+// heads must then divide. The one place that rule is written and checked: the
+// error names the three values as the caller calls them (`dim`, `heads`,
+// `head_dim`: "model.dim", "ViTConfig.heads", ...).
+int64_t resolve_head_dim(int64_t dim, int64_t heads, int64_t head_dim, const std::string& dim_name,
+                         const std::string& heads_name, const std::string& head_dim_name);
+
 struct AttentionConfig {
   Mechanism kind = Mechanism::softmax;
   int64_t dim = 0;       // D: input and output width
@@ -112,7 +119,9 @@ struct AttentionConfig {
 
   DType dtype = DType::f32;
 
-  int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : dim / heads; }
+  int64_t resolved_head_dim() const {
+    return resolve_head_dim(dim, heads, head_dim, "dim", "heads", "head_dim");
+  }
   int64_t resolved_look_forward() const {
     return local_look_forward >= 0 ? local_look_forward : (causal ? 0 : 1);
   }

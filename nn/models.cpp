@@ -273,10 +273,8 @@ void ViTConfig::validate() const {
   check_positive(depth, "ViTConfig.depth");
   check_positive(heads, "ViTConfig.heads");
   check_positive(mlp_ratio, "ViTConfig.mlp_ratio");
-  FORGE_CHECK(stack.block.attention.head_dim > 0 || dim % heads == 0,
-              "ViTConfig.dim {} is not divisible by ViTConfig.heads {}; change one or set "
-              "stack.block.attention.head_dim",
-              dim, heads);
+  resolve_head_dim(dim, heads, stack.block.attention.head_dim, "ViTConfig.dim", "ViTConfig.heads",
+                   "ViTConfig.stack.block.attention.head_dim");
   check_dropout(emb_dropout, "ViTConfig.emb_dropout");
   check_norm_eps(norm_eps, "ViTConfig.norm_eps");
 }

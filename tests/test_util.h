@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -39,6 +41,26 @@ inline Tensor leaf64(const Shape& shape, uint64_t seed, double lo = -1.0, double
   for (int64_t i = 0; i < u.numel(); ++i) p[i] = lo + (hi - lo) * p[i];
   u.set_requires_grad(true);
   return u;
+}
+
+// Uniform [lo, hi) tensor of `shape` and dtype from its own seeded generator
+// (leaf64's values, cast), optionally requiring grad.
+inline Tensor uniform(const Shape& shape, uint64_t seed, DType dtype = DType::f64, double lo = -1,
+                      double hi = 1, bool requires_grad = true) {
+  Tensor t = leaf64(shape, seed, lo, hi).detach();
+  if (dtype != DType::f64) t = t.to(dtype);
+  if (requires_grad) t.set_requires_grad(true);
+  return t;
+}
+
+// [B, N] i64 token ids uniform in [0, vocab), from a seeded generator.
+inline Tensor random_ids(int64_t B, int64_t N, int64_t vocab, uint64_t seed) {
+  Generator g(seed);
+  const auto u = Tensor::rand({B, N}, DType::f64, &g).to_vector<double>();
+  std::vector<int64_t> ids(u.size());
+  for (size_t i = 0; i < u.size(); ++i)
+    ids[i] = static_cast<int64_t>(u[i] * static_cast<double>(vocab)) % vocab;
+  return Tensor::from_vector(ids, {B, N});
 }
 
 // t's values rounded to bf16 (through f32), in f64: what the CPU's bf16
@@ -77,17 +99,43 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+// Both defined, the same shape, and max |a - b| <= tol (printing both when not).
 inline void expect_close(const Tensor& a, const Tensor& b, double tol) {
   ASSERT_TRUE(a.defined() && b.defined());
   ASSERT_EQ(a.shape(), b.shape());
   EXPECT_LE(max_abs_diff(a, b), tol) << "got\n" << a << "\nexpected\n" << b;
 }
 
+// expect_close on each pair of two lists with the same entries defined.
+inline void expect_all_close(const std::vector<Tensor>& a, const std::vector<Tensor>& b,
+                             double tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].defined(), b[i].defined()) << "entry " << i;
+    if (a[i].defined()) expect_close(a[i], b[i], tol);
+  }
+}
+
+// a's values, flattened, equal `expected` within tol.
 inline void expect_values(const Tensor& a, const std::vector<double>& expected, double tol = 1e-6) {
   const auto x = a.to_vector<double>();
   ASSERT_EQ(x.size(), expected.size());
   for (size_t i = 0; i < x.size(); ++i)
     EXPECT_NEAR(x[i], expected[i], tol) << "at flat index " << i;
+}
+
+// The bytes of t's elements (t moved to the CPU first), to compare bit for bit.
+inline std::string bytes_of(const Tensor& t) {
+  const Tensor c = t.to(Device::cpu());
+  return std::string(static_cast<const char*>(c.raw_data()), c.nbytes());
+}
+
+// Both undefined, or the same dtype, shape and bytes (CPU tensors).
+inline bool same_tensor(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
 // f throws a forge::Error whose message contains every one of `parts`.
@@ -102,6 +150,22 @@ void expect_error(F&& f, const std::vector<std::string>& parts) {
     return;
   }
   ADD_FAILURE() << "expected a forge::Error";
+}
+
+// What error_of does when fn throws nothing: fail the test, or allow it.
+enum class IfNoError { fail, allow };
+
+// The message of the forge::Error fn throws; "" when it throws none (a test
+// failure unless if_none is IfNoError::allow).
+template <typename F>
+std::string error_of(F&& fn, IfNoError if_none = IfNoError::fail) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (if_none == IfNoError::fail) ADD_FAILURE() << "expected a forge::Error";
+  return "";
 }
 
 // ---- files ----
@@ -130,6 +194,7 @@ class TempDir {
   static inline int counter_ = 0;
 };
 
+// The bytes of the file at `path` ("" when it cannot be read).
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -140,6 +205,11 @@ inline void write_file(const std::filesystem::path& path, std::string_view bytes
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// write_file for bytes held as uint8_t.
+inline void write_file(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
+  write_file(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 // Every file under `dir` (relative path -> bytes), to check that an operation

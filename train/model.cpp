@@ -104,12 +104,11 @@ nn::StackConfig stack_config(const Recipe& r) {
   return s;
 }
 
-void check_width(const Recipe& r) {
-  const int64_t dim = r.integer("model.dim"), heads = r.integer("model.heads");
-  FORGE_CHECK(r.integer("model.head_dim") > 0 || dim % heads == 0,
-              "recipe: model.dim = {} is not divisible by model.heads = {}; change one of them or "
-              "set model.head_dim",
-              dim, heads);
+// The recipe's per-head width (model.head_dim, 0: dim / heads), checked.
+int64_t head_dim_of(const Recipe& r) {
+  return nn::resolve_head_dim(r.integer("model.dim"), r.integer("model.heads"),
+                              r.integer("model.head_dim"), "recipe: model.dim", "model.heads",
+                              "model.head_dim");
 }
 
 // The maps every capturing attention layer stored during one forward.
@@ -354,7 +353,7 @@ const char* task_name(Task t) {
 
 std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, DType dtype,
                                        Generator* gen) {
-  check_width(r);
+  head_dim_of(r);
   check_model_fits_memory(r, shape, dtype == DType::f64 ? 8 : 4, "building its weights");
   const std::string& type = r.string("model.type");
   const Task wants = type == "language_model"    ? Task::language_model
@@ -502,8 +501,8 @@ void resolve_sizes(Recipe& r, const DataShape& shape) {
     if (r.integer(key) == 0 && v > 0) r.set(fmt::format("{}={}", key, v));
   };
   const std::string& type = r.string("model.type");
-  const int64_t dim = r.integer("model.dim"), heads = r.integer("model.heads");
-  if (dim % heads == 0) fill("model.head_dim", dim / heads);
+  const int64_t dim = r.integer("model.dim");
+  fill("model.head_dim", head_dim_of(r));
   fill("model.mlp_dim", r.integer("model.mlp_ratio") * dim);
   double eps = nn::LanguageModelConfig{}.norm_eps;
   if (type == "vit") eps = nn::ViTConfig{}.norm_eps;

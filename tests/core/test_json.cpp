@@ -8,18 +8,14 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "tests/test_util.h"
 
 namespace forge::json {
 namespace {
 
 // The message of the forge::Error that parsing `text` throws ("" if none).
 std::string parse_error(std::string_view text) {
-  try {
-    parse(text, "input.json");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return testing::error_of([&] { parse(text, "input.json"); }, testing::IfNoError::allow);
 }
 
 TEST(JsonParse, Scalars) {

@@ -2,46 +2,32 @@
 // layout, atomic replacement, and rejection of every kind of corrupt file
 // with a message naming the file and the tensor.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <string>
 
 #include "core/json.h"
 #include "core/safetensors.h"
+#include "tests/test_util.h"
 
 namespace forge::safetensors {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::bytes_of;
+using testing::read_file;
+using testing::write_file;
 
 // A fresh directory per test, removed afterwards.
 class SafetensorsFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / fmt::format("forge_st_{}_{}", ::getpid(), info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return tmp_.file(name); }
 
-  fs::path dir_;
+  testing::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_file(const std::string& path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::string le64(uint64_t n) {
   std::string s(8, '\0');
@@ -55,28 +41,20 @@ std::string make_file(std::string_view header, std::string_view data) {
 }
 
 // The forge::Error message of deserializing `bytes` ("" if it loaded).
-std::string error_of(std::string_view bytes) {
-  try {
-    deserialize(bytes, "bad.safetensors");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+std::string load_error(std::string_view bytes) {
+  return testing::error_of([&] { deserialize(bytes, "bad.safetensors"); },
+                           testing::IfNoError::allow);
 }
 
 #define EXPECT_REJECTED(bytes, ...)                                                          \
   do {                                                                                       \
-    const std::string msg_ = error_of(bytes);                                                \
+    const std::string msg_ = load_error(bytes);                                              \
     ASSERT_FALSE(msg_.empty()) << "accepted";                                                \
     EXPECT_NE(msg_.find("bad.safetensors"), std::string::npos) << msg_;                      \
     for (const char* part_ : {__VA_ARGS__}) {                                                \
       EXPECT_NE(msg_.find(part_), std::string::npos) << "no '" << part_ << "' in: " << msg_; \
     }                                                                                        \
   } while (0)
-
-std::string bytes_of(const Tensor& t) {
-  return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
-}
 
 std::map<std::string, Tensor> every_dtype() {
   std::map<std::string, Tensor> m;

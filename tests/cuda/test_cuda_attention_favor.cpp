@@ -26,6 +26,7 @@ using ops::attention::FavorKernel;
 using ops::attention::FavorOptions;
 using ops::attention::FavorStabilizer;
 using testing::AttentionFn;
+using testing::error_of;
 using testing::gpu;
 using testing::uniform;
 
@@ -239,14 +240,6 @@ TEST(CudaAttentionFavor, WOnAnotherDeviceOrDtypeIsRefused) {
   const Tensor q = Tensor::zeros({1, 1, 4, 8}, DType::f32, gpu());
   Generator g(7);
   const Tensor W = ops::attention::gaussian_orthogonal_random_matrix(16, 8, 0, DType::f32, &g);
-  auto error_of = [](const std::function<void()>& fn) -> std::string {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   EXPECT_NE(error_of([&] { favor(q, q, q, W); }).find("W must be on q's device cuda:0, got cpu"),
             std::string::npos);
   EXPECT_NE(

@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <utility>
@@ -28,7 +27,9 @@ using ops::attention::linear;
 using ops::attention::LinearOptions;
 using ops::attention::taylor_linear;
 using testing::AttentionFn;
+using testing::bytes_of;
 using testing::gpu;
+using testing::QkvFn;
 using testing::uniform;
 
 struct Config {
@@ -119,7 +120,6 @@ AttentionFn taylor_fn() {
 }
 
 // fn(q, k, v) without a mask, for the leak and memory checks.
-using QkvFn = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
 QkvFn qkv(const AttentionFn& fn) {
   return [fn](const Tensor& q, const Tensor& k, const Tensor& v) {
     return fn({q, k, v, Tensor()});
@@ -221,14 +221,6 @@ TEST(CudaAttentionLinear, CausalFormsDoNotLeakOnTheGpu) {
 
 // ---- determinism ----
 
-// The bytes of a tensor on the CPU.
-std::vector<unsigned char> bytes_of(const Tensor& t) {
-  const Tensor c = t.to(Device::cpu());
-  std::vector<unsigned char> b(c.nbytes());
-  std::memcpy(b.data(), c.raw_data(), c.nbytes());
-  return b;
-}
-
 TEST(CudaAttentionLinear, GradientsAreBitIdenticalAcrossRuns) {
   FORGE_REQUIRE_CUDA();
   const Config c = self_configs()[4];  // 600 positions: several partial and chunk states
@@ -239,7 +231,7 @@ TEST(CudaAttentionLinear, GradientsAreBitIdenticalAcrossRuns) {
       {efficient_fn(true, 1), "efficient causal"},
       {taylor_fn(), "taylor_linear"}};
   for (const auto& [fn, name] : fns) {
-    std::vector<std::vector<unsigned char>> first;
+    std::vector<std::string> first;
     for (int run = 0; run < 2; ++run) {
       std::vector<Tensor> in = make_inputs(c, DType::f32);
       for (int i = 0; i < 3; ++i) {

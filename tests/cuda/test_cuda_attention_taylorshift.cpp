@@ -19,6 +19,7 @@ namespace forge {
 namespace {
 
 using ops::attention::TaylorShiftOptions;
+using testing::error_of;
 using testing::gpu;
 
 constexpr int64_t kForceDirect = int64_t{1} << 40;
@@ -194,15 +195,6 @@ TEST(CudaAttentionTaylorShift, EfficientFormMemoryIsLinear) {
 TEST(CudaAttentionTaylorShift, DirectFormMemoryIsLinear) {
   FORGE_REQUIRE_CUDA();
   testing::expect_linear_memory_cuda(qkv_op(true), 1, 16, DType::f32, "taylorshift direct");
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(CudaAttentionTaylorShift, ChecksDevicesAndHeadDims) {

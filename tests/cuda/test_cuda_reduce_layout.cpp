@@ -5,7 +5,6 @@
 // copies of every dtype, the index ops with repeated ids and padding_idx, and
 // the errors: out-of-range indices (the CPU's message) and mixed devices.
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -18,6 +17,8 @@
 namespace forge {
 namespace {
 
+using testing::bytes_of;
+using testing::error_of;
 using testing::expect_error;
 using testing::gpu;
 using testing::tolerance;
@@ -325,13 +326,6 @@ TEST(CudaLayout, EveryOpForwardAndBackwardEqualTheCpu) {
   }
 }
 
-// The bytes of a tensor (moved to the CPU).
-std::vector<char> bytes_of(const Tensor& t) {
-  const Tensor c = t.to(Device::cpu());
-  const char* p = static_cast<const char*>(c.raw_data());
-  return std::vector<char>(p, p + c.nbytes());
-}
-
 TEST(CudaLayout, CopiesAndGathersMoveEveryDtype) {
   FORGE_REQUIRE_CUDA();
   const Tensor idx = Tensor::from_vector<int64_t>({3, 0, 3, 5});
@@ -447,17 +441,6 @@ TEST(CudaIndexOps, ForwardAndScatterAddBackwardMatchTheCpu) {
       expect_matches(xg.grad(), xc.grad(), tolerance(dt) * std::max(1.0, max_abs(xc.grad())));
     }
   }
-}
-
-// The message of the forge::Error f throws ("" when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(CudaIndexOps, OutOfRangeIndicesRaiseTheCpuErrorAndTheGpuGoesOn) {

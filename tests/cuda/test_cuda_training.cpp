@@ -14,6 +14,7 @@
 #include "optim/adam.h"
 #include "optim/grad_scaler.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/train/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -22,7 +23,9 @@ namespace forge {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::fresh_dir;
 using testing::gpu;
+using testing::quiet;
 
 nn::ViTConfig small_vit() {
   nn::ViTConfig c;
@@ -110,13 +113,6 @@ TEST(CudaTraining, ModuleToMovesEveryTensorAndKeepsTies) {
 
 // ---- the trainer: recipes, devices and checkpoints ----
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("attnforge_cuda_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p.string();
-}
-
 // A Fashion-MNIST-shaped data directory (plain IDX files) of synthetic 28x28
 // images: class c is a bright band on rows 2c .. 2c + 5 over noise. The GPU
 // machine has no Debian dataset package, so these tests bring their own data.
@@ -191,13 +187,6 @@ checkpoint:
   r.set("precision=" + precision);
   r.set("data.root=" + synthetic_fashion_mnist());
   return r;
-}
-
-train::TrainOptions quiet(const std::string& dir) {
-  train::TrainOptions o;
-  o.run_dir = dir;
-  o.console = false;
-  return o;
 }
 
 TEST(CudaTraining, RecipesTrainOnTheGpuInEveryPrecision) {

@@ -12,7 +12,6 @@
 #include <zlib.h>
 
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -20,12 +19,15 @@
 #include "core/error.h"
 #include "data/idx.h"
 #include "data/image_io.h"
+#include "tests/data/data_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
 namespace {
 
 using forge::testing::TempDir;
+using forge::testing::write_file;
+using forge::testing::write_gz;
 
 constexpr long kMaxGrowthKb = 100 * 1024;  // 100 MB
 
@@ -96,19 +98,6 @@ void expect_refused(const std::function<void()>& f, const std::vector<std::strin
       << "peak RSS grew by " << o.peak_growth_kb / 1024 << " MB: " << o.message;
 }
 
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
-
-void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
-            static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
-}
-
 void put_u32(std::vector<uint8_t>& out, uint32_t v) {
   for (int shift : {24, 16, 8, 0}) out.push_back(static_cast<uint8_t>(v >> shift));
 }
@@ -126,7 +115,7 @@ std::vector<uint8_t> idx_header(const std::vector<uint32_t>& dims, size_t data_b
 TEST(AllocationBombs, IdxPlainLabelsFileDeclaringFourBillionItems) {
   TempDir dir;
   const std::string path = dir.file("train-labels-idx1-ubyte");
-  write_bytes(path, idx_header({0xffffffffu}));  // 8 bytes
+  write_file(path, idx_header({0xffffffffu}));  // 8 bytes
   expect_refused([&] { read_idx(path); },
                  {path, "truncated", "[4294967295]", "4294967295 data bytes", "found 0"});
 }
@@ -153,7 +142,7 @@ TEST(AllocationBombs, IdxGzipStreamShorterThanDeclared) {
 TEST(AllocationBombs, IdxDimsWhoseProductOverflows) {
   TempDir dir;
   const std::string path = dir.file("wrap");
-  write_bytes(path, idx_header({1u << 20, 1u << 20, 1u << 24}));
+  write_file(path, idx_header({1u << 20, 1u << 20, 1u << 24}));
   expect_refused([&] { read_idx(path); },
                  {path, "[1048576, 1048576, 16777216]", "overflows 64 bits"});
   write_gz(path + ".gz", idx_header({1u << 20, 1u << 20, 1u << 24}));
@@ -203,7 +192,7 @@ std::vector<uint8_t> jpeg_bomb(uint8_t sof) {
 TEST(AllocationBombs, PngDeclaringGigapixels) {
   TempDir dir;
   const std::string path = dir.file("bomb.png");
-  write_bytes(path, png_bomb());
+  write_file(path, png_bomb());
   expect_refused([&] { read_image(path); },
                  {path, "37000x37000", "data.max_image_pixels", "67108864"});
 }
@@ -213,7 +202,7 @@ TEST(AllocationBombs, BaselineAndProgressiveJpegDeclaringGigapixels) {
   for (uint8_t sof : {uint8_t{0xc0}, uint8_t{0xc2}}) {
     SCOPED_TRACE(sof == 0xc0 ? "SOF0" : "SOF2");
     const std::string path = dir.file("bomb.jpg");
-    write_bytes(path, jpeg_bomb(sof));
+    write_file(path, jpeg_bomb(sof));
     expect_refused([&] { read_image(path); }, {path, "37000x36000", "data.max_image_pixels"});
   }
 }

@@ -3,8 +3,6 @@
 // augmentation, and the real dataset when Debian's dataset-fashion-mnist is
 // installed (sizes, class histogram, first labels).
 #include <gtest/gtest.h>
-#include <unistd.h>
-#include <zlib.h>
 
 #include <chrono>
 #include <cmath>
@@ -17,6 +15,7 @@
 #include "data/fashion_mnist.h"
 #include "data/idx.h"
 #include "data/loader.h"
+#include "tests/data/data_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
@@ -24,6 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using forge::testing::expect_error;
+using forge::testing::write_file;
+using forge::testing::write_gz;
 
 const char* kRealRoot = "/usr/share/datasets/fashion-mnist";
 
@@ -37,37 +38,18 @@ std::vector<uint8_t> idx_bytes(const std::vector<uint32_t>& dims,
   return out;
 }
 
-void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
-            static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
-}
-
-void write_plain(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
-
 // Pixel k of image i in the small test set.
 uint8_t pixel(int64_t i, int64_t k) {
   return static_cast<uint8_t>((37 * i + 11 * k) % 256);
 }
 
+// IDX files written to a fresh directory per test, removed afterwards.
 class FashionMnistFiles : public ::testing::Test {
  protected:
   static constexpr int64_t kImages = 5;
   const std::vector<uint8_t> labels_ = {9, 0, 3, 7, 0};
 
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / fmt::format("forge_fmnist_{}_{}", ::getpid(), info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return tmp_.file(name); }
 
   std::vector<uint8_t> images(int64_t n) const {
     std::vector<uint8_t> px;
@@ -91,7 +73,8 @@ class FashionMnistFiles : public ::testing::Test {
     return o;
   }
 
-  fs::path dir_;
+  testing::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(FashionMnistFiles, ReadsGzipFilesExactly) {
@@ -131,8 +114,8 @@ TEST_F(FashionMnistFiles, NormalisesWithTheGivenMeanAndStd) {
 }
 
 TEST_F(FashionMnistFiles, AcceptsUncompressedFiles) {
-  write_plain(path("train-images-idx3-ubyte"), images(kImages));
-  write_plain(path("train-labels-idx1-ubyte"), labels());
+  write_file(path("train-images-idx3-ubyte"), images(kImages));
+  write_file(path("train-labels-idx1-ubyte"), labels());
   const FashionMnist data(opts());
   EXPECT_EQ(data.size(), kImages);
   EXPECT_EQ(data.get(4, nullptr).input.data<float>()[5], static_cast<float>(pixel(4, 5) / 255.0));
@@ -168,7 +151,7 @@ TEST_F(FashionMnistFiles, TruncatedFilesNameTheExpectedAndFoundByteCounts) {
 
   bytes = images(kImages);
   bytes.push_back(1);
-  write_plain(path("long"), bytes);
+  write_file(path("long"), bytes);
   expect_error([&] { read_idx(path("long")); }, {"'" + path("long") + "'", "found more"});
 }
 

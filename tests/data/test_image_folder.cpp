@@ -2,7 +2,6 @@
 // RGB, plus files and folders it must skip): order, labels, class names,
 // examples, thread safety, and the errors for bad trees and files.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -32,17 +31,9 @@ void touch(const fs::path& p, const std::string& text = "x") {
   std::ofstream(p) << text;
 }
 
+// A fresh root folder per test, removed afterwards.
 class ImageFolderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = fs::path(::testing::TempDir()) /
-            (std::string("forge_image_folder_") + info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   // root/bird: B2.JPG b1.png; root/cat: a.jpeg b.jpg c.png (gray);
   // root/dog: x.PNG, plus a text file, a hidden image and a subfolder that
   // are skipped; a hidden folder and a loose file at the top are skipped too.
@@ -69,7 +60,8 @@ class ImageFolderTest : public ::testing::Test {
     return o;
   }
 
-  fs::path root_;
+  testing::TempDir tmp_;
+  const fs::path root_ = tmp_.path();
 };
 
 TEST_F(ImageFolderTest, ScansClassesAndFilesInOrder) {

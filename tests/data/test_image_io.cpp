@@ -3,7 +3,6 @@
 // tRNS, interlacing) on files made here with libpng's low-level writer, and
 // the errors for missing, empty, foreign, corrupt and truncated files.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +22,7 @@
 #include "core/error.h"
 #include "data/image_io.h"
 #include "data/random.h"
+#include "tests/data/data_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
@@ -31,29 +30,17 @@ namespace {
 
 namespace fs = std::filesystem;
 using forge::testing::expect_error;
+using forge::testing::pattern_image;
+using forge::testing::write_file;
 
 // A fresh directory per test, removed afterwards.
 class ImageIoTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) /
-           (std::string("forge_image_io_") + info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return tmp_.file(name); }
 
-  fs::path dir_;
+  testing::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
 };
-
-// A deterministic h x w x c image with varied values (exact round trips).
-Image pattern_image(int64_t h, int64_t w, int64_t c) {
-  Image im{h, w, c, std::vector<uint8_t>(static_cast<size_t>(h * w * c))};
-  for (int64_t i = 0; i < h * w * c; ++i) im.pixels[static_cast<size_t>(i)] = (i * 37 + 11) % 256;
-  return im;
-}
 
 // A smooth image (JPEG keeps it within a few levels).
 Image smooth_image(int64_t h, int64_t w, int64_t c) {
@@ -64,11 +51,6 @@ Image smooth_image(int64_t h, int64_t w, int64_t c) {
         im.pixels[static_cast<size_t>((y * w + x) * c + k)] =
             static_cast<uint8_t>(40 + 2 * x + 3 * y + 30 * k);
   return im;
-}
-
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 // ---- a low-level libpng writer for the formats the encoder does not make ----
@@ -270,10 +252,10 @@ TEST_F(ImageIoTest, MissingFileNamesThePath) {
 
 TEST_F(ImageIoTest, ForeignOrEmptyFilesAreNotImages) {
   const std::string text = path("notes.png");
-  write_bytes(text, {'G', 'I', 'F', '8', '9', 'a', 0, 0});
+  write_file(text, {'G', 'I', 'F', '8', '9', 'a', 0, 0});
   expect_error([&] { read_image(text); }, {text, "not a PNG or JPEG", "47 49 46 38 39 61"});
   const std::string empty = path("empty.jpg");
-  write_bytes(empty, {});
+  write_file(empty, "");
   expect_error([&] { read_image(empty); }, {empty, "empty"});
 }
 
@@ -282,10 +264,10 @@ TEST_F(ImageIoTest, TruncatedFilesAreErrors) {
   const std::vector<uint8_t> jpeg = encode_jpeg(pattern_image(16, 16, 3));
   for (double fraction : {0.1, 0.5, 0.95}) {
     const std::string p = path("cut.png");
-    write_bytes(p, std::vector<uint8_t>(png.begin(), png.begin() + long(fraction * png.size())));
+    write_file(p, std::vector<uint8_t>(png.begin(), png.begin() + long(fraction * png.size())));
     expect_error([&] { read_image(p); }, {p, "truncated"});
     const std::string j = path("cut.jpg");
-    write_bytes(j, std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + long(fraction * jpeg.size())));
+    write_file(j, std::vector<uint8_t>(jpeg.begin(), jpeg.begin() + long(fraction * jpeg.size())));
     expect_error([&] { read_image(j); }, {j, "truncated"});
   }
 }
@@ -339,7 +321,7 @@ TEST_F(ImageIoTest, RegionDecodeGivesTheWholeDecodesPixels) {
       }
     }
     const std::string cut = path("cut_region.jpg");
-    write_bytes(cut, std::vector<uint8_t>(bytes.begin(), bytes.begin() + long(0.8 * bytes.size())));
+    write_file(cut, std::vector<uint8_t>(bytes.begin(), bytes.begin() + long(0.8 * bytes.size())));
     ImageRegion got;
     expect_error(
         [&] {
@@ -355,14 +337,14 @@ TEST_F(ImageIoTest, CorruptFilesAreErrors) {
   std::vector<uint8_t> png = encode_png(pattern_image(16, 16, 3));
   png[png.size() / 2] ^= 0x55;
   const std::string p = path("corrupt.png");
-  write_bytes(p, png);
+  write_file(p, png);
   expect_error([&] { read_image(p); }, {p, "invalid PNG"});
 
   // A JPEG whose body after the start marker is noise.
   std::vector<uint8_t> jpeg = {0xff, 0xd8, 0xff};
   for (int i = 0; i < 200; ++i) jpeg.push_back(static_cast<uint8_t>(i * 73 + 5));
   const std::string j = path("corrupt.jpg");
-  write_bytes(j, jpeg);
+  write_file(j, jpeg);
   expect_error([&] { read_image(j); }, {j, "invalid JPEG"});
 }
 
@@ -406,7 +388,7 @@ TEST_F(ImageIoTest, PixelLimitRefusesLargerImages) {
   expect_error([&] { decode_image(jpeg, "small.jpg", 1199); },
                {"small.jpg", "JPEG", "40x30", "limit of 1199", "data.max_image_pixels"});
   const std::string p = path("small.png");
-  write_bytes(p, png);
+  write_file(p, png);
   expect_error([&] { read_image(p, 100); }, {p, "40x30", "limit of 100"});
   expect_error([&] { read_image(p, 0); }, {p, "at least 1", "got 0"});
   EXPECT_EQ(kDefaultMaxImagePixels, 64 * 1024 * 1024);
@@ -414,7 +396,7 @@ TEST_F(ImageIoTest, PixelLimitRefusesLargerImages) {
 
 TEST_F(ImageIoTest, CmykJpegIsRejected) {
   const std::string p = path("cmyk.jpg");
-  write_bytes(p, cmyk_jpeg());
+  write_file(p, cmyk_jpeg());
   expect_error([&] { read_image(p); }, {p, "CMYK"});
 }
 
@@ -529,7 +511,7 @@ TEST_F(ImageIoTest, BadScaleDenominatorsAreRejected) {
       expect_error([&] { decode_image(*bytes, "odd", kDefaultMaxImagePixels, d); },
                    {"odd", "scale denominator", "1, 2, 4 or 8", "got " + std::to_string(d)});
   const std::string p = path("x.jpg");
-  write_bytes(p, jpeg);
+  write_file(p, jpeg);
   expect_error([&] { read_image(p, kDefaultMaxImagePixels, 5); }, {p, "got 5"});
 }
 

@@ -5,10 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "data/listops.h"
 #include "tests/test_util.h"
@@ -17,19 +15,10 @@ namespace forge::data {
 namespace {
 
 using forge::testing::expect_error;
+using forge::testing::read_file;
 using forge::testing::TempDir;
+using forge::testing::write_file;
 namespace fs = std::filesystem;
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::vector<uint8_t> ids(std::initializer_list<int> v) {
   return {v.begin(), v.end()};
@@ -94,7 +83,7 @@ TEST(ListOps, Eval) {
 TEST(ListOps, ReaderTokensLabelsAndTruncation) {
   TempDir dir;
   const std::string path = dir.file("basic_train.tsv");
-  write_text(path,
+  write_file(path,
              "Source\tTarget\r\n"
              "( ( ( [MAX 2 ) 9 ) ] )\t9\r\n"
              "( ( ( [SM ( ( ( [MIN 4 ) 7 ) ] ) ) 8 ) ] )\t2\r\n"
@@ -132,7 +121,7 @@ TEST(ListOps, ReaderErrorsNameFileAndLine) {
   TempDir dir;
   const std::string path = dir.file("bad.tsv");
   auto expect_read_error = [&](const std::string& text, const std::vector<std::string>& parts) {
-    write_text(path, text);
+    write_file(path, text);
     std::vector<std::string> all = parts;
     all.push_back("bad.tsv");
     expect_error([&] { read_listops_tsv(path); }, all);
@@ -228,10 +217,10 @@ TEST(ListOps, GeneratorIsDeterministicPerSeed) {
   write_listops_tsv(dir.file("a.tsv"), a.train);
   write_listops_tsv(dir.file("b.tsv"), b.train);
   write_listops_tsv(dir.file("c.tsv"), other.train);
-  const std::string ta = read_text(dir.file("a.tsv"));
+  const std::string ta = read_file(dir.file("a.tsv"));
   EXPECT_GT(ta.size(), 40u * 1000u);
-  EXPECT_EQ(ta, read_text(dir.file("b.tsv")));
-  EXPECT_NE(ta, read_text(dir.file("c.tsv")));
+  EXPECT_EQ(ta, read_file(dir.file("b.tsv")));
+  EXPECT_NE(ta, read_file(dir.file("c.tsv")));
   EXPECT_FALSE(fs::exists(dir.file("a.tsv.tmp")));
 }
 
@@ -242,7 +231,7 @@ TEST(ListOps, GeneratorTsvRoundTrip) {
   EXPECT_EQ(read_listops_tsv(dir.file("lra/basic_train.tsv")).size(), 30u);
   EXPECT_EQ(read_listops_tsv(dir.file("lra/basic_test.tsv")).size(), 10u);
   const std::string path = dir.file("lra/basic_val.tsv");
-  const std::string text = read_text(path);
+  const std::string text = read_file(path);
   EXPECT_EQ(text.rfind("Source\tTarget\n", 0), 0u);
   EXPECT_EQ(text.substr(0, 40).find("( ( "), 14u) << text.substr(0, 40);
 

@@ -5,7 +5,6 @@
 // gzip, and the errors (empty file, a split too short for seq_len, a missing
 // path, damaged gzip, the size limit).
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +13,7 @@
 
 #include "data/lm_text.h"
 #include "data/loader.h"
+#include "tests/data/data_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
@@ -23,6 +23,7 @@ using forge::testing::expect_error;
 using forge::testing::read_file;
 using forge::testing::TempDir;
 using forge::testing::write_file;
+using forge::testing::write_gz;
 namespace fs = std::filesystem;
 
 // `n` bytes covering all 256 values in a scrambled order.
@@ -31,14 +32,6 @@ std::string some_bytes(int64_t n, uint64_t seed = 1) {
   std::string s(static_cast<size_t>(n), '\0');
   for (char& c : s) c = static_cast<char>(rng.next_u32() & 0xff);
   return s;
-}
-
-void write_gz(const std::string& path, std::string_view bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
-            static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
 }
 
 // The bytes [begin, end) of `s` as tokens.

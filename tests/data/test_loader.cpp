@@ -9,7 +9,6 @@
 #include <cmath>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -22,6 +21,7 @@ namespace forge::data {
 namespace {
 
 using forge::testing::expect_error;
+using forge::testing::same_tensor;
 
 // f32 [C, H, W] images, element k of image i = 1000 i + k; element 0 also
 // gets rng->uniform() so that the augmentation stream shows in the batch.
@@ -101,13 +101,6 @@ class SlowSet : public ImageSet {
     return ImageSet::get(i, rng);
   }
 };
-
-bool same_tensor(const Tensor& a, const Tensor& b) {
-  if (a.defined() != b.defined()) return false;
-  if (!a.defined()) return true;
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
 
 void expect_same_batch(const Batch& a, const Batch& b) {
   EXPECT_TRUE(same_tensor(a.input, b.input));

@@ -20,6 +20,7 @@ namespace forge::data {
 namespace {
 
 using forge::testing::expect_error;
+using forge::testing::same_tensor;
 
 // f32 [C, H, W] images, element k of image i = 1000 i + k, plus rng->uniform()
 // on every element so that the augmentation stream shows in the batch.
@@ -79,13 +80,6 @@ class ShardSequences : public Dataset {
   bool targets_;
   mutable std::atomic<int64_t> gets_{0};
 };
-
-bool same_tensor(const Tensor& a, const Tensor& b) {
-  if (a.defined() != b.defined()) return false;
-  if (!a.defined()) return true;
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
 
 const std::vector<Tensor Batch::*> kTensors = {&Batch::input,    &Batch::mask,   &Batch::input2,
                                                &Batch::mask2,    &Batch::target, &Batch::label,

@@ -15,6 +15,7 @@ namespace {
 
 using forge::testing::expect_error;
 using forge::testing::TempDir;
+using forge::testing::write_file;
 namespace fs = std::filesystem;
 
 // Component ids of the lit pixels, linking lit pixels within Chebyshev
@@ -233,11 +234,6 @@ Image gray(int64_t h, int64_t w, uint8_t value, int64_t channels = 1) {
   im.channels = channels;
   im.pixels.assign(static_cast<size_t>(h * w * channels), value);
   return im;
-}
-
-void write_file(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary) << text;
 }
 
 TEST(Pathfinder, ReaderOnLraLayout) {

@@ -3,12 +3,12 @@
 // index in evaluation), TSV pairs (byte tokens, start / end tokens,
 // truncation, gzip), their errors with file:line, and batches of both.
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <set>
 
 #include "data/loader.h"
 #include "data/seq2seq.h"
+#include "tests/data/data_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
@@ -17,6 +17,7 @@ namespace {
 using forge::testing::expect_error;
 using forge::testing::TempDir;
 using forge::testing::write_file;
+using forge::testing::write_gz;
 
 std::vector<int64_t> values(const Tensor& t) {
   EXPECT_EQ(t.dtype(), DType::i64);
@@ -34,14 +35,6 @@ std::vector<int64_t> bytes_of(std::string_view s) {
 std::vector<int64_t> cat(std::vector<int64_t> a, const std::vector<int64_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
-}
-
-void write_gz(const std::string& path, std::string_view bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
-            static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
 }
 
 // enc_dec_copy.py: src of 32 tokens in [2, 18), tgt = [1] + src + src (65),

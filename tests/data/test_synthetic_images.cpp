@@ -4,13 +4,11 @@
 // statistics (a nearest-centroid classifier on hue histograms, fitted on
 // train/ and scored on val/).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -26,19 +24,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using forge::testing::expect_error;
+using forge::testing::read_file;
 
+// A fresh directory per test, removed afterwards.
 class SyntheticImagesTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) /
-           (std::string("forge_synthetic_") + info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  fs::path dir_;
+  testing::TempDir tmp_;
+  const fs::path dir_ = tmp_.path();
 };
 
 SyntheticImagesOptions small_options() {
@@ -57,11 +49,6 @@ std::vector<std::string> sorted_names(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
-}
-
-std::string file_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 TEST_F(SyntheticImagesTest, LayoutAndCounts) {
@@ -102,8 +89,8 @@ TEST_F(SyntheticImagesTest, SameOptionsWriteIdenticalBytes) {
   for (const auto& e : fs::recursive_directory_iterator(dir_ / "a")) {
     if (!e.is_regular_file()) continue;
     const fs::path rel = fs::relative(e.path(), dir_ / "a");
-    EXPECT_EQ(file_bytes(e.path()), file_bytes(dir_ / "b" / rel)) << rel;
-    differ += file_bytes(e.path()) != file_bytes(dir_ / "c" / rel);
+    EXPECT_EQ(read_file(e.path()), read_file(dir_ / "b" / rel)) << rel;
+    differ += read_file(e.path()) != read_file(dir_ / "c" / rel);
     ++files;
   }
   EXPECT_EQ(files, 18);

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "data/transforms.h"
+#include "tests/data/data_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
@@ -17,12 +18,7 @@ namespace {
 using forge::testing::expect_close;
 using forge::testing::expect_error;
 using forge::testing::expect_values;
-
-Image pattern_image(int64_t h, int64_t w, int64_t c) {
-  Image im{h, w, c, std::vector<uint8_t>(static_cast<size_t>(h * w * c))};
-  for (int64_t i = 0; i < h * w * c; ++i) im.pixels[static_cast<size_t>(i)] = (i * 37 + 11) % 256;
-  return im;
-}
+using forge::testing::pattern_image;
 
 // f32 [1, H, W] with value 10 * y + x.
 Tensor grid(int64_t h, int64_t w) {

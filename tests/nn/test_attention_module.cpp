@@ -17,6 +17,7 @@ namespace forge::nn {
 namespace {
 
 namespace att = ops::attention;
+using forge::testing::error_of;
 using forge::testing::expect_close;
 using forge::testing::leaf64;
 using forge::testing::max_abs_diff;
@@ -376,36 +377,29 @@ TEST(AttentionModule, RecurrentStepEqualsTheCausalForward) {
 }
 
 TEST(AttentionModule, ClearErrors) {
-  auto message = [](auto&& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message([] {
+  EXPECT_NE(error_of([] {
               MultiHeadAttention(config(Mechanism::linformer, 12, 3, true));
             }).find("linformer has no causal form"),
             std::string::npos);
-  EXPECT_NE(message([] {
+  EXPECT_NE(error_of([] {
               MultiHeadAttention(config(Mechanism::taylorshift, 12, 3, true));
             }).find("taylorshift has no causal form"),
             std::string::npos);
-  EXPECT_NE(message([] { mechanism_from_name("flash"); }).find("softmax, local"),
+  EXPECT_NE(error_of([] { mechanism_from_name("flash"); }).find("softmax, local"),
             std::string::npos);
   AttentionConfig odd = config(Mechanism::softmax, 10, 3);
-  EXPECT_NE(message([&] { MultiHeadAttention m(odd); }).find("not divisible by heads"),
+  EXPECT_NE(error_of([&] { MultiHeadAttention m(odd); })
+                .find("attention.dim = 10 is not divisible by attention.heads = 3"),
             std::string::npos);
   odd.head_dim = 4;  // independent of D: fine
   MultiHeadAttention ok(odd);
   EXPECT_EQ(ok.to_q->weight.shape(), (Shape{12, 10}));
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               ok.forward(Tensor::zeros({1, 4, 9}, DType::f64));
             }).find("(B, N, 10)"),
             std::string::npos);
   EXPECT_NE(
-      message([] { MultiHeadAttention(config(Mechanism::linformer)); }).find("ProjectionBank"),
+      error_of([] { MultiHeadAttention(config(Mechanism::linformer)); }).find("ProjectionBank"),
       std::string::npos);
 }
 

@@ -16,6 +16,7 @@
 namespace forge::nn {
 namespace {
 
+using forge::testing::expect_all_close;
 using forge::testing::expect_close;
 using forge::testing::expect_error;
 using forge::testing::leaf64;
@@ -188,14 +189,6 @@ std::vector<Tensor> grads_of(Stack& stack, const Forward& forward, const Tensor&
   std::vector<Tensor> out{loss.detach(), xin.grad(), cin.grad()};
   for (auto& [name, p] : stack.named_parameters()) out.push_back(p.grad());
   return out;
-}
-
-void expect_all_close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double tol) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].defined(), b[i].defined()) << "entry " << i;
-    if (a[i].defined()) expect_close(a[i], b[i], tol);
-  }
 }
 
 Tensor padded_mask(int64_t B, int64_t N, int64_t pad) {

@@ -23,6 +23,7 @@ namespace {
 using forge::testing::expect_close;
 using forge::testing::leaf64;
 using forge::testing::max_abs_diff;
+using forge::testing::random_ids;
 
 namespace att = ops::attention;
 
@@ -201,14 +202,6 @@ LanguageModelConfig lm_config(const AttentionConfig& attention, PositionalKind p
   c.stack.block.ff.mult = 2;
   c.dtype = dtype;
   return c;
-}
-
-Tensor random_ids(int64_t B, int64_t N, int64_t V, uint64_t seed) {
-  Generator g(seed);
-  auto u = Tensor::rand({B, N}, DType::f64, &g).to_vector<double>();
-  std::vector<int64_t> ids(u.size());
-  for (size_t i = 0; i < u.size(); ++i) ids[i] = static_cast<int64_t>(u[i] * double(V)) % V;
-  return Tensor::from_vector(ids, {B, N});
 }
 
 // Generates `length` tokens after `prime`, then runs one forward over the

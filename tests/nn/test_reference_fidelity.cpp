@@ -25,6 +25,7 @@ namespace {
 using forge::testing::expect_close;
 using forge::testing::leaf64;
 using forge::testing::max_abs_diff;
+using forge::testing::random_ids;
 
 constexpr double kTol = 1e-10;
 
@@ -248,14 +249,6 @@ Tensor performer_lm_ref(LanguageModel& lm, const Tensor& ids, const Reference& r
   const LayerNorm& norm = *lm.stack().norm->layer_norm;
   x = ops::layer_norm(x, 1, norm.weight, norm.bias, 1e-5);
   return ops::linear(x, lm.to_logits->weight, lm.to_logits->bias);
-}
-
-Tensor random_ids(int64_t B, int64_t N, int64_t vocab, uint64_t seed) {
-  Generator g(seed);
-  const auto u = Tensor::rand({B, N}, DType::f64, &g).to_vector<double>();
-  std::vector<int64_t> ids(u.size());
-  for (size_t i = 0; i < u.size(); ++i) ids[i] = static_cast<int64_t>(u[i] * double(vocab));
-  return Tensor::from_vector(ids, {B, N});
 }
 
 // A small f64 PerformerLM-like model: D 16, 2 layers, feed-forward x2.

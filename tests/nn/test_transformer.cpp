@@ -16,6 +16,8 @@ namespace forge::nn {
 namespace {
 
 namespace att = ops::attention;
+using forge::testing::error_of;
+using forge::testing::expect_all_close;
 using forge::testing::expect_close;
 using forge::testing::leaf64;
 
@@ -55,14 +57,6 @@ std::vector<Tensor> step_grads(Stack& stack, const Tensor& x, const Tensor& mask
   std::vector<Tensor> out{loss.detach(), xin.grad()};
   for (auto& [name, p] : stack.named_parameters()) out.push_back(p.grad());
   return out;
-}
-
-void expect_all_close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double tol) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].defined(), b[i].defined()) << "entry " << i;
-    if (a[i].defined()) expect_close(a[i], b[i], tol);
-  }
 }
 
 TEST(Transformer, CheckpointLevelsGiveTheSameLossGradientsAndDropoutMasks) {
@@ -366,14 +360,7 @@ TEST(Transformer, EveryNormTakesNormEpsAndTheFinalNormItsKind) {
 }
 
 TEST(Transformer, ConfigErrorsNameTheField) {
-  auto message = [](const StackConfig& sc) {
-    try {
-      Stack s(sc);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto message = [](const StackConfig& sc) { return error_of([&] { Stack s(sc); }); };
   StackConfig sc = stack_config(Mechanism::softmax, 2);
   sc.reversible = true;
   sc.checkpoint = CheckpointLevel::C1;

@@ -25,6 +25,7 @@ namespace {
 
 using testing::leaf64;
 using testing::max_abs_diff;
+using testing::uniform;
 
 // ---- the generator ----
 
@@ -181,13 +182,6 @@ class OneThread {
  private:
   int saved_;
 };
-
-Tensor uniform(const Shape& shape, uint64_t seed, DType dtype = DType::f64) {
-  Tensor t = leaf64(shape, seed).detach();
-  if (dtype != DType::f64) t = t.to(dtype);
-  t.set_requires_grad(true);
-  return t;
-}
 
 // A [B, M] bool key padding mask with the last (b % 3) keys of batch b padded.
 Tensor padding_mask(int64_t B, int64_t M) {

@@ -22,6 +22,7 @@ namespace {
 
 using autograd::backward;
 using testing::expect_close;
+using testing::expect_error;
 using testing::expect_values;
 using testing::leaf64;
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
@@ -42,18 +43,6 @@ Tensor away_from(Tensor t, double point, double gap = 0.1) {
   double* p = t.data<double>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] += p[i] >= point ? gap : -gap;
   return t;
-}
-
-// Runs fn, expecting a forge::Error whose message contains every one of `parts`.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected forge::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
 }
 
 // Reference broadcast in f64: out[idx] = f(a[idx mapped], b[idx mapped]), one

@@ -19,21 +19,10 @@ namespace {
 
 using ops::CrossEntropyOptions;
 using ops::Reduction;
+using testing::error_of;
 using testing::expect_close;
 using testing::expect_values;
 using testing::leaf64;
-
-// Runs fn and returns the message of the forge::Error it must throw.
-template <typename F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a forge::Error";
-  return "";
-}
 
 #define EXPECT_ERROR_HAS(stmt, text)                       \
   do {                                                     \

@@ -12,6 +12,7 @@
 namespace forge {
 namespace {
 
+using testing::expect_error;
 using testing::expect_values;
 using testing::leaf64;
 using Ins = std::vector<Tensor>;
@@ -19,20 +20,6 @@ using Ins = std::vector<Tensor>;
 // 0, 1, 2, ... in `shape` and `dtype`.
 Tensor iota(const Shape& shape, DType dtype = DType::f32) {
   return Tensor::arange(0, static_cast<double>(shape_numel(shape)), 1, dtype).view(shape);
-}
-
-// Runs f and expects a forge::Error whose message contains every fragment.
-template <typename F>
-void expect_error(F&& f, const std::vector<std::string>& fragments) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& frag : fragments)
-      EXPECT_NE(msg.find(frag), std::string::npos) << "message: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "expected a forge::Error";
 }
 
 // Backward of `y` seeded with ones.

@@ -17,6 +17,7 @@
 namespace forge {
 namespace {
 
+using testing::error_of;
 using testing::expect_close;
 using testing::expect_values;
 using testing::leaf64;
@@ -310,18 +311,6 @@ TEST(ReduceThreads, ResultsDoNotDependOnThreadCount) {
   const auto serial = run(1), parallel = run(4);
   set_num_threads(saved);
   EXPECT_TRUE(serial == parallel);
-}
-
-// Runs fn and returns the message of the forge::Error it must throw.
-template <typename F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a forge::Error";
-  return "";
 }
 
 TEST(ReduceErrors, BadDimsDtypesAndEmptyMax) {

@@ -14,6 +14,7 @@
 
 #include "core/safetensors.h"
 #include "tests/test_util.h"
+#include "tests/train/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
 #include "train/metrics.h"
@@ -24,19 +25,13 @@ namespace forge::train {
 namespace {
 
 namespace fs = std::filesystem;
+using forge::testing::quiet;
 
 Recipe tiny_imagefolder() {
   Recipe r =
       Recipe::from_file(std::string(FORGE_SOURCE_DIR) + "/recipes/vit/imagefolder_tiny.yaml");
   r.set("threads=2");
   return r;
-}
-
-TrainOptions quiet(const std::string& dir) {
-  TrainOptions o;
-  o.run_dir = dir;
-  o.console = false;
-  return o;
 }
 
 // Every checkpoint of a run by step.

@@ -4,7 +4,6 @@
 // encoder-decoder that generates; bad text data is a clear error that creates
 // no run.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include <string>
 
 #include "tests/test_util.h"
+#include "tests/train/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/generate.h"
@@ -25,20 +25,8 @@ namespace forge::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("attnforge_lm_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p;
-}
-
-TrainOptions quiet(const fs::path& dir) {
-  TrainOptions o;
-  o.run_dir = dir.string();
-  o.console = false;
-  return o;
-}
+using forge::testing::fresh_dir;
+using forge::testing::quiet;
 
 // A corpus with structure a small model picks up in a few hundred steps:
 // repeated words in a fixed order, with counters.

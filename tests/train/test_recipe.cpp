@@ -10,26 +10,17 @@
 namespace forge::train {
 namespace {
 
-// The error a recipe text gives (fails the test when it gives none).
-std::string error_of(const std::string& text) {
-  try {
-    Recipe::from_yaml(text, "bad.yaml");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no error for:\n" << text;
-  return "";
+// The error a recipe text gives (fails the test, naming the text, when it gives none).
+std::string yaml_error(const std::string& text) {
+  SCOPED_TRACE("no error for:\n" + text);
+  return testing::error_of([&] { Recipe::from_yaml(text, "bad.yaml"); });
 }
 
-std::string set_error_of(const std::string& assignment) {
+// The error a --set assignment gives (fails the test, naming it, when it gives none).
+std::string set_error(const std::string& assignment) {
+  SCOPED_TRACE("no error for --set " + assignment);
   Recipe r;
-  try {
-    r.set(assignment);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no error for --set " << assignment;
-  return "";
+  return testing::error_of([&] { r.set(assignment); });
 }
 
 #define EXPECT_HAS(haystack, needle) \
@@ -137,9 +128,9 @@ TEST(RecipeErrors, InvalidUtf8AndControlCharactersAreRefused) {
         std::string("name: \"a\\x01b\"\n"), std::string("data: {root: \"/d\\0\"}\n"),
         std::string("name: \xED\xA0\x80\n")}) {
     SCOPED_TRACE(bad);
-    EXPECT_HAS(error_of(bad), "invalid UTF-8 or a control character");
+    EXPECT_HAS(yaml_error(bad), "invalid UTF-8 or a control character");
   }
-  EXPECT_HAS(set_error_of(std::string("name=x\x1b[31m")), "invalid UTF-8 or a control character");
+  EXPECT_HAS(set_error(std::string("name=x\x1b[31m")), "invalid UTF-8 or a control character");
   // Well-formed text in any script stays, and reads back the same.
   const Recipe r = Recipe::from_yaml("name: vit-\xC3\xBC\xE2\x82\xAC\n", "utf8.yaml");
   EXPECT_EQ(r.string("name"), "vit-\xC3\xBC\xE2\x82\xAC");
@@ -159,7 +150,7 @@ TEST(RecipeErrors, NameAndOutputDirCannotEscape) {
                           "name: ''\n", "output: {dir: /tmp/elsewhere}\n",
                           "output: {dir: runs/../../x}\n", "output: {dir: ..}\n"}) {
     SCOPED_TRACE(bad);
-    const std::string e = error_of(bad);
+    const std::string e = yaml_error(bad);
     EXPECT_TRUE(e.find("'name'") != std::string::npos ||
                 e.find("'output.dir'") != std::string::npos)
         << e;
@@ -176,7 +167,7 @@ TEST(RecipeErrors, NameAndOutputDirCannotEscape) {
 // ---- malformed recipes: each error names the key (and the place) ----
 
 TEST(RecipeErrors, UnknownTopLevelKeyListsTheValidOnes) {
-  const std::string e = error_of("modle:\n  dim: 3\n");
+  const std::string e = yaml_error("modle:\n  dim: 3\n");
   EXPECT_HAS(e, "unknown key 'modle'");
   EXPECT_HAS(e, "bad.yaml:1:1");
   EXPECT_HAS(e, "model");
@@ -184,7 +175,7 @@ TEST(RecipeErrors, UnknownTopLevelKeyListsTheValidOnes) {
 }
 
 TEST(RecipeErrors, UnknownNestedKeyNamesItsFullPathAndLine) {
-  const std::string e = error_of("model:\n  dim: 64\n  attention:\n    knd: favor\n");
+  const std::string e = yaml_error("model:\n  dim: 64\n  attention:\n    knd: favor\n");
   EXPECT_HAS(e, "unknown key 'model.attention.knd'");
   EXPECT_HAS(e, "bad.yaml:4:5");
   EXPECT_HAS(e, "under 'model.attention'");
@@ -192,86 +183,87 @@ TEST(RecipeErrors, UnknownNestedKeyNamesItsFullPathAndLine) {
 }
 
 TEST(RecipeErrors, IntegerGivenText) {
-  const std::string e = error_of("model:\n  depth: four\n");
+  const std::string e = yaml_error("model:\n  depth: four\n");
   EXPECT_HAS(e, "'model.depth' expects an integer, found 'four'");
   EXPECT_HAS(e, "bad.yaml:2:");
 }
 
 TEST(RecipeErrors, IntegerGivenAFraction) {
-  EXPECT_HAS(error_of("loop:\n  batch_size: 12.5\n"),
+  EXPECT_HAS(yaml_error("loop:\n  batch_size: 12.5\n"),
              "'loop.batch_size' expects an integer, found '12.5'");
 }
 
 TEST(RecipeErrors, NumberGivenText) {
-  EXPECT_HAS(error_of("optimizer:\n  lr: fast\n"),
+  EXPECT_HAS(yaml_error("optimizer:\n  lr: fast\n"),
              "'optimizer.lr' expects a finite number, found 'fast'");
 }
 
 TEST(RecipeErrors, NumberGivenInfinity) {
-  EXPECT_HAS(error_of("optimizer:\n  lr: .inf\n"), "'optimizer.lr' expects a finite number");
+  EXPECT_HAS(yaml_error("optimizer:\n  lr: .inf\n"), "'optimizer.lr' expects a finite number");
 }
 
 TEST(RecipeErrors, BooleanGivenText) {
-  EXPECT_HAS(error_of("model:\n  reversible: maybe\n"),
+  EXPECT_HAS(yaml_error("model:\n  reversible: maybe\n"),
              "'model.reversible' expects true or false, found 'maybe'");
 }
 
 TEST(RecipeErrors, ChoiceNotAmongTheValidOnes) {
-  const std::string e = error_of("model:\n  attention:\n    kind: flash\n");
+  const std::string e = yaml_error("model:\n  attention:\n    kind: flash\n");
   EXPECT_HAS(e, "'model.attention.kind' = 'flash' is not one of");
   EXPECT_HAS(e, "taylorshift");
 }
 
 TEST(RecipeErrors, NegativeDepthIsOutOfRange) {
-  EXPECT_HAS(error_of("model:\n  depth: -2\n"), "'model.depth' = -2 is out of range [1, 1024]");
+  EXPECT_HAS(yaml_error("model:\n  depth: -2\n"), "'model.depth' = -2 is out of range [1, 1024]");
 }
 
 TEST(RecipeErrors, DropoutAboveOneIsOutOfRange) {
-  EXPECT_HAS(error_of("model:\n  dropout: 1.5\n"), "'model.dropout' = 1.5 is out of range");
+  EXPECT_HAS(yaml_error("model:\n  dropout: 1.5\n"), "'model.dropout' = 1.5 is out of range");
 }
 
 TEST(RecipeErrors, ZeroBatchSizeIsOutOfRange) {
-  EXPECT_HAS(error_of("loop:\n  batch_size: 0\n"), "'loop.batch_size' = 0 is out of range");
+  EXPECT_HAS(yaml_error("loop:\n  batch_size: 0\n"), "'loop.batch_size' = 0 is out of range");
 }
 
 TEST(RecipeErrors, KeyWithoutValue) {
-  EXPECT_HAS(error_of("optimizer:\n  lr:\n"), "'optimizer.lr' has no value");
+  EXPECT_HAS(yaml_error("optimizer:\n  lr:\n"), "'optimizer.lr' has no value");
 }
 
 TEST(RecipeErrors, ScalarWhereASectionBelongs) {
-  const std::string e = error_of("model: vit\n");
+  const std::string e = yaml_error("model: vit\n");
   EXPECT_HAS(e, "'model' must be a mapping");
 }
 
 TEST(RecipeErrors, SectionWhereAScalarBelongs) {
-  EXPECT_HAS(error_of("seed:\n  value: 3\n"), "'seed' expects an integer");
+  EXPECT_HAS(yaml_error("seed:\n  value: 3\n"), "'seed' expects an integer");
 }
 
 TEST(RecipeErrors, ListWhereAScalarBelongs) {
-  EXPECT_HAS(error_of("model:\n  dim: [1, 2]\n"), "'model.dim' expects an integer, found '[1, 2]'");
+  EXPECT_HAS(yaml_error("model:\n  dim: [1, 2]\n"),
+             "'model.dim' expects an integer, found '[1, 2]'");
 }
 
 TEST(RecipeErrors, ScalarWhereAListBelongs) {
   EXPECT_HAS(
-      error_of("model:\n  attention:\n    per_layer: softmax\n"),
+      yaml_error("model:\n  attention:\n    per_layer: softmax\n"),
       "'model.attention.per_layer' expects a list of strings such as [a, b], found 'softmax'");
 }
 
 TEST(RecipeErrors, BadElementInAList) {
-  EXPECT_HAS(error_of("model:\n  attention:\n    per_layer: [softmax, sofmax]\n"),
+  EXPECT_HAS(yaml_error("model:\n  attention:\n    per_layer: [softmax, sofmax]\n"),
              "'model.attention.per_layer' = 'sofmax' is not one of");
-  EXPECT_HAS(error_of("data:\n  mean: [0.5, x]\n"),
+  EXPECT_HAS(yaml_error("data:\n  mean: [0.5, x]\n"),
              "'data.mean' expects a finite number, found 'x'");
 }
 
 TEST(RecipeErrors, NotYaml) {
-  const std::string e = error_of("model:\n  dim: [1, 2\n");
+  const std::string e = yaml_error("model:\n  dim: [1, 2\n");
   EXPECT_HAS(e, "bad.yaml");
   EXPECT_HAS(e, "not valid YAML");
 }
 
 TEST(RecipeErrors, TopLevelIsNotAMapping) {
-  EXPECT_HAS(error_of("- a\n- b\n"), "the recipe must be a mapping");
+  EXPECT_HAS(yaml_error("- a\n- b\n"), "the recipe must be a mapping");
 }
 
 TEST(RecipeErrors, MissingFile) {
@@ -284,14 +276,13 @@ TEST(RecipeErrors, MissingFile) {
 }
 
 TEST(RecipeErrors, SetErrorsNameTheKey) {
-  EXPECT_HAS(set_error_of("model.dimm=3"), "unknown key 'model.dimm'");
-  EXPECT_HAS(set_error_of("model.dimm=3"), "under 'model'");
-  EXPECT_HAS(set_error_of("model.attention.kindd=x"), "under 'model.attention'");
-  EXPECT_HAS(set_error_of("optimizer.lr"), "expected key=value");
-  EXPECT_HAS(set_error_of("optimizer.lr=abc"),
-             "'optimizer.lr' expects a finite number, found 'abc'");
-  EXPECT_HAS(set_error_of("loop.steps=-1"), "'loop.steps' = -1 is out of range");
-  EXPECT_HAS(set_error_of("nope=1"), "Valid keys at the top level");
+  EXPECT_HAS(set_error("model.dimm=3"), "unknown key 'model.dimm'");
+  EXPECT_HAS(set_error("model.dimm=3"), "under 'model'");
+  EXPECT_HAS(set_error("model.attention.kindd=x"), "under 'model.attention'");
+  EXPECT_HAS(set_error("optimizer.lr"), "expected key=value");
+  EXPECT_HAS(set_error("optimizer.lr=abc"), "'optimizer.lr' expects a finite number, found 'abc'");
+  EXPECT_HAS(set_error("loop.steps=-1"), "'loop.steps' = -1 is out of range");
+  EXPECT_HAS(set_error("nope=1"), "Valid keys at the top level");
 }
 
 TEST(RecipeReference, ListsEveryKey) {

@@ -23,6 +23,7 @@
 #include "ops/attention/attention.h"
 #include "ops/blas_core.h"
 #include "tests/test_util.h"
+#include "tests/train/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/model.h"
@@ -32,14 +33,9 @@ namespace forge::train {
 namespace {
 
 namespace fs = std::filesystem;
+using forge::testing::fresh_dir;
+using forge::testing::quiet;
 using forge::testing::snapshot;
-
-std::string fresh_dir(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("attnforge_trainer_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p.string();
-}
 
 // A small ViT on a slice of Fashion-MNIST; every stochastic part switched on
 // (dropout, augmentation, mixup, loader workers, Performer redraws) so resume
@@ -81,13 +77,6 @@ checkpoint:
 )",
                                "tiny.yaml");
   return r;
-}
-
-TrainOptions quiet(const std::string& dir) {
-  TrainOptions o;
-  o.run_dir = dir;
-  o.console = false;
-  return o;
 }
 
 // The deterministic fields of every metrics record (timings left out).

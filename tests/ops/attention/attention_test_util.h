@@ -1,5 +1,6 @@
-// Helpers shared by the attention op tests: inputs, the causal-leak check and
-// peak-memory measurement from the allocator's counters.
+// Helpers shared by the attention op tests: inputs, an op's output and
+// gradients, the causal-leak check and peak-memory measurement from the
+// allocator's counters.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -27,16 +28,6 @@ inline double scaled_error(const Tensor& a, const Tensor& b) {
   return diff / scale;
 }
 
-// Uniform [lo, hi) tensor of `shape` and dtype from its own seeded generator,
-// optionally requiring grad.
-inline Tensor uniform(const Shape& shape, uint64_t seed, DType dtype = DType::f64, double lo = -1,
-                      double hi = 1, bool requires_grad = true) {
-  Tensor t = leaf64(shape, seed, lo, hi).detach();
-  if (dtype != DType::f64) t = t.to(dtype);
-  if (requires_grad) t.set_requires_grad(true);
-  return t;
-}
-
 // A [B, M] bool key padding mask with the last `pad[b]` keys of batch b padded.
 inline Tensor padding_mask(int64_t B, int64_t M, const std::vector<int64_t>& pad) {
   Tensor m = Tensor::ones({B, M}, DType::boolean);
@@ -46,11 +37,42 @@ inline Tensor padding_mask(int64_t B, int64_t M, const std::vector<int64_t>& pad
   return m;
 }
 
+// An attention op under test: fn(q, k, v) -> o.
+using QkvFn = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v)>;
+
+// An op's output and the gradients of q, k and v.
+struct AttentionGrads {
+  Tensor o, dq, dk, dv;
+};
+
+// Forward and the gradients of sum(o * w) (w fixed and random, so every row
+// of do differs) with respect to fresh copies of q, k, v in `dtype`.
+inline AttentionGrads forward_backward(const QkvFn& fn, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, DType dtype) {
+  auto leaf = [&](const Tensor& t) {
+    Tensor c = t.detach().to(dtype).clone();
+    c.set_requires_grad(true);
+    return c;
+  };
+  Tensor q2 = leaf(q), k2 = leaf(k), v2 = leaf(v);
+  Tensor o = fn(q2, k2, v2);
+  Tensor w = uniform(o.shape(), 99, dtype, -1, 1, false);
+  autograd::backward(ops::sum(ops::mul(o, w)));
+  return {o.detach(), q2.grad(), k2.grad(), v2.grad()};
+}
+
+// expect_close on the outputs and on each gradient.
+inline void expect_same_grads(const AttentionGrads& a, const AttentionGrads& b, double tol) {
+  expect_close(a.o, b.o, tol);
+  expect_close(a.dq, b.dq, tol);
+  expect_close(a.dk, b.dk, tol);
+  expect_close(a.dv, b.dv, tol);
+}
+
 // A causal op must not look ahead: changing k and v at positions > i leaves
 // outputs 0..i bit-identical. fn(q, k, v) -> [B, H, N, dv].
-inline void expect_no_causal_leak(
-    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn, const Tensor& q,
-    const Tensor& k, const Tensor& v) {
+inline void expect_no_causal_leak(const QkvFn& fn, const Tensor& q, const Tensor& k,
+                                  const Tensor& v) {
   NoGradGuard no_grad;
   const Tensor base = fn(q, k, v);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), dv = v.size(3);
@@ -90,9 +112,7 @@ inline int64_t peak_bytes_during(const std::function<void()>& fn) {
 
 // Forward + backward of fn on f32 inputs of length N (B = 1, H = 1): the peak
 // allocated bytes beyond the inputs themselves.
-inline int64_t attention_peak_bytes(
-    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn, int64_t N,
-    int64_t d) {
+inline int64_t attention_peak_bytes(const QkvFn& fn, int64_t N, int64_t d) {
   Tensor q = uniform({1, 1, N, d}, 1, DType::f32), k = uniform({1, 1, N, d}, 2, DType::f32),
          v = uniform({1, 1, N, d}, 3, DType::f32);
   return peak_bytes_during([&] {

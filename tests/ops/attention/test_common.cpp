@@ -8,6 +8,7 @@ namespace forge {
 namespace {
 
 using ops::attention::check_qkv;
+using testing::error_of;
 
 TEST(AttentionCommon, AcceptsCrossAttentionShapes) {
   Tensor q = Tensor::zeros({2, 3, 5, 4}), k = Tensor::zeros({2, 3, 7, 4}),
@@ -24,37 +25,29 @@ TEST(AttentionCommon, AcceptsCrossAttentionShapes) {
 TEST(AttentionCommon, ErrorsNameTheArgumentAndShapes) {
   Tensor q = Tensor::zeros({2, 3, 5, 4}), k = Tensor::zeros({2, 3, 7, 4}),
          v = Tensor::zeros({2, 3, 7, 6});
-  auto message = [](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message([&] { check_qkv("x", q, k, v, Tensor(), true); }).find("N = 5, M = 7"),
+  EXPECT_NE(error_of([&] { check_qkv("x", q, k, v, Tensor(), true); }).find("N = 5, M = 7"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               check_qkv("x", q, Tensor::zeros({2, 3, 7, 5}), v, Tensor(), false);
             }).find("k [2, 3, 7, 5]"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               check_qkv("x", q, k, Tensor::zeros({2, 3, 6, 6}), Tensor(), false);
             }).find("v"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               check_qkv("x", q, k, v, Tensor::ones({2, 5}, DType::boolean), false);
             }).find("key_padding_mask must be [B, M] = [2, 7]"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               check_qkv("x", q, k, v, Tensor::ones({2, 7}), false);
             }).find("bool or u8"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               check_qkv("x", q.to(DType::f64), k, v, Tensor(), false);
             }).find("k is f32 but q is f64"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               check_qkv("x", Tensor::zeros({5, 4}), k, v, Tensor(), false);
             }).find("q must be"),
             std::string::npos);

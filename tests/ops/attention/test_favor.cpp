@@ -21,6 +21,7 @@ namespace {
 using ops::attention::FavorKernel;
 using ops::attention::FavorOptions;
 using ops::attention::FavorStabilizer;
+using testing::error_of;
 using testing::uniform;
 
 // A constant f64 tensor of `shape` from a function of the flat index.
@@ -455,15 +456,6 @@ TEST(AttentionFavorMask, FullyMaskedBatchGivesZeros) {
       for (size_t t = gv.size() / 2; t < gv.size(); ++t) ASSERT_EQ(gv[t], 0.0);
     }
   }
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(AttentionFavorErrors, BadArgumentsAreNamed) {

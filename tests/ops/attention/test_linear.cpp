@@ -15,36 +15,13 @@
 namespace forge {
 namespace {
 
+using testing::AttentionGrads;
+using testing::error_of;
+using testing::expect_same_grads;
+using testing::forward_backward;
 using testing::padding_mask;
+using testing::QkvFn;
 using testing::uniform;
-
-struct Result {
-  Tensor o, dq, dk, dv;
-};
-
-using AttnFn = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
-
-// Forward and the gradients of sum(o * w) (w fixed and random, so every row
-// of do differs) with respect to fresh copies of q, k, v in `dtype`.
-Result run(const AttnFn& fn, const Tensor& q, const Tensor& k, const Tensor& v, DType dtype) {
-  auto leaf = [&](const Tensor& t) {
-    Tensor c = t.detach().to(dtype).clone();
-    c.set_requires_grad(true);
-    return c;
-  };
-  Tensor q2 = leaf(q), k2 = leaf(k), v2 = leaf(v);
-  Tensor o = fn(q2, k2, v2);
-  Tensor w = uniform(o.shape(), 99, dtype, -1, 1, false);
-  autograd::backward(ops::sum(ops::mul(o, w)));
-  return {o.detach(), q2.grad(), k2.grad(), v2.grad()};
-}
-
-void expect_same(const Result& a, const Result& b, double tol) {
-  testing::expect_close(a.o, b.o, tol);
-  testing::expect_close(a.dq, b.dq, tol);
-  testing::expect_close(a.dk, b.dk, tol);
-  testing::expect_close(a.dv, b.dv, tol);
-}
 
 // [B, 1, M, 1] f64: 1 for a real key, 0 for padding.
 Tensor keep_factor(const Tensor& mask) {
@@ -72,7 +49,7 @@ Tensor naive_linear(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   return ops::matmul(a, v) / (ops::sum(a, {-1}, true) + eps);
 }
 
-AttnFn op(const Tensor& mask, bool causal) {
+QkvFn op(const Tensor& mask, bool causal) {
   return [mask, causal](const Tensor& q, const Tensor& k, const Tensor& v) {
     ops::attention::LinearOptions options;
     options.causal = causal;
@@ -80,19 +57,10 @@ AttnFn op(const Tensor& mask, bool causal) {
   };
 }
 
-AttnFn naive(const Tensor& mask, bool causal) {
+QkvFn naive(const Tensor& mask, bool causal) {
   return [mask, causal](const Tensor& q, const Tensor& k, const Tensor& v) {
     return naive_linear(q, k, v, mask, causal);
   };
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(AttentionLinear, GradcheckEveryCase) {
@@ -126,8 +94,8 @@ TEST(AttentionLinear, MatchesNaiveCompositeF64) {
     const Tensor q = uniform({2, 2, c.N, 8}, 1), k = uniform({2, 2, c.M, 8}, 2),
                  v = uniform({2, 2, c.M, 12}, 3);
     const Tensor mask = c.masked ? padding_mask(2, c.M, {3, 17}) : Tensor();
-    expect_same(run(op(mask, c.causal), q, k, v, DType::f64),
-                run(naive(mask, c.causal), q, k, v, DType::f64), 1e-10);
+    expect_same_grads(forward_backward(op(mask, c.causal), q, k, v, DType::f64),
+                      forward_backward(naive(mask, c.causal), q, k, v, DType::f64), 1e-10);
   }
 }
 
@@ -137,10 +105,10 @@ TEST(AttentionLinear, F32MatchesF64) {
     const Tensor q = uniform({2, 2, c.N, 8}, 4), k = uniform({2, 2, c.M, 8}, 5),
                  v = uniform({2, 2, c.M, 12}, 6);
     const Tensor mask = c.masked ? padding_mask(2, c.M, {3, 17}) : Tensor();
-    const Result lo = run(op(mask, c.causal), q, k, v, DType::f32);
+    const AttentionGrads lo = forward_backward(op(mask, c.causal), q, k, v, DType::f32);
     EXPECT_EQ(lo.o.dtype(), DType::f32);
     EXPECT_EQ(lo.dq.dtype(), DType::f32);
-    expect_same(lo, run(op(mask, c.causal), q, k, v, DType::f64), 1e-4);
+    expect_same_grads(lo, forward_backward(op(mask, c.causal), q, k, v, DType::f64), 1e-4);
   }
 }
 
@@ -184,7 +152,8 @@ TEST(AttentionLinear, FullyMaskedBatchIsZero) {
     SCOPED_TRACE(causal ? "causal" : "non-causal");
     const Tensor q = uniform({2, 2, 6, 3}, 13), k = uniform({2, 2, 6, 3}, 14),
                  v = uniform({2, 2, 6, 4}, 15);
-    const Result r = run(op(padding_mask(2, 6, {0, 6}), causal), q, k, v, DType::f64);
+    const AttentionGrads r =
+        forward_backward(op(padding_mask(2, 6, {0, 6}), causal), q, k, v, DType::f64);
     const auto o = r.o.to_vector<double>(), dq = r.dq.to_vector<double>(),
                dk = r.dk.to_vector<double>(), dv = r.dv.to_vector<double>();
     for (size_t i = 0; i < o.size(); ++i) ASSERT_TRUE(std::isfinite(o[i]));

@@ -18,6 +18,7 @@ namespace {
 
 using ops::attention::linformer;
 using ops::attention::LinformerOptions;
+using testing::error_of;
 using testing::uniform;
 
 struct Inputs {
@@ -211,32 +212,24 @@ TEST(AttentionLinformer, DropoutReservesItsDrawsAndNoneWithout) {
 
 TEST(AttentionLinformer, ErrorsNameTheOpAndArgument) {
   const Inputs in = make_inputs(DType::f64, 5, 7, 6, 4, 3, 3, true);
-  auto message = [](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               linformer(in.q, in.k, in.v, in.E, in.F, in.bE, in.bF);
             }).find("linformer: k has M = 7 positions but E, F [kdim, Mmax] cover Mmax = 6"),
             std::string::npos);
   const Tensor k = ops::narrow(in.k.detach(), 2, 0, 6), v = ops::narrow(in.v.detach(), 2, 0, 6);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               linformer(in.q, k, v, in.E, Tensor::zeros({4, 5}, DType::f64), in.bE, in.bF);
             }).find("linformer: F must be [4, 6], got [4, 5]"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               linformer(in.q, k, v, in.E, in.F, Tensor::zeros({3}, DType::f64), in.bF);
             }).find("linformer: bias_E must be [4], got [3]"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               linformer(in.q, k, v, in.E.to(DType::f32), in.F, in.bE, in.bF);
             }).find("linformer: E is f32 but q is f64"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               linformer(in.q, k, v, in.E, in.F, in.bE, in.bF, Tensor(), LinformerOptions{1.0});
             }).find("linformer: dropout must be in [0, 1)"),
             std::string::npos);

@@ -16,6 +16,8 @@ namespace forge {
 namespace {
 
 using ops::attention::LocalOptions;
+using testing::error_of;
+using testing::QkvFn;
 
 // The contract of ATTENTION.md "local", written with the primitive ops on the
 // full [N, N] scores (fine for a test): the band, causality and the key padding
@@ -67,10 +69,8 @@ Tensor naive_local(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   return ops::mul(ops::matmul(P, v), alive.to(q.dtype()));
 }
 
-using AttnFn = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
-
 // The output and the gradients of q, k, v of sum(fn(q, k, v) * G) on fresh leaves.
-std::vector<Tensor> run_with_grads(const AttnFn& fn, const Tensor& q, const Tensor& k,
+std::vector<Tensor> run_with_grads(const QkvFn& fn, const Tensor& q, const Tensor& k,
                                    const Tensor& v, const Tensor& G) {
   Tensor q2 = q.detach().clone(), k2 = k.detach().clone(), v2 = v.detach().clone();
   for (Tensor* t : {&q2, &k2, &v2}) t->set_requires_grad(true);
@@ -114,7 +114,7 @@ Tensor ref_mask(int64_t N) {
   return m;
 }
 
-AttnFn local_fn(const LocalOptions& o, const Tensor& kpm, uint64_t seed) {
+QkvFn local_fn(const LocalOptions& o, const Tensor& kpm, uint64_t seed) {
   return [o, kpm, seed](const Tensor& q, const Tensor& k, const Tensor& v) {
     Generator g(seed);
     LocalOptions with_gen = o;
@@ -163,7 +163,7 @@ TEST(AttentionLocal, F32MatchesF64) {
            v = testing::uniform({B, H, c.N, dv}, 7),
            G = testing::uniform({B, H, c.N, dv}, 8, DType::f64, -1, 1, false);
     const Tensor kpm = c.mask ? ref_mask(c.N) : Tensor();
-    const AttnFn fn = local_fn(options_of(c), kpm, 3);
+    const QkvFn fn = local_fn(options_of(c), kpm, 3);
     const auto f64 = run_with_grads(fn, q, k, v, G);
     const auto f32 = run_with_grads(fn, q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), G);
     for (size_t t = 0; t < f64.size(); ++t) {
@@ -192,8 +192,8 @@ TEST(AttentionLocal, Bf16AutocastOnTheCpuMultipliesInBf16) {
                  v = testing::uniform({B, H, c.N, dv}, 13),
                  G = testing::uniform({B, H, c.N, dv}, 14, DType::f64, -1, 1, false);
     const Tensor kpm = ref_mask(c.N);
-    const AttnFn fn = local_fn(options_of(c), kpm, 5);
-    const AttnFn autocast = [&](const Tensor& a, const Tensor& b, const Tensor& e) {
+    const QkvFn fn = local_fn(options_of(c), kpm, 5);
+    const QkvFn autocast = [&](const Tensor& a, const Tensor& b, const Tensor& e) {
       ops::AutocastGuard guard(DType::bf16);
       return fn(a, b, e);
     };
@@ -267,7 +267,7 @@ TEST(AttentionLocal, NoCausalLeak) {
 TEST(AttentionLocal, PeakMemoryGrowsLinearly) {
   LocalOptions o;
   o.window = 64;
-  const AttnFn fn = [o](const Tensor& q, const Tensor& k, const Tensor& v) {
+  const QkvFn fn = [o](const Tensor& q, const Tensor& k, const Tensor& v) {
     return ops::attention::local(q, k, v, Tensor(), o);
   };
   const int64_t p2k = testing::attention_peak_bytes(fn, 2048, 16);
@@ -301,12 +301,7 @@ TEST(AttentionLocal, RejectsBadArguments) {
   Tensor q = Tensor::zeros({1, 2, 8, 4}), k = Tensor::zeros({1, 2, 8, 4}),
          v = Tensor::zeros({1, 2, 8, 4});
   auto message = [&](const LocalOptions& o, const Tensor& kk, const Tensor& vv) {
-    try {
-      ops::attention::local(q, kk, vv, Tensor(), o);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return error_of([&] { ops::attention::local(q, kk, vv, Tensor(), o); });
   };
   LocalOptions o;
   o.window = 0;

@@ -20,6 +20,7 @@ namespace forge {
 namespace {
 
 namespace att = ops::attention;
+using testing::error_of;
 using testing::expect_close;
 using testing::padding_mask;
 using testing::uniform;
@@ -389,42 +390,34 @@ TEST(AttentionSoftmax, ScaleZeroMeansInverseSqrtD) {
 
 TEST(AttentionSoftmax, ErrorsNameTheProblem) {
   const Inputs in = make_inputs(2, 2, 5, 7, 4, 4, 800);
-  auto message = [](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   att::SoftmaxOptions causal;
   causal.causal = true;
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               att::softmax(in.q, in.k, in.v, Tensor(), causal);
             }).find("softmax: needs keys as long"),
             std::string::npos);
   att::SoftmaxOptions bad_p;
   bad_p.dropout = 1.0;
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               att::softmax(in.q, in.k, in.v, Tensor(), bad_p);
             }).find("dropout must be in [0, 1), got 1"),
             std::string::npos);
   att::SoftmaxOptions bad_scale;
   bad_scale.scale = -1;
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               att::softmax(in.q, in.k, in.v, Tensor(), bad_scale);
             }).find("scale must be >= 0"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               att::softmax(in.q, in.k, in.v, padding_mask(2, 5, {0, 0}));
             }).find("key_padding_mask must be [B, M] = [2, 7]"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               att::softmax(in.q, in.k, Tensor::zeros({2, 2, 6, 4}, DType::f64));
             }).find("softmax: v"),
             std::string::npos);
   const Tensor no_d = Tensor::zeros({2, 2, 5, 0}, DType::f64);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               att::softmax(no_d, Tensor::zeros({2, 2, 7, 0}, DType::f64), in.v);
             }).find("non-empty last dim, got d = 0"),
             std::string::npos);

@@ -15,6 +15,10 @@ namespace forge {
 namespace {
 
 using ops::attention::taylor_linear;
+using testing::AttentionGrads;
+using testing::error_of;
+using testing::expect_same_grads;
+using testing::QkvFn;
 using testing::uniform;
 
 // The contract written out with an explicit [B, H, N, M] score matrix:
@@ -30,26 +34,14 @@ Tensor naive_taylor_linear(const Tensor& q, const Tensor& k, const Tensor& v, co
   return matmul(A, v) / den;
 }
 
-struct Grads {
-  Tensor o, dq, dk, dv;
-};
-
 // Output and the gradients of sum(o * w) for a fixed random weight w.
-Grads run(const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& fn, DType dtype,
-          int64_t N, int64_t M, int64_t d, int64_t dv) {
+AttentionGrads run(const QkvFn& fn, DType dtype, int64_t N, int64_t M, int64_t d, int64_t dv) {
   Tensor q = uniform({2, 2, N, d}, 21, dtype), k = uniform({2, 2, M, d}, 22, dtype),
          v = uniform({2, 2, M, dv}, 23, dtype);
   Tensor o = fn(q, k, v);
   const Tensor w = uniform(o.shape(), 24, dtype, -1, 1, false);
   autograd::backward(ops::sum(o * w));
   return {o.detach(), q.grad(), k.grad(), v.grad()};
-}
-
-void expect_grads_close(const Grads& a, const Grads& b, double tol) {
-  testing::expect_close(a.o, b.o, tol);
-  testing::expect_close(a.dq, b.dq, tol);
-  testing::expect_close(a.dk, b.dk, tol);
-  testing::expect_close(a.dv, b.dv, tol);
 }
 
 TEST(AttentionTaylorLinear, GradcheckEveryCase) {
@@ -73,13 +65,14 @@ TEST(AttentionTaylorLinear, MatchesNaiveReference) {
     SCOPED_TRACE("N = " + std::to_string(c.N) + ", M = " + std::to_string(c.M) +
                  (c.mask ? ", mask" : ""));
     const Tensor mask = c.mask ? testing::padding_mask(2, c.M, {3, 11}) : Tensor();
-    const Grads got = run([&](const Tensor& q, const Tensor& k,
-                              const Tensor& v) { return taylor_linear(q, k, v, mask); },
-                          DType::f64, c.N, c.M, 12, 10);
-    const Grads want = run([&](const Tensor& q, const Tensor& k,
-                               const Tensor& v) { return naive_taylor_linear(q, k, v, mask); },
-                           DType::f64, c.N, c.M, 12, 10);
-    expect_grads_close(got, want, 1e-10);
+    const AttentionGrads got = run([&](const Tensor& q, const Tensor& k,
+                                       const Tensor& v) { return taylor_linear(q, k, v, mask); },
+                                   DType::f64, c.N, c.M, 12, 10);
+    const AttentionGrads want =
+        run([&](const Tensor& q, const Tensor& k,
+                const Tensor& v) { return naive_taylor_linear(q, k, v, mask); },
+            DType::f64, c.N, c.M, 12, 10);
+    expect_same_grads(got, want, 1e-10);
   }
 }
 
@@ -88,8 +81,9 @@ TEST(AttentionTaylorLinear, Float32MatchesFloat64) {
   auto fn = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
     return taylor_linear(q, k, v, mask);
   };
-  const Grads f32 = run(fn, DType::f32, 64, 57, 16, 16), f64 = run(fn, DType::f64, 64, 57, 16, 16);
-  expect_grads_close(
+  const AttentionGrads f32 = run(fn, DType::f32, 64, 57, 16, 16),
+                       f64 = run(fn, DType::f64, 64, 57, 16, 16);
+  expect_same_grads(
       {f32.o.to(DType::f64), f32.dq.to(DType::f64), f32.dk.to(DType::f64), f32.dv.to(DType::f64)},
       f64, 2e-5);
 }
@@ -124,19 +118,11 @@ TEST(AttentionTaylorLinear, ScaleInvariantInQueriesAndKeys) {
 TEST(AttentionTaylorLinear, ErrorsNameTheOpAndArgument) {
   const Tensor q = Tensor::ones({2, 2, 5, 4}), k = Tensor::ones({2, 2, 6, 4}),
                v = Tensor::ones({2, 2, 6, 3});
-  auto message = [](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               taylor_linear(q, k, Tensor::ones({2, 2, 5, 3}));
             }).find("taylor_linear: v"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_of([&] {
               taylor_linear(q, k, v, Tensor::ones({2, 5}, DType::boolean));
             }).find("taylor_linear: key_padding_mask must be [B, M] = [2, 6]"),
             std::string::npos);

@@ -16,6 +16,7 @@ namespace forge {
 namespace {
 
 using ops::attention::TaylorShiftOptions;
+using testing::error_of;
 
 constexpr int64_t kForceDirect = int64_t{1} << 40;
 
@@ -219,15 +220,6 @@ TEST(AttentionTaylorShift, FullyMaskedBatchGivesZeros) {
     for (size_t i = dv.size() / 2; i < dv.size(); ++i) EXPECT_EQ(dv[i], 0.0);
     for (double x : g.dtau.to_vector<double>()) EXPECT_TRUE(std::isfinite(x));
   }
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(AttentionTaylorShift, ErrorsNameTheProblem) {
