@@ -34,11 +34,20 @@ loop: {epochs: 0, steps: 400, batch_size: 32, log_every: 5, eval_every: 200}
 checkpoint: {every: 100}
 EOF
 
+# The repository stands alone: no file points to the design notes beside it (dot-dot/shared).
+outside="$(grep -rln '\.\./shared' "$src" --include='*.md' --include='*.h' --include='*.cpp' \
+  --include='*.cu' --include='*.cuh' --include='*.py' --include='*.sh' --include='*.txt' \
+  --exclude-dir=build --exclude-dir=.git 2>/dev/null)"
+[ -z "$outside" ] || fail "files point outside the repository: $outside"
+
 # ---- help and bad command lines ----
 expect 0 "commands:" -- "$bin" --help
-for cmd in train eval gradcheck bench info data recipe-reference; do
+for cmd in train eval predict export attention-maps generate data gradcheck bench info recipe-reference; do
   expect 0 "usage: attnforge $cmd" -- "$bin" "$cmd" --help
+  grep -q "^  $cmd  *[a-z]" <<<"$("$bin" --help)" || fail "attnforge --help does not list $cmd"
 done
+expect 2 "info takes no arguments" -- "$bin" info extra
+expect 2 "export: unknown option --ema=1" -- "$bin" export x --format=timm --out y --ema=1
 expect 2 "recipe-reference takes no arguments" -- "$bin" recipe-reference extra
 expect 2 "unknown command 'trian'" -- "$bin" trian
 expect 2 "train: unknown option --bogus" -- "$bin" train "$work/tiny.yaml" --bogus
@@ -434,7 +443,7 @@ expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/lm/enwik8_linear_transfor
   --set model.tie_embedding=true --set model.emb_dim=16 --out "$work/lm_lintrans"
 check_generate "$work/lm_lintrans" lintrans --prompt "The " --length 56
 # The copy recipe's encoder-decoder (FAVOR+, rotary, reversible, cross-attention).
-expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/seq2seq/copy_performer.yaml" --set loop.steps=2 \
+expect 0 "done: 2 steps" -- "$bin" train "$src/recipes/seq2seq/copy_performer_reference.yaml" --set loop.steps=2 \
   --set model.dim=32 --set model.heads=4 --set model.head_dim=8 --set model.attention.nb_features=16 \
   --set data.copy_length=8 --set data.generate_train=32 --set data.generate_eval=8 --set loop.batch_size=8 \
   --set threads=1 --out "$work/copy"

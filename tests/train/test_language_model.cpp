@@ -297,7 +297,7 @@ loop:
 // mechanism (FAVOR+, not causal), and no attention output has a bias.
 TEST(EncoderDecoderRecipe, CrossAttentionFollowsTheRecipe) {
   Recipe r = Recipe::from_file(
-      (fs::path(FORGE_SOURCE_DIR) / "recipes/seq2seq/copy_performer.yaml").string());
+      (fs::path(FORGE_SOURCE_DIR) / "recipes/seq2seq/copy_performer_reference.yaml").string());
   r.set("model.dim=64");
   Generator gen(0);
   const auto task = build_model(r, next_token_shape(r), DType::f32, &gen);
