@@ -25,6 +25,12 @@
 // Performer redraw counters (model buffers) and the partial metric window, and
 // a step's batches, dropout masks and updates depend on nothing else. Timing
 // fields (samples/s, step time) are the only metrics that differ.
+//
+// Where things are: train() (trainer.cpp) is the loop; each of its steps
+// (setup, step, evaluate, checkpoint, finish) is a method of Run (run.h);
+// evaluation and its metrics are in evaluation.h, the run directory's rules
+// and log in run_dir.h, a batch's loss and hits in batch_math.h, the GPU
+// kernels' and threads' settings in process_settings.h.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +41,7 @@
 
 #include "core/json.h"
 #include "train/checkpoint.h"
+#include "train/evaluation.h"  // EvalResult, evaluate_checkpoint (the eval command)
 #include "train/recipe.h"
 
 namespace forge::train {
@@ -78,37 +85,5 @@ std::string default_run_dir(const Recipe& recipe);
 // data and the model decide filled in (resolve_sizes): what --dump-config
 // prints. Adjustments a run would make (a warmup cut to the run) go to `notes`.
 Recipe resolve_recipe(Recipe recipe, std::vector<std::string>* notes);
-
-struct EvalResult {
-  std::string split;
-  int64_t examples = 0;
-  // What loss and accuracy average over: examples for classifiers, real target
-  // tokens for language models and decoders.
-  int64_t predictions = 0;
-  double loss = 0, accuracy = 0;
-  std::optional<double> bits_per_byte, perplexity;  // next-token tasks (bits: byte tokens)
-  // Classifiers (evaluate_checkpoint): top-5 accuracy, and the confusion matrix
-  // (rows: the true class, columns: the predicted one) with the classes' names.
-  std::optional<double> top5_accuracy;
-  // During training with ema.decay > 0: the EMA weights' loss and accuracy.
-  std::optional<double> ema_loss, ema_accuracy;
-  bool ema_weights = false;  // evaluate_checkpoint: the EMA was evaluated ("weights": "ema")
-  std::vector<std::vector<int64_t>> confusion;
-  std::vector<std::string> class_names;
-  int64_t step = 0;
-  int64_t limit = 0;  // evaluate_checkpoint: the data.limit_eval in effect (0: the whole split)
-  std::string checkpoint, run_dir;    // what was evaluated (run_dir empty for a loose checkpoint)
-  std::vector<std::string> warnings;  // about the checkpoint read (e.g. written without checksums)
-  json::Value to_json() const;
-};
-
-// Loads a checkpoint (any form resolve_checkpoint accepts; its recipe comes
-// from its model.safetensors) and evaluates it on the whole of `split` (empty:
-// the recipe's data.eval_split); `overrides` are --set assignments applied to
-// that recipe (data.limit_eval=N evaluates a subset).
-// With `ema`, the checkpoint's moving average of the weights (ema.decay) is
-// evaluated instead of its weights.
-EvalResult evaluate_checkpoint(const std::string& path, const std::string& split,
-                               const std::vector<std::string>& overrides, bool ema = false);
 
 }  // namespace forge::train
