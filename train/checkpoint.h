@@ -148,6 +148,9 @@ class CheckpointManager {
   std::optional<size_t> best_index() const;
   void warn(const std::string& message);
   std::string path_of(int64_t step) const;
+  // Makes the `best` file name the best entry (or removes it when none has a metric).
+  void point_best();
+  // point_best(), then deletes what keep_last / keep_best no longer keep.
   void prune();
 
   std::string dir_;

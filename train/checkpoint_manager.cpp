@@ -260,19 +260,6 @@ std::string CheckpointManager::save(int64_t step_number, const Checkpoint& ckpt,
   write_atomic(fs::path(dir_) / "latest", name_of(step_number) + "\n", true);
   latest_ = step_number;
 
-  const auto b = best_index();
-  const std::optional<int64_t> best_step =
-      b ? std::optional<int64_t>(entries_[*b].step) : std::nullopt;
-  if (best_step != best_on_disk_) {
-    const fs::path best_file = fs::path(dir_) / "best";
-    if (best_step) {
-      write_atomic(best_file, name_of(*best_step) + "\n", true);
-    } else {
-      step("remove best");
-      fs::remove(best_file, ec);
-    }
-    best_on_disk_ = best_step;
-  }
   prune();
   return path;
 }
@@ -284,7 +271,25 @@ void CheckpointManager::tidy() {
   prune();
 }
 
+void CheckpointManager::point_best() {
+  const auto b = best_index();
+  const std::optional<int64_t> best_step =
+      b ? std::optional<int64_t>(entries_[*b].step) : std::nullopt;
+  if (best_step == best_on_disk_) return;
+  const fs::path best_file = fs::path(dir_) / "best";
+  if (best_step) {
+    write_atomic(best_file, name_of(*best_step) + "\n", true);
+  } else {
+    step("remove best");
+    std::error_code ec;
+    fs::remove(best_file, ec);
+  }
+  best_on_disk_ = best_step;
+}
+
 void CheckpointManager::prune() {
+  // `best` first: a kill anywhere below leaves it naming a checkpoint that exists.
+  point_best();
   std::vector<int64_t> keep;
   if (latest_) keep.push_back(*latest_);
   for (size_t i = entries_.size() > static_cast<size_t>(keep_last_)

@@ -574,6 +574,25 @@ TEST_F(CheckpointManagerTest, TidyFinishesThePruningOfAKilledSave) {
   EXPECT_TRUE(same(read_checkpoint(*m.latest()), make_checkpoint(3)));
 }
 
+// A process killed between a save's `latest` and its `best` (the soak found
+// it): `best` still names the old best, which the new one outranks. The
+// resume's tidy moves `best` to the new one before it prunes, so at every
+// instant `best` names a checkpoint that exists.
+TEST_F(CheckpointManagerTest, TidyMovesBestBeforeItPrunesTheOldBest) {
+  {
+    auto m = manager(3, 1, "eval_loss", "min");
+    m.save(40, make_checkpoint(4), 3.99);
+    m.save(50, make_checkpoint(5), {});
+    m.save(60, make_checkpoint(6), 3.93);
+  }
+  write_file(ckdir() / "best", "step-00000040\n");  // as the kill left it
+  auto m = manager(1, 1, "eval_loss", "min");
+  m.tidy();
+  EXPECT_EQ(read_file(ckdir() / "best"), "step-00000060\n");
+  EXPECT_EQ(names_in(ckdir()), (std::set<std::string>{"best", "latest", "step-00000060"}));
+  EXPECT_EQ(m.best(), path(60));
+}
+
 // What decides whether a run directory holds a run, without reading anything.
 TEST_F(CheckpointManagerTest, HoldsCheckpointCountsWholeAndAsideOnes) {
   EXPECT_FALSE(CheckpointManager::holds_checkpoint(root_.string()));  // no checkpoints/ at all
