@@ -121,9 +121,11 @@ GenerateResult generate(const GenerateRequest& q,
                             fmt::join(logits.to(Device::cpu()).to(DType::f64).to_vector<double>(), ", "));
     };
   o.on_token = [&](const std::vector<int64_t>& next) {
-    if (!pending.empty()) lines += pending + fmt::format(", \"next\": {}}}\n", next[0]);
-    pending.clear();
-    context.push_back(next[0]);
+    if (!pending.empty()) {  // --logits only
+      lines += pending + fmt::format(", \"next\": {}}}\n", next[0]);
+      pending.clear();
+      context.push_back(next[0]);
+    }
     if (next[0] == o.eos) return;
     emit(codec.decode(next[0], result.generated == 0));
     ++result.generated;

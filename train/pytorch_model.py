@@ -726,7 +726,7 @@ class LanguageModel(torch.nn.Module):
         super().__init__()
         D = m["dim"]
         E = m["emb_dim"] or D
-        self.causal, self.tied = causal, m["tie_embedding"]
+        self.tied = m["tie_embedding"]
         self.token_emb = torch.nn.Embedding(vocab, E)
         if E != D:
             self.project_in = torch.nn.Linear(E, D)
@@ -780,7 +780,6 @@ class EncoderDecoder(torch.nn.Module):
 
 _KINDS = ("softmax", "local", "efficient", "linear", "taylor_linear", "linformer", "favor",
           "taylorshift")
-_CAUSAL_KINDS = ("softmax", "local", "efficient", "linear", "favor")
 _TYPES = ("vit", "sequence_classifier", "language_model", "encoder_decoder")
 # model.* keys: what this file rebuilds (None: any value), or "ignored" (training only, or
 # used only by options refused here / by other model types).
