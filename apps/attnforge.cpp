@@ -30,7 +30,6 @@
 #include "apps/help_texts.h"
 #include "apps/options.h"
 #include "autograd/gradcheck.h"
-#include "bench/attention.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/file_io.h"
@@ -40,7 +39,7 @@
 #include "data/lra_release.h"
 #include "dist/group.h"
 #include "ops/attention/attention.h"
-#include "ops/attention/registry.h"
+#include "ops/attention/cases.h"
 #include "ops/blas.h"
 #include "ops/blas_core.h"
 #include "train/attention_maps.h"
@@ -306,19 +305,19 @@ int cmd_attention_maps(const Args& a) {
   return 0;
 }
 
-// The registry's cases whose names start with one of `prefixes` (all without).
-std::vector<const forge::ops::attention::GradcheckCase*> gradcheck_cases(
+// The attention cases whose names start with one of `prefixes` (all without).
+std::vector<const forge::ops::attention::AttentionCase*> gradcheck_cases(
     const std::vector<std::string>& prefixes) {
-  const auto& registry = forge::ops::attention::gradcheck_registry();
-  std::vector<const forge::ops::attention::GradcheckCase*> cases;
-  for (const auto& c : registry) {
+  const auto& all = forge::ops::attention::attention_cases();
+  std::vector<const forge::ops::attention::AttentionCase*> cases;
+  for (const auto& c : all) {
     bool match = prefixes.empty();
     for (const auto& p : prefixes) match = match || c.name.rfind(p, 0) == 0;
     if (match) cases.push_back(&c);
   }
   if (cases.empty()) {
     std::string names;
-    for (const auto& c : registry) names += "  " + c.name + "\n";
+    for (const auto& c : all) names += "  " + c.name + "\n";
     throw UsageError(fmt::format("gradcheck: no case matches; the cases are:\n{}", names));
   }
   return cases;
@@ -337,7 +336,7 @@ int cmd_gradcheck(const Args& a) {
   for (const auto* c : cases) {
     forge::autograd::GradcheckResult r;
     try {
-      r = forge::autograd::gradcheck(c->fn, c->make_inputs(), c->options);
+      r = forge::autograd::gradcheck(c->fn, c->make_inputs(c->dims), c->gradcheck);
     } catch (const forge::Error& e) {
       r.ok = false;
       r.message = e.what();
@@ -360,21 +359,6 @@ int cmd_gradcheck(const Args& a) {
     }
   }
   return failed == 0 ? 0 : 1;
-}
-
-// bench takes its arguments as they are: they are bench_attention's own.
-int cmd_bench(const Args& a) {
-  const std::vector<std::string>& args = a.positional;
-  if (args.empty()) throw UsageError("bench: give what to time: bench attention [options]");
-  if (args[0] != "attention")
-    throw UsageError(
-        fmt::format("bench: unknown benchmark '{}'; the one here is: attention", args[0]));
-  std::vector<std::string> argv_s = {"attnforge bench attention"};
-  argv_s.insert(argv_s.end(), args.begin() + 1, args.end());
-  std::vector<char*> argv;
-  for (auto& s : argv_s) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  return bench_attention_main(static_cast<int>(argv_s.size()), argv.data());
 }
 
 int cmd_data(const Args& a) {
@@ -444,7 +428,6 @@ struct Command {
   bool more_positional = false;
   int (*run)(const Args&);
   bool under_mpirun = false;  // runs in every process of `mpirun -np N` (else one process only)
-  bool raw = false;           // its arguments go to it unparsed (bench)
 };
 
 const std::vector<Command>& commands() {
@@ -487,8 +470,6 @@ const std::vector<Command>& commands() {
        kDataHelp, {{"--from", kValue}, {"--out", kValue}}, {"one task"}, false, cmd_data},
       {"gradcheck", "check every attention op's backward against finite differences (f64)",
        kGradcheckHelp, {{"--list", kFlag}}, {"an op"}, true, cmd_gradcheck},
-      {"bench", "time the attention mechanisms (bench attention ...)", kBenchHelp, {}, {}, false,
-       cmd_bench, false, true},
       {"info", "the build, BLAS, threads and CUDA devices", kInfoHelp, {}, {}, false, cmd_info},
       {"recipe-reference",
        "print every recipe key with its type, default and meaning (Markdown)",
@@ -512,8 +493,7 @@ std::string main_help() {
   return s + "\n  --version  the version and the git commit of this build\n";
 }
 
-bool wants_help(const Command& c, const std::vector<std::string>& args) {
-  if (c.raw) return !args.empty() && (args[0] == "--help" || args[0] == "-h");
+bool wants_help(const std::vector<std::string>& args) {
   return std::find(args.begin(), args.end(), "--help") != args.end() ||
          std::find(args.begin(), args.end(), "-h") != args.end();
 }
@@ -526,16 +506,12 @@ int run_command(const std::string& name, const std::vector<std::string>& args) {
     throw UsageError(fmt::format("{} runs in one process; only train and eval run under mpirun "
                                  "(this is rank {} of {})",
                                  name, world.rank(), world.size()));
-  if (wants_help(*c, args)) {
+  if (wants_help(args)) {
     std::fputs(c->help, stdout);
     return 0;
   }
-  Args parsed;
-  if (c->raw)
-    parsed.positional = args;
-  else
-    parsed = forge::cli::parse_args(name, args, c->options, c->positional, c->more_positional);
-  return c->run(parsed);
+  return c->run(
+      forge::cli::parse_args(name, args, c->options, c->positional, c->more_positional));
 }
 
 // A failed process of a data-parallel job: rank 0 prints and ends the job at

@@ -153,23 +153,16 @@ options:
 
 constexpr const char* kGradcheckHelp = R"(usage: attnforge gradcheck [OP...] [options]
 
-Runs the registry of attention gradient checks (float64 central differences,
+Runs every attention case's gradient check (float64 central differences,
 eps 1e-6, atol 1e-5, rtol 1e-3 unless a case says otherwise) and prints a
 pass/fail table. OP selects cases whose name starts with it (e.g. softmax,
-favor/causal); none runs them all. Then prints TaylorShift's direct-vs-efficient
+favor/relu); none runs them all. Then prints TaylorShift's direct-vs-efficient
 form difference.
 
 options:
   --list     list the case names and exit
   --help     this text
 Exit status 1 when any case fails.
-)";
-
-constexpr const char* kBenchHelp =
-    R"(usage: attnforge bench attention [--max-n N] [--csv] [--one NAME N]
-
-Times every attention mechanism's forward and forward+backward and measures its
-peak memory (B 1, H 8, d 64, f32). The PyTorch comparison: make bench-torch.
 )";
 
 constexpr const char* kDataHelp = R"(usage: attnforge data TASK --from DIR [--out DIR]

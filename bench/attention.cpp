@@ -1,19 +1,26 @@
-// Attention benchmark (a program, not a test): every mechanism and main
-// option, forward and forward+backward time and peak memory, by default
-// B = 1, H = 8, d = 64, f32 on the CPU, over N = 256 .. 16384.
+// Attention benchmark (a program, not a test): the cases of
+// ops/attention/cases.h (each mechanism's one list, the one gradcheck and the
+// GPU tests run), forward and forward+backward time and peak memory, by
+// default B = 1, H = 8, d = 64, f32 on the CPU, over N = 256 .. 16384. A case
+// runs at q, k, v [B, H, N, d] (M = N, dv = d; its mechanism's own size, FAVOR+'s
+// features or Linformer's k, the reference's default).
 //
-//   bench_attention [--max-n N] [--csv] [SHAPE]   the whole table (Markdown, or CSV)
+//   bench_attention [--max-n N] [--csv] [SHAPE]   the table of the cases marked `bench`
+//                                                  (Markdown, or CSV)
 //   bench_attention --one NAME N [SHAPE]           one configuration as a CSV line, for
 //                                                  bench/torch_attention.py, which runs
 //                                                  each configuration in its own process
 //                                                  and compares with PyTorch.
+//   bench_attention --list                         every case (* marks the table's rows)
 //   SHAPE: [--batch B] [--heads H] [--dim d] [--device cpu|cuda] [--dtype f32|bf16|f16]
 //          [--autocast bf16|f16] (f32 inputs under autocast, as precision: bf16 | fp16 runs)
 //          [--flash-engine tiled|mma|cudnn] (the GPU softmax / local / Linformer forward kernels:
 //          ops::attention::set_flash_engine)
 //          [--linear-engine fma|mma] (the GPU core of linear / efficient / taylor_linear:
 //          ops::attention::set_linear_engine)
-//          [--tokens T] (B = max(1, T / N) for each N) [--ns N1,N2,..] [--mechanisms a,b,..]
+//          [--tokens T] (B = max(1, T / N) for each N) [--ns N1,N2,..]
+//          [--mechanisms a,b,..] (case names, or "all": every case)
+//          [--budget S] (seconds of repeats per timing; at least 3 runs each)
 // Peak memory: the allocator's peak bytes above the inputs during one
 // forward+backward (on the GPU: the CUDA allocator's); with --one on the CPU
 // also the process's peak-RSS growth (VmHWM after a reset through
@@ -38,6 +45,7 @@
 #include "core/device.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/cases.h"
 #include "ops/autocast.h"
 #include "ops/ops.h"
 
@@ -47,18 +55,18 @@ using forge::DType;
 using forge::Tensor;
 namespace att = forge::ops::attention;
 
+using att::AttentionCase;
+using att::CaseDims;
+
 constexpr int64_t kLinformerK = 256;  // linformer-pytorch's default projected length
 
-// The benchmarked shape, device and dtype (the same for every mechanism).
+// The benchmarked shape, device and dtype (the same for every case).
 struct Config {
   int64_t B = 1, H = 8, D = 64;
   int64_t tokens = 0;  // > 0: B = max(1, tokens / N) for each N
   forge::Device device = forge::Device::cpu();
   DType dtype = DType::f32;
   DType autocast = DType::f32;  // bf16 / f16: every run under an AutocastGuard
-  int64_t favor_m() const {     // int(d ln d)
-    return static_cast<int64_t>(static_cast<double>(D) * std::log(static_cast<double>(D)));
-  }
 };
 Config cfg;
 
@@ -66,83 +74,19 @@ void sync() {
   if (cfg.device.is_cuda()) forge::cuda_synchronize(cfg.device);
 }
 
-struct Inputs {
-  Tensor q, k, v, E, F, bE, bF, W, tau;
-};
-
-struct Mechanism {
-  std::string name;
-  std::function<Tensor(const Inputs&)> run;
-};
-
-const std::vector<Mechanism>& mechanisms() {
-  static const std::vector<Mechanism> all = {
-      {"softmax", [](const Inputs& x) { return att::softmax(x.q, x.k, x.v); }},
-      {"softmax_causal",
-       [](const Inputs& x) { return att::softmax(x.q, x.k, x.v, Tensor(), {.causal = true}); }},
-      {"local_w64",
-       [](const Inputs& x) { return att::local(x.q, x.k, x.v, Tensor(), {.window = 64}); }},
-      {"local_w64_causal",
-       [](const Inputs& x) {
-         return att::local(x.q, x.k, x.v, Tensor(), {.window = 64, .causal = true});
-       }},
-      // The local-attention package's usual window (window_size 256, look_backward 1).
-      {"local_w256",
-       [](const Inputs& x) { return att::local(x.q, x.k, x.v, Tensor(), {.window = 256}); }},
-      {"local_w256_causal",
-       [](const Inputs& x) {
-         return att::local(x.q, x.k, x.v, Tensor(), {.window = 256, .causal = true});
-       }},
-      {"efficient", [](const Inputs& x) { return att::efficient(x.q, x.k, x.v); }},
-      {"efficient_causal",
-       [](const Inputs& x) {
-         return att::efficient(x.q, x.k, x.v, Tensor(), {.causal = true, .bucket_size = 64});
-       }},
-      {"linear", [](const Inputs& x) { return att::linear(x.q, x.k, x.v); }},
-      {"linear_causal",
-       [](const Inputs& x) { return att::linear(x.q, x.k, x.v, Tensor(), {.causal = true}); }},
-      {"taylor_linear", [](const Inputs& x) { return att::taylor_linear(x.q, x.k, x.v); }},
-      {"linformer_k256",
-       [](const Inputs& x) { return att::linformer(x.q, x.k, x.v, x.E, x.F, x.bE, x.bF); }},
-      {"favor", [](const Inputs& x) { return att::favor(x.q, x.k, x.v, x.W); }},
-      {"favor_causal",
-       [](const Inputs& x) { return att::favor(x.q, x.k, x.v, x.W, Tensor(), {.causal = true}); }},
-      {"favor_relu",
-       [](const Inputs& x) {
-         return att::favor(x.q, x.k, x.v, x.W, Tensor(), {.kernel = att::FavorKernel::relu});
-       }},
-      {"taylorshift_efficient",
-       [](const Inputs& x) {
-         return att::taylorshift(x.q, x.k, x.v, x.tau, Tensor(), {.n0 = -1});
-       }},
-      {"taylorshift_direct",
-       [](const Inputs& x) {
-         return att::taylorshift(x.q, x.k, x.v, x.tau, Tensor(), {.n0 = int64_t{1} << 40});
-       }},
-  };
-  return all;
-}
-
-// Drawn in f32 on the CPU, then moved to the benchmarked device and dtype.
-Inputs make_inputs(int64_t N) {
-  forge::Generator g(1234);
-  auto place = [](Tensor t) { return t.to(cfg.device).to(cfg.dtype); };
-  auto leaf = [&](const forge::Shape& s, double scale) {
-    Tensor t = place(forge::ops::mul(Tensor::randn(s, DType::f32, &g), scale));
-    return t.set_requires_grad(true);
-  };
-  Inputs x;
-  x.q = leaf({cfg.B, cfg.H, N, cfg.D}, 1.0);
-  x.k = leaf({cfg.B, cfg.H, N, cfg.D}, 1.0);
-  x.v = leaf({cfg.B, cfg.H, N, cfg.D}, 1.0);
-  const double xavier = std::sqrt(2.0 / static_cast<double>(kLinformerK + N));
-  x.E = leaf({kLinformerK, N}, xavier);
-  x.F = leaf({kLinformerK, N}, xavier);
-  x.bE = leaf({kLinformerK}, 0.0);
-  x.bF = leaf({kLinformerK}, 0.0);
-  x.W = place(att::gaussian_orthogonal_random_matrix(cfg.favor_m(), cfg.D, 0, DType::f32, &g));
-  x.tau = place(Tensor::ones({cfg.H})).set_requires_grad(true);
-  return x;
+// The case's inputs at N (made in f64 on the CPU), moved to the benchmarked
+// device and dtype: floating ones keep whether they require grad.
+std::vector<Tensor> make_inputs(const AttentionCase& c, int64_t N) {
+  const CaseDims dims{.B = cfg.B, .H = cfg.H, .N = N, .M = N, .d = cfg.D, .dv = cfg.D, .k = 0};
+  std::vector<Tensor> in = c.make_inputs(dims);
+  for (Tensor& t : in) {
+    if (!t.defined()) continue;
+    const bool grad = t.requires_grad();
+    Tensor placed = t.detach().to(cfg.device);
+    if (forge::is_floating(placed.dtype())) placed = placed.to(cfg.dtype);
+    t = grad ? placed.set_requires_grad(true) : placed;
+  }
+  return in;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -194,13 +138,15 @@ struct Result {
   long rss_growth_kib = 0;
 };
 
-Result measure(const Mechanism& m, int64_t N, double budget) {
-  Inputs x = make_inputs(N);
-  std::vector<Tensor> leaves = {x.q, x.k, x.v, x.E, x.F, x.bE, x.bF, x.tau};
+Result measure(const AttentionCase& c, int64_t N, double budget) {
+  const std::vector<Tensor> x = make_inputs(c, N);
+  std::vector<Tensor> leaves;
+  for (const Tensor& t : x)
+    if (t.defined() && t.requires_grad()) leaves.push_back(t);
   auto fwdbwd = [&] {
     for (Tensor& t : leaves) t.zero_grad();
     forge::ops::AutocastGuard autocast(cfg.autocast);
-    Tensor o = m.run(x);
+    Tensor o = c.fn(x);
     forge::autograd::backward(forge::ops::sum(o));
   };
   // Give cached blocks back first: the temporaries of make_inputs would
@@ -223,7 +169,7 @@ Result measure(const Mechanism& m, int64_t N, double budget) {
                        [&] {
                          forge::NoGradGuard no_grad;
                          forge::ops::AutocastGuard autocast(cfg.autocast);
-                         Tensor o = m.run(x);
+                         Tensor o = c.fn(x);
                        },
                        budget);
   return r;
@@ -249,11 +195,12 @@ double copy_bandwidth() {
 // written by the backward (d = dv here, N = M); Linformer's E and F (shared
 // by every head) read twice and their gradients written. Over the copy
 // bandwidth, the time no kernel can beat.
-double floor_ms(const Mechanism& m, int64_t N) {
+double floor_ms(const AttentionCase& c, int64_t N) {
   const double elem = static_cast<double>(forge::dtype_size(cfg.dtype));
   const double per_head = 11.0 * static_cast<double>(N * cfg.D);  // 4 N d + 7 N d
   double bytes = elem * per_head * static_cast<double>(cfg.B * cfg.H);
-  if (m.name.rfind("linformer", 0) == 0) bytes += elem * 6.0 * 256 * static_cast<double>(N);
+  if (c.name.rfind("linformer/", 0) == 0)
+    bytes += elem * 6.0 * kLinformerK * static_cast<double>(N);
   return 1e3 * bytes / copy_bandwidth();
 }
 
@@ -268,10 +215,10 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-const Mechanism* find(const std::string& name) {
-  for (const Mechanism& m : mechanisms())
-    if (m.name == name) return &m;
-  return nullptr;
+const AttentionCase* find(const std::string& name) {
+  const AttentionCase* c = att::find_attention_case(name);
+  FORGE_CHECK(c != nullptr, "unknown case {} (see --list)", name);
+  return c;
 }
 
 }  // namespace
@@ -279,16 +226,16 @@ const Mechanism* find(const std::string& name) {
 int bench_attention_main(int argc, char** argv) {
   int64_t max_n = 16384;
   std::vector<int64_t> ns;         // empty: 256, 512, .. max_n
-  std::vector<std::string> names;  // empty: every mechanism
+  std::vector<std::string> names;  // empty: the cases marked `bench`
   bool csv = false;
-  const Mechanism* one = nullptr;
+  double budget = -1;  // < 0: 1 s for --one, 0.5 s a row for the table
+  const AttentionCase* one = nullptr;
   int64_t one_n = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
     if (a == "--one" && i + 2 < argc) {
       one = find(argv[i + 1]);
-      FORGE_CHECK(one != nullptr, "unknown mechanism {} (see --list)", argv[i + 1]);
       one_n = std::stoll(argv[i + 2]);
       i += 2;
     } else if (a == "--batch" && has_value) {
@@ -300,6 +247,12 @@ int bench_attention_main(int argc, char** argv) {
       for (const std::string& n : split_commas(argv[++i])) ns.push_back(std::stoll(n));
     } else if (a == "--mechanisms" && has_value) {
       names = split_commas(argv[++i]);
+      if (names == std::vector<std::string>{"all"}) {
+        names.clear();
+        for (const AttentionCase& c : att::attention_cases()) names.push_back(c.name);
+      }
+    } else if (a == "--budget" && has_value) {
+      budget = std::stod(argv[++i]);
     } else if (a == "--heads" && has_value) {
       cfg.H = std::stoll(argv[++i]);
     } else if (a == "--dim" && has_value) {
@@ -332,7 +285,8 @@ int bench_attention_main(int argc, char** argv) {
       att::set_linear_engine(v == "fma" ? forge::cuda::LinearEngine::fma
                                         : forge::cuda::LinearEngine::mma);
     } else if (a == "--list") {
-      for (const Mechanism& m : mechanisms()) std::printf("%s\n", m.name.c_str());
+      for (const AttentionCase& c : att::attention_cases())
+        std::printf("%s%s\n", c.name.c_str(), c.bench ? " *" : "");
       return 0;
     } else if (a == "--max-n" && i + 1 < argc) {
       max_n = std::stoll(argv[++i]);
@@ -340,7 +294,9 @@ int bench_attention_main(int argc, char** argv) {
       csv = true;
     } else {
       FORGE_FAIL(
-          "unknown argument {} (use --max-n N, --csv, --list, --one NAME N, --batch B, --heads H, "
+          "unknown argument {} (use --max-n N, --csv, --list, --one NAME N, --mechanisms "
+          "a,b,..|all, "
+          "--ns N1,N2,.., --budget S, --batch B, --tokens T, --heads H, "
           "--dim d, --device cpu|cuda, --dtype f32|bf16|f16, --autocast bf16|f16, "
           "--flash-engine tiled|mma|cudnn, --linear-engine fma|mma)",
           a);
@@ -352,8 +308,9 @@ int bench_attention_main(int argc, char** argv) {
     return cfg.tokens > 0 ? std::max<int64_t>(1, cfg.tokens / N) : cfg.B;
   };
   if (one != nullptr) {
+    one_n = one->length_for(one_n);
     cfg.B = batch_for(one_n);
-    const Result r = measure(*one, one_n, 1.0);
+    const Result r = measure(*one, one_n, budget < 0 ? 1.0 : budget);
     std::printf("%s,%lld,%.3f,%.3f,%lld,%ld\n", one->name.c_str(), static_cast<long long>(one_n),
                 r.fwd_ms, r.fwdbwd_ms, static_cast<long long>(r.peak_bytes), r.rss_growth_kib);
     return 0;
@@ -370,15 +327,16 @@ int bench_attention_main(int argc, char** argv) {
               cfg.device.str().c_str(), forge::num_threads(), forge::num_threads() == 1 ? "" : "s",
               copy_bandwidth() / 1e9);
   if (names.empty())
-    for (const Mechanism& m : mechanisms()) names.push_back(m.name);
+    for (const AttentionCase& c : att::attention_cases())
+      if (c.bench) names.push_back(c.name);
   for (const std::string& name : names) {
-    const Mechanism* m = find(name);
-    FORGE_CHECK(m != nullptr, "unknown mechanism {} (see --list)", name);
-    for (int64_t N : ns) {
+    const AttentionCase* m = find(name);
+    for (int64_t asked : ns) {
+      const int64_t N = m->length_for(asked);
       cfg.B = batch_for(N);
       Result r;
       try {
-        r = measure(*m, N, 0.5);
+        r = measure(*m, N, budget < 0 ? 0.5 : budget);
       } catch (const std::exception& e) {  // out of memory, most likely: say so, go on
         std::printf(csv ? "%s,%lld,%lld,failed,failed,failed,failed\n"
                         : "| %s | %lld | %lld | failed: %s |\n",

@@ -12,7 +12,7 @@ the ratios torch / ours (time: > 1 means we are faster) and ours / torch
 (memory: < 1 means we use less).
 
     /usr/bin/python3 bench/torch_attention.py --ours build/bench/bench_attention \
-        [--ns 1024,4096,16384] [--mechanisms softmax,linear,...] [--threads 2]
+        [--ns 1024,4096,16384] [--mechanisms softmax/plain,linear/plain,...] [--threads 2]
 
 Needs Debian's python3-torch (CPU).
 """
@@ -198,23 +198,23 @@ def mechanisms(torch):
         return attn @ v
 
     return {
-        "softmax": lambda x: softmax_attn(x["q"], x["k"], x["v"]),
-        "softmax_causal": lambda x: softmax_attn(x["q"], x["k"], x["v"], causal=True),
-        "local_w64": lambda x: local_attn(x["q"], x["k"], x["v"], 64),
-        "local_w64_causal": lambda x: local_attn(x["q"], x["k"], x["v"], 64, causal=True),
-        "local_w256": lambda x: local_attn(x["q"], x["k"], x["v"], 256),
-        "local_w256_causal": lambda x: local_attn(x["q"], x["k"], x["v"], 256, causal=True),
-        "efficient": lambda x: efficient_attn(x["q"], x["k"], x["v"]),
-        "efficient_causal": lambda x: efficient_causal(x["q"], x["k"], x["v"]),
-        "linear": lambda x: linear_attn(x["q"], x["k"], x["v"]),
-        "linear_causal": lambda x: linear_causal(x["q"], x["k"], x["v"]),
-        "taylor_linear": lambda x: taylor_linear(x["q"], x["k"], x["v"]),
-        "linformer_k256": lambda x: linformer(x["q"], x["k"], x["v"], x["E"], x["F"], x["bE"], x["bF"]),
-        "favor": lambda x: favor(x["q"], x["k"], x["v"], x["W"]),
-        "favor_causal": lambda x: favor_causal(x["q"], x["k"], x["v"], x["W"]),
-        "favor_relu": lambda x: favor_relu(x["q"], x["k"], x["v"], x["W"]),
-        "taylorshift_efficient": lambda x: taylorshift_efficient(x["q"], x["k"], x["v"], x["tau"]),
-        "taylorshift_direct": lambda x: taylorshift_direct(x["q"], x["k"], x["v"], x["tau"]),
+        "softmax/plain": lambda x: softmax_attn(x["q"], x["k"], x["v"]),
+        "softmax/causal": lambda x: softmax_attn(x["q"], x["k"], x["v"], causal=True),
+        "local/w64": lambda x: local_attn(x["q"], x["k"], x["v"], 64),
+        "local/w64+causal": lambda x: local_attn(x["q"], x["k"], x["v"], 64, causal=True),
+        "local/w256": lambda x: local_attn(x["q"], x["k"], x["v"], 256),
+        "local/w256+causal": lambda x: local_attn(x["q"], x["k"], x["v"], 256, causal=True),
+        "efficient/plain": lambda x: efficient_attn(x["q"], x["k"], x["v"]),
+        "efficient/causal+buckets64": lambda x: efficient_causal(x["q"], x["k"], x["v"]),
+        "linear/plain": lambda x: linear_attn(x["q"], x["k"], x["v"]),
+        "linear/causal": lambda x: linear_causal(x["q"], x["k"], x["v"]),
+        "taylor_linear/self": lambda x: taylor_linear(x["q"], x["k"], x["v"]),
+        "linformer/full": lambda x: linformer(x["q"], x["k"], x["v"], x["E"], x["F"], x["bE"], x["bF"]),
+        "favor/softmax": lambda x: favor(x["q"], x["k"], x["v"], x["W"]),
+        "favor/softmax+causal": lambda x: favor_causal(x["q"], x["k"], x["v"], x["W"]),
+        "favor/relu": lambda x: favor_relu(x["q"], x["k"], x["v"], x["W"]),
+        "taylorshift/efficient": lambda x: taylorshift_efficient(x["q"], x["k"], x["v"], x["tau"]),
+        "taylorshift/direct": lambda x: taylorshift_direct(x["q"], x["k"], x["v"], x["tau"]),
     }
 
 
@@ -233,7 +233,7 @@ def reset_peak_rss_kib():
     return proc_status_kib("VmRSS")
 
 
-QUADRATIC = {"softmax", "softmax_causal", "taylorshift_direct"}
+QUADRATIC = {"softmax/plain", "softmax/causal", "taylorshift/direct"}
 
 
 def torch_one(name, n, threads):

@@ -36,13 +36,13 @@ import torch_attention as eager  # noqa: E402  (the composites, parameterised by
 
 ALL_NS = "1024,2048,4096,8192,16384,32768,65536"
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")
-SOFTMAX_LIKE = {"softmax": False, "softmax_causal": True}
+SOFTMAX_LIKE = {"softmax/plain": False, "softmax/causal": True}
 
 
 def flops_fwd(name, b, h, n, d):
     if name in SOFTMAX_LIKE:
         return 4 * b * h * n * n * d / (2 if SOFTMAX_LIKE[name] else 1)
-    if name == "taylorshift_direct":
+    if name == "taylorshift/direct":
         return 4 * b * h * n * n * d
     return None
 

@@ -71,10 +71,10 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         eager.D = d // self.heads  # the composites read the head dimension from there
         if self.attention == "favor":
-            a = eager.mechanisms(torch)["favor"]({"q": q, "k": k, "v": v, "W": self.W})
+            a = eager.mechanisms(torch)["favor/softmax"]({"q": q, "k": k, "v": v, "W": self.W})
         elif self.attention == "taylorshift":
             # Direct below the switch point N0 = d^2 + d + 1, as ours decides.
-            form = "taylorshift_direct" if n <= eager.D ** 2 + eager.D + 1 else "taylorshift_efficient"
+            form = "taylorshift/direct" if n <= eager.D ** 2 + eager.D + 1 else "taylorshift/efficient"
             a = eager.mechanisms(torch)[form]({"q": q, "k": k, "v": v, "tau": self.tau})
         else:
             a = ((q @ k.transpose(-1, -2)) * (d // self.heads) ** -0.5).softmax(-1) @ v

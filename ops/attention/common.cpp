@@ -58,24 +58,6 @@ const uint8_t* mask_bytes(const Tensor& key_padding_mask) {
                                     : nullptr;
 }
 
-Tensor gradcheck_leaf(const Shape& shape, uint64_t seed, double lo, double hi) {
-  Generator gen(seed);
-  Tensor t = Tensor::rand(shape, DType::f64, &gen);
-  double* p = t.data<double>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = lo + (hi - lo) * p[i];
-  t.set_requires_grad(true);
-  return t;
-}
-
-Tensor gradcheck_padding_mask(int64_t M, const std::vector<int64_t>& pad) {
-  const auto B = static_cast<int64_t>(pad.size());
-  Tensor m = Tensor::ones({B, M}, DType::boolean);
-  bool* p = m.data<bool>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = M - pad[static_cast<size_t>(b)]; j < M; ++j) p[b * M + j] = false;
-  return m;
-}
-
 CpuOperands cpu_operands(const Tensor& q, const Tensor& k, const Tensor& v, int64_t keys) {
   const bool low = autocasts(q) && autocasts(k) && autocasts(v) && keys >= kMinBf16Keys;
   if (!low) return {q.detach(), k.detach(), v.detach(), false};

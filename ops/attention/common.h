@@ -141,10 +141,4 @@ Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
 // The mask's bytes (1 = real token), or null when there is no mask.
 const uint8_t* mask_bytes(const Tensor& key_padding_mask);
 
-// Inputs of the registries' gradcheck cases (registry.h): a f64 tensor uniform
-// in [lo, hi) from its own generator, requiring grad; and a [B, M] bool key
-// padding mask with the last pad[b] keys of batch b masked (B = pad.size()).
-Tensor gradcheck_leaf(const Shape& shape, uint64_t seed, double lo = -1, double hi = 1);
-Tensor gradcheck_padding_mask(int64_t M, const std::vector<int64_t>& pad);
-
 }  // namespace forge::ops::attention

@@ -33,9 +33,9 @@
 #include "core/threading.h"
 #include "core/vmath.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/cases.h"
 #include "ops/attention/common.h"
 #include "ops/attention/feature_attention.h"
-#include "ops/attention/registry.h"
 #include "ops/blas.h"
 
 namespace forge::ops::attention {
@@ -533,34 +533,44 @@ Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 
 namespace {
 
-GradcheckCase efficient_case(const std::string& name, int64_t N, int64_t M, bool masked,
-                             bool causal, int64_t bucket_size) {
-  return {"efficient/" + name,
-          [=] {
-            std::vector<Tensor> in{gradcheck_leaf({2, 2, N, 3}, 21),
-                                   gradcheck_leaf({2, 2, M, 3}, 22),
-                                   gradcheck_leaf({2, 2, M, 4}, 23)};
-            if (masked) in.push_back(gradcheck_padding_mask(M, {1, 3}));
-            return in;
-          },
-          [=](const std::vector<Tensor>& in) {
-            EfficientOptions options;
-            options.causal = causal;
-            options.bucket_size = bucket_size;
-            return efficient(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), options);
-          }};
+AttentionCase efficient_case(const std::string& name, int64_t N, int64_t M, bool masked,
+                             bool causal, int64_t bucket_size, bool bench = false) {
+  AttentionCase c;
+  c.name = "efficient/" + name;
+  c.dims.N = N;
+  c.dims.M = M;
+  c.make_inputs = [=](const CaseDims& s) {
+    std::vector<Tensor> in = case_qkv(s, 21);
+    if (masked) in.push_back(case_padding_mask(s, {1, 3}));
+    return in;
+  };
+  c.fn = [=](const std::vector<Tensor>& in) {
+    EfficientOptions options;
+    options.causal = causal;
+    options.bucket_size = bucket_size;
+    return efficient(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), options);
+  };
+  c.bench = bench;
+  if (causal) c.length_multiple = bucket_size;
+  return c;
 }
 
 }  // namespace
 
-std::vector<GradcheckCase> efficient_gradcheck_cases() {
-  return {efficient_case("plain", 6, 6, false, false, 64),
+std::vector<AttentionCase> efficient_cases() {
+  return {efficient_case("plain", 6, 6, false, false, 64, true),
           efficient_case("mask", 6, 6, true, false, 64),
           efficient_case("cross+mask", 5, 8, true, false, 64),
           efficient_case("causal", 7, 7, false, true, 1),
           efficient_case("causal+mask", 7, 7, true, true, 1),
           efficient_case("causal+buckets", 9, 9, false, true, 3),
-          efficient_case("causal+buckets+mask", 9, 9, true, true, 3)};
+          efficient_case("causal+buckets+mask", 9, 9, true, true, 3),
+          // linear-attention-transformer's usual bucket (the benchmark's row), two of them.
+          [] {
+            AttentionCase c = efficient_case("causal+buckets64", 128, 128, false, true, 64, true);
+            c.dims.B = c.dims.H = 1;
+            return c;
+          }()};
 }
 
 }  // namespace forge::ops::attention

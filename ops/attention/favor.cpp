@@ -28,9 +28,9 @@
 #include "core/threading.h"
 #include "core/vmath.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/cases.h"
 #include "ops/attention/common.h"
 #include "ops/attention/favor_cuda.h"
-#include "ops/attention/registry.h"
 #include "ops/blas.h"
 
 namespace forge::ops::attention {
@@ -926,7 +926,7 @@ Tensor gaussian_orthogonal_random_matrix(int64_t m, int64_t d, int scaling, DTyp
   return Tensor::from_vector(out, {m, d}).to(dtype);
 }
 
-std::vector<GradcheckCase> favor_gradcheck_cases() {
+std::vector<AttentionCase> favor_cases() {
   struct Spec {
     const char* name;
     FavorKernel kernel;
@@ -934,50 +934,54 @@ std::vector<GradcheckCase> favor_gradcheck_cases() {
     FavorStabilizer stabilizer;
     bool mask;
     int64_t M;
+    bool bench;
   };
   using K = FavorKernel;
   using S = FavorStabilizer;
   const Spec specs[] = {
-      {"favor/softmax", K::softmax, false, S::prefix, false, 6},
-      {"favor/softmax+mask", K::softmax, false, S::prefix, true, 6},
-      {"favor/softmax+cross+mask", K::softmax, false, S::prefix, true, 8},
-      {"favor/softmax+causal", K::softmax, true, S::prefix, false, 6},
-      {"favor/softmax+causal+mask", K::softmax, true, S::prefix, true, 6},
-      {"favor/softmax+causal+global", K::softmax, true, S::global, false, 6},
-      {"favor/softmax+causal+global+mask", K::softmax, true, S::global, true, 6},
-      {"favor/relu", K::relu, false, S::prefix, false, 6},
-      {"favor/relu+cross+mask", K::relu, false, S::prefix, true, 8},
-      {"favor/relu+causal+mask", K::relu, true, S::prefix, true, 6},
-      {"favor/no_projection+mask", K::no_projection, false, S::prefix, true, 6},
-      {"favor/no_projection+cross", K::no_projection, false, S::prefix, false, 8},
-      {"favor/no_projection+causal+mask", K::no_projection, true, S::prefix, true, 6},
+      {"favor/softmax", K::softmax, false, S::prefix, false, 6, true},
+      {"favor/softmax+mask", K::softmax, false, S::prefix, true, 6, false},
+      {"favor/softmax+cross+mask", K::softmax, false, S::prefix, true, 8, false},
+      {"favor/softmax+causal", K::softmax, true, S::prefix, false, 6, true},
+      {"favor/softmax+causal+mask", K::softmax, true, S::prefix, true, 6, false},
+      {"favor/softmax+causal+global", K::softmax, true, S::global, false, 6, false},
+      {"favor/softmax+causal+global+mask", K::softmax, true, S::global, true, 6, false},
+      {"favor/relu", K::relu, false, S::prefix, false, 6, true},
+      {"favor/relu+cross+mask", K::relu, false, S::prefix, true, 8, false},
+      {"favor/relu+causal+mask", K::relu, true, S::prefix, true, 6, false},
+      {"favor/no_projection+mask", K::no_projection, false, S::prefix, true, 6, false},
+      {"favor/no_projection+cross", K::no_projection, false, S::prefix, false, 8, false},
+      {"favor/no_projection+causal+mask", K::no_projection, true, S::prefix, true, 6, false},
   };
-  std::vector<GradcheckCase> cases;
+  std::vector<AttentionCase> cases;
   for (const Spec& sp : specs) {
-    const int64_t B = 2, H = 2, N = 6, d = 3, dv = 4, m = 5;
-    GradcheckCase c;
+    AttentionCase c;
     c.name = sp.name;
+    c.dims.M = sp.M;
+    c.dims.k = 5;
     // The softmax kernel's maxima are stop-grad (as the reference): central
     // differences on the element holding a maximum also move it, and the output
     // feels that through the eps term, an O(1e-4) difference the analytic
     // gradient rightly leaves out. The naive-composite test checks these
     // gradients to 1e-10.
-    if (sp.kernel == FavorKernel::softmax) c.options.atol = 3e-4;
-    c.make_inputs = [sp] {
-      // q, k, v, then W (projection kernels), then the mask (masked cases).
-      std::vector<Tensor> in = {gradcheck_leaf({B, H, N, d}, 11),
-                                gradcheck_leaf({B, H, sp.M, d}, 12),
-                                gradcheck_leaf({B, H, sp.M, dv}, 13)};
+    if (sp.kernel == FavorKernel::softmax) c.gradcheck.atol = 3e-4;
+    c.make_inputs = [sp](const CaseDims& s) {
+      // q, k, v, then W (projection kernels: m = k, or performer-pytorch's
+      // default int(d ln d)), then the mask (masked cases).
+      std::vector<Tensor> in = case_qkv(s, 11);
       if (sp.kernel != FavorKernel::no_projection) {
+        const auto m = s.k > 0 ? s.k
+                               : std::max<int64_t>(
+                                     1, static_cast<int64_t>(static_cast<double>(s.d) *
+                                                             std::log(static_cast<double>(s.d))));
         Generator g(14);
-        in.push_back(gaussian_orthogonal_random_matrix(m, d, 0, DType::f64, &g));
+        in.push_back(gaussian_orthogonal_random_matrix(m, s.d, 0, DType::f64, &g));
       }
-      if (sp.mask) {
-        Tensor mask = Tensor::ones({B, sp.M}, DType::boolean);
-        mask.data<bool>()[sp.M - 1] = false;  // batch 0: last key padded
-        mask.data<bool>()[sp.M + 1] = false;  // batch 1: key 1 padded
-        in.push_back(mask);
-      }
+      // Batch 0: the last key padded; batch 1: key 1.
+      if (sp.mask)
+        in.push_back(case_key_mask(s, [](int64_t b, int64_t j, int64_t M) {
+          return b == 0 ? j == M - 1 : b == 1 && j == 1;
+        }));
       return in;
     };
     c.fn = [sp](const std::vector<Tensor>& in) {
@@ -986,6 +990,7 @@ std::vector<GradcheckCase> favor_gradcheck_cases() {
       const Tensor mask = sp.mask ? in[proj ? 4 : 3] : Tensor();
       return favor(in[0], in[1], in[2], W, mask, FavorOptions{sp.kernel, sp.causal, sp.stabilizer});
     };
+    c.bench = sp.bench;
     cases.push_back(std::move(c));
   }
   return cases;

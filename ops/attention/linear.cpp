@@ -28,9 +28,9 @@
 #include "core/threading.h"
 #include "core/vmath.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/cases.h"
 #include "ops/attention/common.h"
 #include "ops/attention/feature_attention.h"
-#include "ops/attention/registry.h"
 #include "ops/blas.h"
 
 namespace forge::ops::attention {
@@ -413,27 +413,32 @@ Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k
 
 namespace {
 
-GradcheckCase linear_case(const std::string& name, int64_t N, int64_t M, bool masked, bool causal) {
-  return {"linear/" + name,
-          [=] {
-            std::vector<Tensor> in{gradcheck_leaf({2, 2, N, 3}, 11),
-                                   gradcheck_leaf({2, 2, M, 3}, 12),
-                                   gradcheck_leaf({2, 2, M, 4}, 13)};
-            if (masked) in.push_back(gradcheck_padding_mask(M, {1, 3}));
-            return in;
-          },
-          [=](const std::vector<Tensor>& in) {
-            LinearOptions options;
-            options.causal = causal;
-            return linear(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), options);
-          }};
+AttentionCase linear_case(const std::string& name, int64_t N, int64_t M, bool masked, bool causal,
+                          bool bench = false) {
+  AttentionCase c;
+  c.name = "linear/" + name;
+  c.dims.N = N;
+  c.dims.M = M;
+  c.make_inputs = [=](const CaseDims& s) {
+    std::vector<Tensor> in = case_qkv(s, 11);
+    if (masked) in.push_back(case_padding_mask(s, {1, 3}));
+    return in;
+  };
+  c.fn = [=](const std::vector<Tensor>& in) {
+    LinearOptions options;
+    options.causal = causal;
+    return linear(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), options);
+  };
+  c.bench = bench;
+  return c;
 }
 
 }  // namespace
 
-std::vector<GradcheckCase> linear_gradcheck_cases() {
-  return {linear_case("plain", 6, 6, false, false), linear_case("mask", 6, 6, true, false),
-          linear_case("cross+mask", 5, 8, true, false), linear_case("causal", 7, 7, false, true),
+std::vector<AttentionCase> linear_cases() {
+  return {linear_case("plain", 6, 6, false, false, true), linear_case("mask", 6, 6, true, false),
+          linear_case("cross+mask", 5, 8, true, false),
+          linear_case("causal", 7, 7, false, true, true),
           linear_case("causal+mask", 7, 7, true, true)};
 }
 

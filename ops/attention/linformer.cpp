@@ -26,10 +26,10 @@
 #include "autograd/node.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/cases.h"
 #include "ops/attention/common.h"
 #include "ops/attention/flash_cuda.h"
 #include "ops/attention/linformer_cuda.h"
-#include "ops/attention/registry.h"
 #include "ops/blas.h"
 #include "ops/layout/layout.h"
 #include "ops/linalg/matmul.h"
@@ -569,49 +569,51 @@ Tensor linformer(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
       });
 }
 
-std::vector<GradcheckCase> linformer_gradcheck_cases() {
+std::vector<AttentionCase> linformer_cases() {
+  // E and F are [k, M + short_by]: short_by > 0 is a sequence shorter than the
+  // projection's length (linformer-pytorch slices E and F to the input's M).
   struct Config {
     const char* name;
-    int64_t M, Mmax;
+    int64_t M, short_by;
     bool mask, bias;
     double dropout;
+    bool bench;
   };
-  std::vector<GradcheckCase> cases;
-  for (const Config& c :
-       {Config{"full", 7, 7, false, true, 0}, Config{"mask", 7, 7, true, true, 0},
-        Config{"short", 6, 9, false, true, 0}, Config{"short+mask", 5, 8, true, true, 0},
-        Config{"no_bias", 7, 7, false, false, 0}, Config{"dropout", 7, 7, false, true, 0.3},
-        Config{"short+mask+dropout", 6, 8, true, true, 0.25}}) {
-    GradcheckCase gc;
-    gc.name = std::string("linformer/") + c.name;
-    gc.make_inputs = [c] {
-      const int64_t kdim = 4;
-      std::vector<Tensor> in = {
-          gradcheck_leaf({2, 2, 6, 3}, 51), gradcheck_leaf({2, 2, c.M, 3}, 52),
-          gradcheck_leaf({2, 2, c.M, 4}, 53), gradcheck_leaf({kdim, c.Mmax}, 54),
-          gradcheck_leaf({kdim, c.Mmax}, 55)};
-      if (c.bias) {
-        in.push_back(gradcheck_leaf({kdim}, 56));
-        in.push_back(gradcheck_leaf({kdim}, 57));
+  std::vector<AttentionCase> cases;
+  for (const Config& x :
+       {Config{"full", 7, 0, false, true, 0, true}, Config{"mask", 7, 0, true, true, 0, false},
+        Config{"short", 6, 3, false, true, 0, false},
+        Config{"short+mask", 5, 3, true, true, 0, false},
+        Config{"no_bias", 7, 0, false, false, 0, false},
+        Config{"dropout", 7, 0, false, true, 0.3, false},
+        Config{"short+mask+dropout", 6, 2, true, true, 0.25, false}}) {
+    AttentionCase c;
+    c.name = std::string("linformer/") + x.name;
+    c.dims.M = x.M;
+    c.dims.k = 4;
+    c.make_inputs = [x](const CaseDims& s) {
+      const int64_t k = s.k > 0 ? s.k : 256, length = s.M + x.short_by;
+      std::vector<Tensor> in = case_qkv(s, 51);
+      in.push_back(case_leaf({k, length}, 54));
+      in.push_back(case_leaf({k, length}, 55));
+      if (x.bias) {
+        in.push_back(case_leaf({k}, 56));
+        in.push_back(case_leaf({k}, 57));
       }
-      if (c.mask) {
-        Tensor m = Tensor::ones({2, c.M}, DType::boolean);
-        bool* p = m.data<bool>();
-        p[c.M - 1] = false;  // batch 0: last key padded; batch 1: last two
-        p[2 * c.M - 2] = p[2 * c.M - 1] = false;
-        in.push_back(m);
-      }
+      // Batch 0: the last key padded; batch 1: the last two.
+      if (x.mask) in.push_back(case_padding_mask(s, {1, 2}));
       return in;
     };
     // Dropout: every call restores the same generator state, so fn is a function.
-    gc.fn = [c, gen = std::make_shared<Generator>(77)](const std::vector<Tensor>& in) {
+    c.fn = [x, gen = std::make_shared<Generator>(77)](const std::vector<Tensor>& in) {
       gen->set_state({77, 5});
-      const size_t mask_at = c.bias ? 7 : 5;
-      return linformer(in[0], in[1], in[2], in[3], in[4], c.bias ? in[5] : Tensor(),
-                       c.bias ? in[6] : Tensor(), c.mask ? in[mask_at] : Tensor(),
-                       LinformerOptions{c.dropout, gen.get()});
+      const size_t mask_at = x.bias ? 7 : 5;
+      return linformer(in[0], in[1], in[2], in[3], in[4], x.bias ? in[5] : Tensor(),
+                       x.bias ? in[6] : Tensor(), x.mask ? in[mask_at] : Tensor(),
+                       LinformerOptions{x.dropout, gen.get()});
     };
-    cases.push_back(std::move(gc));
+    c.bench = x.bench;
+    cases.push_back(std::move(c));
   }
   return cases;
 }

@@ -22,9 +22,9 @@
 #include "autograd/node.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/cases.h"
 #include "ops/attention/common.h"
 #include "ops/attention/flash_attention.h"
-#include "ops/attention/registry.h"
 #include "ops/blas.h"
 
 namespace forge::ops::attention {
@@ -354,43 +354,45 @@ Tensor local(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ke
       });
 }
 
-std::vector<GradcheckCase> local_gradcheck_cases() {
-  // B = 2, H = 2, d = 3, dv = 4; N and the options vary per case.
+std::vector<AttentionCase> local_cases() {
+  // N and the options vary per case; the benchmark's rows are the local-attention
+  // package's windows 64 and 256 (its usual window_size 256, look_backward 1).
   struct Spec {
     const char* name;
     int64_t N, window, look_backward, look_forward;
     bool causal, mask;
     double dropout;
+    bool bench;
   };
   const Spec specs[] = {
-      {"local/default", 8, 4, 1, -1, false, false, 0},
-      {"local/window-not-dividing-N", 7, 3, 1, -1, false, false, 0},
-      {"local/look_backward=0,look_forward=0", 8, 2, 0, 0, false, false, 0},
-      {"local/look_backward=2,look_forward=2", 9, 2, 2, 2, false, false, 0},
-      {"local/causal", 9, 4, 1, -1, true, false, 0},
-      {"local/causal+look_backward=2,look_forward=1", 7, 2, 2, 1, true, false, 0},
-      {"local/mask", 9, 4, 1, -1, false, true, 0},
-      {"local/causal+mask", 7, 3, 1, -1, true, true, 0},
-      {"local/dropout", 8, 3, 1, 1, false, false, 0.3},
-      {"local/causal+mask+dropout", 9, 4, 2, 0, true, true, 0.25},
+      {"local/default", 8, 4, 1, -1, false, false, 0, false},
+      {"local/window-not-dividing-N", 7, 3, 1, -1, false, false, 0, false},
+      {"local/look_backward=0+look_forward=0", 8, 2, 0, 0, false, false, 0, false},
+      {"local/look_backward=2+look_forward=2", 9, 2, 2, 2, false, false, 0, false},
+      {"local/causal", 9, 4, 1, -1, true, false, 0, false},
+      {"local/causal+look_backward=2+look_forward=1", 7, 2, 2, 1, true, false, 0, false},
+      {"local/mask", 9, 4, 1, -1, false, true, 0, false},
+      {"local/causal+mask", 7, 3, 1, -1, true, true, 0, false},
+      {"local/dropout", 8, 3, 1, 1, false, false, 0.3, false},
+      {"local/causal+mask+dropout", 9, 4, 2, 0, true, true, 0.25, false},
+      {"local/w64", 8, 64, 1, -1, false, false, 0, true},
+      {"local/w64+causal", 8, 64, 1, -1, true, false, 0, true},
+      {"local/w256", 8, 256, 1, -1, false, false, 0, true},
+      {"local/w256+causal", 8, 256, 1, -1, true, false, 0, true},
   };
-  std::vector<GradcheckCase> cases;
+  std::vector<AttentionCase> cases;
   for (const Spec& sp : specs) {
-    GradcheckCase c;
+    AttentionCase c;
     c.name = sp.name;
-    c.make_inputs = [sp] {
-      std::vector<Tensor> in = {gradcheck_leaf({2, 2, sp.N, 3}, 11),
-                                gradcheck_leaf({2, 2, sp.N, 3}, 12),
-                                gradcheck_leaf({2, 2, sp.N, 4}, 13)};
-      if (sp.mask) {
-        // Batch 0: the last two positions padded (a padded query row); batch 1:
-        // a padded key in the middle.
-        Tensor m = Tensor::ones({2, sp.N}, DType::boolean);
-        bool* p = m.data<bool>();
-        p[sp.N - 1] = p[sp.N - 2] = false;
-        p[sp.N + 2] = false;
-        in.push_back(m);
-      }
+    c.dims.N = c.dims.M = sp.N;
+    c.make_inputs = [sp](const CaseDims& s) {
+      std::vector<Tensor> in = case_qkv(s, 11);
+      // Batch 0: the last two positions padded (a padded query row); batch 1:
+      // a padded key in the middle.
+      if (sp.mask)
+        in.push_back(case_key_mask(s, [](int64_t b, int64_t j, int64_t M) {
+          return b == 0 ? j >= M - 2 : b == 1 && j == 2;
+        }));
       return in;
     };
     c.fn = [sp](const std::vector<Tensor>& in) {
@@ -405,6 +407,7 @@ std::vector<GradcheckCase> local_gradcheck_cases() {
       o.gen = &g;
       return local(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), o);
     };
+    c.bench = sp.bench;
     cases.push_back(std::move(c));
   }
   return cases;

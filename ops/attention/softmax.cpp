@@ -24,9 +24,9 @@
 #include "autograd/node.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/cases.h"
 #include "ops/attention/common.h"
 #include "ops/attention/flash_attention.h"
-#include "ops/attention/registry.h"
 #include "ops/autocast.h"
 #include "ops/blas.h"
 
@@ -452,18 +452,17 @@ Tensor softmax(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
 
 namespace {
 
-// q [B, H, N, d], k [B, H, M, d], v [B, H, M, dv] and, when `pad` is given,
-// a key padding mask [B, M] with the last pad[b] keys of batch b masked.
-GradcheckCase softmax_case(const std::string& name, int64_t N, int64_t M, std::vector<int64_t> pad,
-                           SoftmaxOptions options, uint64_t seed) {
-  constexpr int64_t B = 2, H = 2, d = 3, dv = 4;
-  GradcheckCase c;
+// q, k, v at the case's dims and, when `pad` is given, a key padding mask with
+// the last pad[b] keys of batch b masked.
+AttentionCase softmax_case(const std::string& name, int64_t N, int64_t M, std::vector<int64_t> pad,
+                           SoftmaxOptions options, uint64_t seed, bool bench = false) {
+  AttentionCase c;
   c.name = "softmax/" + name;
-  c.make_inputs = [=] {
-    std::vector<Tensor> in = {gradcheck_leaf({B, H, N, d}, seed),
-                              gradcheck_leaf({B, H, M, d}, seed + 1),
-                              gradcheck_leaf({B, H, M, dv}, seed + 2)};
-    if (!pad.empty()) in.push_back(gradcheck_padding_mask(M, pad));
+  c.dims.N = N;
+  c.dims.M = M;
+  c.make_inputs = [=](const CaseDims& s) {
+    std::vector<Tensor> in = case_qkv(s, seed);
+    if (!pad.empty()) in.push_back(case_padding_mask(s, pad));
     return in;
   };
   // Dropout draws from a generator seeded afresh on every call, so each
@@ -474,12 +473,13 @@ GradcheckCase softmax_case(const std::string& name, int64_t N, int64_t M, std::v
     o.gen = &gen;
     return softmax(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), o);
   };
+  c.bench = bench;
   return c;
 }
 
 }  // namespace
 
-std::vector<GradcheckCase> softmax_gradcheck_cases() {
+std::vector<AttentionCase> softmax_cases() {
   SoftmaxOptions causal;
   causal.causal = true;
   SoftmaxOptions scaled;
@@ -489,13 +489,14 @@ std::vector<GradcheckCase> softmax_gradcheck_cases() {
   SoftmaxOptions causal_dropout = causal;
   causal_dropout.dropout = 0.25;
   causal_dropout.scale = 1.3;
+  constexpr int64_t kEveryKey = std::numeric_limits<int64_t>::max();
   return {
-      softmax_case("plain", 6, 6, {}, {}, 11),
-      softmax_case("causal", 7, 7, {}, causal, 21),
+      softmax_case("plain", 6, 6, {}, {}, 11, true),
+      softmax_case("causal", 7, 7, {}, causal, 21, true),
       softmax_case("mask", 6, 6, {1, 3}, {}, 31),
       softmax_case("causal+mask", 7, 7, {2, 0}, causal, 41),
       // Batch 1 has every key masked: its rows are 0 with zero gradient.
-      softmax_case("cross+mask", 5, 8, {3, 8}, {}, 51),
+      softmax_case("cross+mask", 5, 8, {3, kEveryKey}, {}, 51),
       softmax_case("scale", 6, 9, {}, scaled, 61),
       softmax_case("dropout", 6, 7, {0, 2}, dropout, 71),
       softmax_case("causal+mask+dropout+scale", 8, 8, {1, 0}, causal_dropout, 81),

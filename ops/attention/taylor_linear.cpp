@@ -23,9 +23,9 @@
 #include "autograd/node.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/cases.h"
 #include "ops/attention/common.h"
 #include "ops/attention/feature_attention.h"
-#include "ops/attention/registry.h"
 #include "ops/blas.h"
 #include "ops/layout/layout.h"
 
@@ -311,34 +311,31 @@ Tensor taylor_linear(const Tensor& q, const Tensor& k, const Tensor& v,
       });
 }
 
-std::vector<GradcheckCase> taylor_linear_gradcheck_cases() {
+std::vector<AttentionCase> taylor_linear_cases() {
   struct Config {
     const char* name;
     int64_t N, M;
-    bool mask;
+    bool mask, bench;
   };
-  std::vector<GradcheckCase> cases;
-  for (const Config& c : {Config{"self", 6, 6, false}, Config{"mask", 7, 7, true},
-                          Config{"cross", 5, 8, false}, Config{"cross+mask", 6, 9, true}}) {
-    GradcheckCase gc;
-    gc.name = std::string("taylor_linear/") + c.name;
-    gc.make_inputs = [c] {
-      std::vector<Tensor> in = {gradcheck_leaf({2, 2, c.N, 3}, 11),
-                                gradcheck_leaf({2, 2, c.M, 3}, 12),
-                                gradcheck_leaf({2, 2, c.M, 4}, 13)};
-      if (c.mask) {
-        Tensor m = Tensor::ones({2, c.M}, DType::boolean);
-        bool* p = m.data<bool>();
-        p[c.M - 1] = false;  // batch 0: last key padded; batch 1: last three
-        for (int64_t j = c.M - 3; j < c.M; ++j) p[c.M + j] = false;
-        in.push_back(m);
-      }
+  std::vector<AttentionCase> cases;
+  for (const Config& x :
+       {Config{"self", 6, 6, false, true}, Config{"mask", 7, 7, true, false},
+        Config{"cross", 5, 8, false, false}, Config{"cross+mask", 6, 9, true, false}}) {
+    AttentionCase c;
+    c.name = std::string("taylor_linear/") + x.name;
+    c.dims.N = x.N;
+    c.dims.M = x.M;
+    c.make_inputs = [x](const CaseDims& s) {
+      std::vector<Tensor> in = case_qkv(s, 11);
+      // Batch 0: the last key padded; batch 1: the last three.
+      if (x.mask) in.push_back(case_padding_mask(s, {1, 3}));
       return in;
     };
-    gc.fn = [](const std::vector<Tensor>& in) {
+    c.fn = [](const std::vector<Tensor>& in) {
       return taylor_linear(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor());
     };
-    cases.push_back(std::move(gc));
+    c.bench = x.bench;
+    cases.push_back(std::move(c));
   }
   return cases;
 }

@@ -27,8 +27,8 @@
 #include "autograd/node.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/cases.h"
 #include "ops/attention/common.h"
-#include "ops/attention/registry.h"
 #include "ops/attention/taylorshift_cuda.h"
 #include "ops/blas.h"
 
@@ -565,56 +565,77 @@ FormDifference taylorshift_form_difference(int64_t B, int64_t H, int64_t N, int6
   return diff;
 }
 
-std::vector<GradcheckCase> taylorshift_gradcheck_cases() {
+std::vector<AttentionCase> taylorshift_cases() {
   struct Variant {
     const char* name;
     int64_t N, M, d, dv;
     bool mask;
     TaylorShiftOptions options;
+    bool bench;
   };
   constexpr int64_t kDirect = int64_t{1} << 40;
   const std::vector<Variant> variants = {
-      {"direct", 6, 6, 3, 4, false, {.n0 = kDirect}},
-      {"efficient", 6, 6, 3, 4, false, {.n0 = -1}},
-      {"direct+mask", 7, 7, 3, 2, true, {.n0 = kDirect}},
-      {"efficient+mask", 7, 7, 3, 2, true, {.n0 = -1}},
-      {"direct+cross+mask", 5, 8, 4, 3, true, {.n0 = kDirect}},
-      {"efficient+cross+mask", 5, 8, 4, 3, true, {.n0 = -1}},
-      {"direct+coefficients", 6, 6, 3, 3, false, {.a = 0.3, .b = -0.4, .c = 0.5, .n0 = kDirect}},
-      {"efficient+coefficients", 6, 6, 3, 3, false, {.a = 0.3, .b = -0.4, .c = 0.5, .n0 = -1}},
+      {"direct", 6, 6, 3, 4, false, {.n0 = kDirect}, true},
+      {"efficient", 6, 6, 3, 4, false, {.n0 = -1}, true},
+      {"direct+mask", 7, 7, 3, 2, true, {.n0 = kDirect}, false},
+      {"efficient+mask", 7, 7, 3, 2, true, {.n0 = -1}, false},
+      {"direct+cross+mask", 5, 8, 4, 3, true, {.n0 = kDirect}, false},
+      {"efficient+cross+mask", 5, 8, 4, 3, true, {.n0 = -1}, false},
+      {"direct+coefficients",
+       6,
+       6,
+       3,
+       3,
+       false,
+       {.a = 0.3, .b = -0.4, .c = 0.5, .n0 = kDirect},
+       false},
+      {"efficient+coefficients",
+       6,
+       6,
+       3,
+       3,
+       false,
+       {.a = 0.3, .b = -0.4, .c = 0.5, .n0 = -1},
+       false},
       {"direct+output_normalized+mask",
        6,
        7,
        3,
        3,
        true,
-       {.n0 = kDirect, .output_normalized = true}},
-      {"efficient+output_normalized+mask", 6, 7, 3, 3, true, {.n0 = -1, .output_normalized = true}},
+       {.n0 = kDirect, .output_normalized = true},
+       false},
+      {"efficient+output_normalized+mask",
+       6,
+       7,
+       3,
+       3,
+       true,
+       {.n0 = -1, .output_normalized = true},
+       false},
       // d = 2: the default switch point d^2 + d + 1 = 7 sends N = 9 to the efficient form.
-      {"default_switch+mask", 9, 9, 2, 3, true, {}},
+      {"default_switch+mask", 9, 9, 2, 3, true, {}, false},
   };
-  std::vector<GradcheckCase> cases;
+  std::vector<AttentionCase> cases;
   for (const Variant& x : variants) {
-    cases.push_back({std::string("taylorshift/") + x.name,
-                     [x] {
-                       const int64_t B = 2, H = 2;
-                       std::vector<Tensor> in = {gradcheck_leaf({B, H, x.N, x.d}, 11),
-                                                 gradcheck_leaf({B, H, x.M, x.d}, 12),
-                                                 gradcheck_leaf({B, H, x.M, x.dv}, 13),
-                                                 gradcheck_leaf({H}, 14, 0.5, 1.5)};
-                       if (x.mask) {
-                         Tensor m = Tensor::ones({B, x.M}, DType::boolean);
-                         m.data<bool>()[x.M - 1] = false;
-                         m.data<bool>()[x.M + 1] = false;
-                         m.data<bool>()[2 * x.M - 2] = false;
-                         in.push_back(m);
-                       }
-                       return in;
-                     },
-                     [x](const std::vector<Tensor>& in) {
-                       return taylorshift(in[0], in[1], in[2], in[3],
-                                          in.size() > 4 ? in[4] : Tensor(), x.options);
-                     }});
+    AttentionCase c;
+    c.name = std::string("taylorshift/") + x.name;
+    c.dims = {.N = x.N, .M = x.M, .d = x.d, .dv = x.dv};
+    c.make_inputs = [x](const CaseDims& s) {
+      std::vector<Tensor> in = case_qkv(s, 11);
+      in.push_back(case_leaf({s.H}, 14, 0.5, 1.5));  // tau, one per head
+      // Batch 0: the last key padded; batch 1: keys 1 and M - 2.
+      if (x.mask)
+        in.push_back(case_key_mask(s, [](int64_t b, int64_t j, int64_t M) {
+          return b == 0 ? j == M - 1 : b == 1 && (j == 1 || j == M - 2);
+        }));
+      return in;
+    };
+    c.fn = [x](const std::vector<Tensor>& in) {
+      return taylorshift(in[0], in[1], in[2], in[3], in.size() > 4 ? in[4] : Tensor(), x.options);
+    };
+    c.bench = x.bench;
+    cases.push_back(std::move(c));
   }
   return cases;
 }

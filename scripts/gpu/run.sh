@@ -98,7 +98,7 @@ if want mma; then
   for d in 64 128; do
     for n in 1024 4096 16384; do
       for e in tiled mma cudnn; do
-        limited 60 "$root/bin/bench_attention" --one softmax "$n" --device cuda --dtype bf16 --dim "$d" \
+        limited 60 "$root/bin/bench_attention" --one softmax/plain "$n" --device cuda --dtype bf16 --dim "$d" \
           --heads $((1024 / d)) --tokens 16384 --flash-engine "$e" 2>>"$out/mma_bench.err" | tail -n 1 |
           awk -F, -v e="$e" -v d="$d" -v n="$n" '{ b = 16384 / n; h = 1024 / d;
             printf "%s %d %d %s %s %.1f\n", e, d, n, $3, $4, 4 * b * h * n * n * d / ($3 * 1e-3) / 1e12 }' |
@@ -124,7 +124,7 @@ if want linear; then
   echo "linear tests rc=$rc"; grep -E '^\[  (FAILED|PASSED) ' "$out/linear_tests.log" | sort -u
   ((rc == 0)) || status=1
   echo "engine mechanism N fwd_ms fwdbwd_ms peak_MB" | tee "$out/linear_bench.txt"
-  for m in linear efficient; do
+  for m in linear/plain efficient/plain; do
     for n in 1024 8192 65536; do
       for e in fma mma; do
         limited 60 "$root/bin/bench_attention" --one "$m" "$n" --device cuda --dtype bf16 --dim 64 \

@@ -42,7 +42,7 @@ outside="$(grep -rln '\.\./shared' "$src" --include='*.md' --include='*.h' --inc
 
 # ---- help and bad command lines ----
 expect 0 "commands:" -- "$bin" --help
-for cmd in train eval predict export attention-maps generate data gradcheck bench info recipe-reference; do
+for cmd in train eval predict export attention-maps generate data gradcheck info recipe-reference; do
   expect 0 "usage: attnforge $cmd" -- "$bin" "$cmd" --help
   grep -q "^  $cmd  *[a-z]" <<<"$("$bin" --help)" || fail "attnforge --help does not list $cmd"
 done
@@ -88,7 +88,7 @@ expect 0 "warmup of 5 steps, longer than this run's 4 steps: the warmup is cut t
 
 # ---- small things a user meets first ----
 expect 0 "^attnforge [0-9]+[.][0-9]+[.][0-9]+ [(]" -- "$bin" --version
-expect 2 "bench: give what to time" -- "$bin" bench
+expect 2 "unknown command 'bench'" -- "$bin" bench
 printf 'model:\n  attention:\n    knd: favor\n' >"$work/typo.yaml"
 expect 1 "Did you mean 'model.attention.kind'" -- "$bin" train "$work/typo.yaml"
 expect 1 "Did you mean 'optimizer.lr'" -- "$bin" train "$work/tiny.yaml" --set model.lr=1

@@ -10,7 +10,6 @@
 
 #include "core/threading.h"
 #include "ops/attention/attention.h"
-#include "ops/attention/registry.h"
 #include "tests/ops/attention/attention_test_util.h"
 
 namespace forge {
@@ -96,16 +95,6 @@ std::vector<Tensor> outputs_and_grads(const std::function<Tensor(const Inputs&)>
   }
   for (Tensor& t : out) t = t.to(DType::f64);
   return out;
-}
-
-TEST(AttentionLinformer, GradcheckEveryCase) {
-  const auto cases = ops::attention::linformer_gradcheck_cases();
-  ASSERT_EQ(cases.size(), 7u);
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.name);
-    EXPECT_EQ(c.name.rfind("linformer/", 0), 0u);
-    EXPECT_GRADCHECK(c.fn, c.make_inputs());
-  }
 }
 
 struct Config {

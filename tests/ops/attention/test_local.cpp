@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "ops/attention/attention.h"
-#include "ops/attention/registry.h"
 #include "ops/autocast.h"
 #include "tests/ops/attention/attention_test_util.h"
 
@@ -121,16 +120,6 @@ QkvFn local_fn(const LocalOptions& o, const Tensor& kpm, uint64_t seed) {
     with_gen.gen = &g;
     return ops::attention::local(q, k, v, kpm, with_gen);
   };
-}
-
-TEST(AttentionLocal, GradcheckEveryCase) {
-  const auto cases = ops::attention::local_gradcheck_cases();
-  ASSERT_GE(cases.size(), 10u);
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.name);
-    EXPECT_EQ(c.name.rfind("local/", 0), 0u);
-    EXPECT_GRADCHECK(c.fn, c.make_inputs());
-  }
 }
 
 TEST(AttentionLocal, MatchesNaiveReferenceF64) {

@@ -11,7 +11,6 @@
 #include "autograd/grad_mode.h"
 #include "core/threading.h"
 #include "ops/attention/attention.h"
-#include "ops/attention/registry.h"
 #include "ops/autocast.h"
 #include "ops/ops.h"
 #include "tests/ops/attention/attention_test_util.h"
@@ -87,16 +86,6 @@ Inputs fresh(const Inputs& in, DType dtype) {
 void backprop(const Tensor& o, uint64_t seed) {
   Tensor w = uniform(o.shape(), seed, o.dtype(), -1, 1, false);
   autograd::backward(ops::sum(ops::mul(o, w)));
-}
-
-TEST(AttentionSoftmax, GradcheckEveryCase) {
-  const auto cases = att::softmax_gradcheck_cases();
-  ASSERT_GE(cases.size(), 8u);
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.name);
-    EXPECT_EQ(c.name.rfind("softmax/", 0), 0u);
-    EXPECT_GRADCHECK(c.fn, c.make_inputs());
-  }
 }
 
 // Medium shapes spanning several 64 x 128 tiles (and ragged last tiles), in f64.

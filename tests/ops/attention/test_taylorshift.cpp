@@ -9,7 +9,6 @@
 
 #include "autograd/engine.h"
 #include "ops/attention/attention.h"
-#include "ops/attention/registry.h"
 #include "tests/ops/attention/attention_test_util.h"
 
 namespace forge {
@@ -115,16 +114,6 @@ Inputs medium_inputs(const MediumCase& c, DType dtype = DType::f64) {
   return {testing::uniform({B, H, c.N, d}, 1, dtype), testing::uniform({B, H, c.M, d}, 2, dtype),
           testing::uniform({B, H, c.M, dv}, 3, dtype), testing::uniform({H}, 4, dtype, 0.5, 2.0),
           c.mask ? testing::padding_mask(B, c.M, {3, 11}) : Tensor()};
-}
-
-TEST(AttentionTaylorShift, GradcheckEveryCase) {
-  const auto cases = ops::attention::taylorshift_gradcheck_cases();
-  ASSERT_GE(cases.size(), 11u);
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.name);
-    EXPECT_EQ(c.name.rfind("taylorshift/", 0), 0u);
-    EXPECT_GRADCHECK(c.fn, c.make_inputs());
-  }
 }
 
 TEST(AttentionTaylorShift, BothFormsMatchNaiveComposite) {
