@@ -72,33 +72,9 @@ extern "C" void on_signal(int sig) {
   std::signal(sig, SIG_DFL);
 }
 
-// ATTNFORGE_FAULT=RANK:STEP[:hang] makes that rank fail (or hang) before that
-// step: how the tests check that one failing or silent process ends a
-// data-parallel job. Combined with the signals into the trainer's stop poll.
-std::function<bool(int64_t)> stop_poll() {
-  struct Fault {
-    int rank = -1;
-    long long step = -1;
-    bool hang = false;
-  };
-  std::optional<Fault> fault;
-  if (const char* f = std::getenv("ATTNFORGE_FAULT")) {
-    Fault x;
-    char mode[8] = "";
-    const int got = std::sscanf(f, "%d:%lld:%7s", &x.rank, &x.step, mode);
-    x.hang = got == 3 && std::string(mode) == "hang";
-    if (got < 2 || x.rank < 0 || x.step < 0 || (got == 3 && !x.hang))
-      throw UsageError(fmt::format("ATTNFORGE_FAULT={}: expected RANK:STEP or RANK:STEP:hang", f));
-    fault = x;
-  }
-  return [fault](int64_t step) {
-    const int rank = forge::dist::Group::world().rank();
-    if (fault && fault->rank == rank && fault->step == step) {
-      if (fault->hang) std::this_thread::sleep_for(std::chrono::hours(1));
-      FORGE_FAIL("fault injected by ATTNFORGE_FAULT: rank {} fails before step {}", rank, step + 1);
-    }
-    return g_signal.load() != 0;
-  };
+// The trainer's stop poll: a first SIGINT / SIGTERM (on_signal).
+bool signalled(int64_t /*step*/) {
+  return g_signal.load() != 0;
 }
 
 int cmd_train(const Args& a) {
@@ -125,7 +101,7 @@ int cmd_train(const Args& a) {
     return 0;
   }
   options.check_nan = a.flag("--check-nan");
-  options.stop_requested = stop_poll();
+  options.stop_requested = signalled;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   const auto result = forge::train::train(recipe, options);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/fault.h"
 
 namespace forge::dist {
 
@@ -76,6 +77,7 @@ Group::Group() {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  fault::set_rank(rank_);  // for faults armed for one rank (core/fault.h)
   MPI_Comm host;
   check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host),
             "MPI_Comm_split_type");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kill -9 soak: kills a small training run SOAK_KILLS times, at random instants
 # (startup, training, evaluation, checkpoint writes) and inside checkpoint
-# writes (FORGE_CHECKPOINT_KILL=n: the n-th checkpoint write step SIGKILLs the
+# writes (ATTNFORGE_FAULT=checkpoint:n:kill: the n-th checkpoint write step SIGKILLs the
 # process), resumes it each time and checks that
 #   - every checkpoint directory left after a kill loads (attnforge eval), and
 #     checkpoints/latest and checkpoints/best name existing checkpoints,
@@ -21,7 +21,7 @@
 #   scripts/soak.sh [PATH/TO/attnforge]      (or ATTNFORGE=...; default build/apps/attnforge)
 #
 # Environment: SOAK_KILLS (40), SOAK_SEED (1), SOAK_PER_RUN (4), SOAK_HOOK_MAX
-# (20: FORGE_CHECKPOINT_KILL is drawn in 1..SOAK_HOOK_MAX), SOAK_SPAN_MS (the
+# (20: the hook's n is drawn in 1..SOAK_HOOK_MAX), SOAK_SPAN_MS (the
 # random-instant window; default: the uninterrupted run's wall time), SOAK_KEEP=1
 # (keep the work directory on success too; it is always kept on failure).
 # The schedule comes from a fixed LCG seeded with SOAK_SEED, so the k-th kill
@@ -99,9 +99,9 @@ ref_ckpt="$ref/checkpoints/$final_name"
   { echo "soak: the reference run's latest is not $final_name"; failed=1; exit 1; }
 
 hook=0
-if grep -q FORGE_CHECKPOINT_KILL "$bin"; then hook=1; fi
+if grep -q ATTNFORGE_FAULT "$bin"; then hook=1; fi
 echo "soak: $kills kills, seed $seed, $per_run per run directory; reference run ${ref_ms} ms, random instants over the rest of a ${span_ms} ms run (SOAK_SPAN_MS; shrunk when a run ends before its kill)"
-[ "$hook" -eq 1 ] || echo "soak: NOTE: $bin has no FORGE_CHECKPOINT_KILL hook; every kill is at a random instant"
+[ "$hook" -eq 1 ] || echo "soak: NOTE: $bin has no ATTNFORGE_FAULT hook; every kill is at a random instant"
 
 # ---- checks ----
 n_random=0 n_write=0 n_missed=0
@@ -276,8 +276,8 @@ while [ $((n_random + n_write)) -lt "$kills" ] && [ "$attempt" -lt $((3 * kills)
   fi
   t_start=$(now_ms)
   if [ "$hook" -eq 1 ] && [ $((attempt % 2)) -eq 0 ]; then
-    kind="inside a checkpoint write, FORGE_CHECKPOINT_KILL=$n"
-    st=$( (FORGE_CHECKPOINT_KILL=$n timeout -s KILL 600 "${cmd[@]}" >"$log" 2>&1; echo $?) 2>/dev/null)
+    kind="inside a checkpoint write, ATTNFORGE_FAULT=checkpoint:$n:kill"
+    st=$( (ATTNFORGE_FAULT=checkpoint:$n:kill timeout -s KILL 600 "${cmd[@]}" >"$log" 2>&1; echo $?) 2>/dev/null)
     is_write=1
   else
     # The window: the rest of the run (from its latest checkpoint) plus a tenth for startup.

@@ -84,10 +84,6 @@ void check_checksums_everywhere(const std::string& dir,
 
 }  // namespace
 
-void set_checkpoint_fault(int64_t n) {
-  arm_fault(n);
-}
-
 void set_checkpoint_rename_exchange(bool enabled) {
   g_rename_exchange.store(enabled);
 }

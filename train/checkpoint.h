@@ -192,20 +192,13 @@ struct CheckpointRef {
 CheckpointRef resolve_checkpoint(const std::string& path, const std::string& what);
 
 // ---- test hooks (process-wide) ----
-// Makes the n-th checkpoint write step from now (counted across every
-// write_checkpoint and CheckpointManager::save: creating the temp directory,
-// writing each file, fsyncs, renames, removals) throw a forge::Error as a
-// crash there would leave things: a file being written is left half written,
-// nothing is cleaned up. It fires once; n <= 0 disarms it. The environment
-// variable FORGE_CHECKPOINT_FAULT=n arms it at the first checkpoint write.
-//
-// FORGE_CHECKPOINT_KILL=n (environment only, read at the first checkpoint
-// write) arms the same countdown, but its step SIGKILLs the process there, as
-// a real crash would: a file being written is left with its first half, no
-// output is flushed, nothing is cleaned up. For crash tests from outside the
-// process (scripts/soak.sh). Setting both variables is an error; a later
-// set_checkpoint_fault replaces either.
-void set_checkpoint_fault(int64_t n);
+// Every step of a checkpoint write (creating the temp directory, writing each
+// file, fsyncs, renames, removals, across write_checkpoint and
+// CheckpointManager::save) is a "checkpoint" point of core/fault.h: a fault
+// armed there (fault::arm, ATTNFORGE_FAULT=checkpoint:N[:kill]) leaves what a
+// crash at that step would: a file being written half written, nothing
+// cleaned up.
+
 // Off: replace an existing directory by renaming it aside instead of with
 // RENAME_EXCHANGE (the path taken on filesystems without it).
 void set_checkpoint_rename_exchange(bool enabled);

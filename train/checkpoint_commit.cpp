@@ -1,4 +1,4 @@
-// The atomic checkpoint write and its fault hook (see checkpoint_commit.h).
+// The atomic checkpoint write (see checkpoint_commit.h).
 #include "train/checkpoint_commit.h"
 
 #include <fcntl.h>
@@ -12,14 +12,13 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/file_io.h"
 #include "core/safetensors.h"
 #include "core/version.h"
@@ -31,73 +30,10 @@ std::string pid_suffix() {
   return std::to_string(::getpid());
 }
 
-// ---- fault injection ----
-
-// What the armed hook does at its step: throw an InjectedFault (in-process
-// tests), or SIGKILL the process (crash tests from outside, scripts/soak.sh).
-enum class FaultAction { raise_error, kill };
-
-// One countdown for both hooks: arming either replaces what was armed.
-std::atomic<int64_t> g_fault_countdown{0};
-std::atomic<FaultAction> g_fault_action{FaultAction::raise_error};
 std::atomic<bool> g_rename_exchange{true};
-std::once_flag g_fault_env_once;
-
-// The step number in environment variable `name`, 0 when unset.
-int64_t step_from_env(const char* name) {
-  const char* s = std::getenv(name);
-  if (s == nullptr || *s == '\0') return 0;
-  int64_t n = 0;
-  const char* end = s + std::strlen(s);
-  const auto [p, ec] = std::from_chars(s, end, n);
-  FORGE_CHECK(ec == std::errc() && p == end,
-              "{}: expected the integer number of the checkpoint write step to fail at, found "
-              "\"{}\"",
-              name, s);
-  return n;
-}
-
-void arm_fault_from_env() {
-  std::call_once(g_fault_env_once, [] {
-    const int64_t fault = step_from_env("FORGE_CHECKPOINT_FAULT");
-    const int64_t kill = step_from_env("FORGE_CHECKPOINT_KILL");
-    FORGE_CHECK(fault <= 0 || kill <= 0,
-                "FORGE_CHECKPOINT_FAULT={} and FORGE_CHECKPOINT_KILL={} are both set: the hook "
-                "fires once, at one step; unset one of them",
-                fault, kill);
-    if (kill > 0) {
-      g_fault_action.store(FaultAction::kill);
-      g_fault_countdown.store(kill);
-    } else {
-      g_fault_action.store(FaultAction::raise_error);
-      g_fault_countdown.store(fault);
-    }
-  });
-}
-
-// True when the armed fault fires at this step (once).
-bool fault_due() {
-  arm_fault_from_env();
-  int64_t c = g_fault_countdown.load();
-  while (c > 0 && !g_fault_countdown.compare_exchange_weak(c, c - 1)) {
-  }
-  return c == 1;
-}
-
-[[noreturn]] void crash(std::string_view what) {
-  // No flush, no cleanup: buffered output and half-written files stay as a kill leaves them.
-  if (g_fault_action.load() == FaultAction::kill) ::raise(SIGKILL);
-  throw InjectedFault(fmt::format("checkpoint fault injection: simulated crash at \"{}\"", what));
-}
 
 void step(std::string_view what) {
-  if (fault_due()) crash(what);
-}
-
-void arm_fault(int64_t n) {
-  arm_fault_from_env();
-  g_fault_action.store(FaultAction::raise_error);
-  g_fault_countdown.store(std::max<int64_t>(n, 0));
+  fault::point("checkpoint", what);
 }
 
 // ---- files ----
@@ -105,11 +41,11 @@ void arm_fault(int64_t n) {
 // Writes `bytes` to `path` (created or truncated) and fsyncs it. A fault here
 // leaves the first half of the bytes, as a kill during the write would.
 void write_durable(const std::string& path, std::string_view bytes, bool faultable) {
-  if (faultable && fault_due()) {
+  if (faultable && fault::due("checkpoint")) {
     io::Fd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     FORGE_CHECK(out.fd >= 0, "{}: cannot create: {}", path, io::errno_message());
     io::write_all(out.fd, bytes.data(), bytes.size() / 2, path);
-    crash("write " + fs::path(path).filename().string());
+    fault::fire("write " + fs::path(path).filename().string());
   }
   io::write_file_durable(path, bytes);
 }
@@ -121,7 +57,7 @@ void write_atomic(const fs::path& path, std::string_view bytes, bool faultable) 
     if (faultable) step("rename " + path.filename().string());
     FORGE_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}: {}", tmp,
                 path.string(), io::errno_message());
-  } catch (const InjectedFault&) {
+  } catch (const fault::InjectedFault&) {
     throw;
   } catch (...) {
     ::unlink(tmp.c_str());
@@ -214,10 +150,10 @@ void commit(const fs::path& tmp, const fs::path& dir) {
 
 void write_tensors(const fs::path& path, const std::map<std::string, Tensor>& tensors,
                    const std::map<std::string, std::string>& metadata) {
-  if (fault_due()) {
+  if (fault::due("checkpoint")) {
     const std::string bytes = safetensors::serialize(tensors, metadata);
     write_durable(path.string(), std::string_view(bytes).substr(0, bytes.size() / 2), false);
-    crash("write " + path.filename().string());
+    fault::fire("write " + path.filename().string());
   }
   safetensors::save(path.string(), tensors, metadata);
 }
@@ -266,7 +202,7 @@ void write_checkpoint_impl(const std::string& dir_arg, const std::map<std::strin
     commit(tmp, dir);
     step("fsync the parent directory");
     io::fsync_directory(parent);
-  } catch (const InjectedFault&) {
+  } catch (const fault::InjectedFault&) {
     throw;
   } catch (...) {
     fs::remove_all(tmp, ec);

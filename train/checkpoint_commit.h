@@ -1,10 +1,9 @@
 // The inside of checkpoint writing, shared by train/checkpoint.cpp (the format:
 // write_checkpoint, read_checkpoint, resolve_checkpoint) and
 // train/checkpoint_manager.cpp (a run's retention): the file names and
-// marks, the atomic commit (a temp directory, fsyncs, one rename) and the
-// fault hook that tests and scripts/soak.sh use to crash a write at any step
-// (set_checkpoint_fault, FORGE_CHECKPOINT_FAULT / FORGE_CHECKPOINT_KILL:
-// checkpoint.h). Not for use outside train/.
+// marks and the atomic commit (a temp directory, fsyncs, one rename), each of
+// whose steps is a "checkpoint" point of core/fault.h, where tests and
+// scripts/soak.sh crash a write. Not for use outside train/.
 #pragma once
 
 #include <atomic>
@@ -23,7 +22,6 @@ namespace forge::train::checkpoint_detail {
 
 namespace fs = std::filesystem;
 
-
 constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
 
 // The optimizer.safetensors __metadata__ key of state.json's XXH3-64; the
@@ -40,18 +38,9 @@ constexpr std::string_view kTmpMark = ".tmp-", kOldMark = ".old-", kDelMark = ".
 
 std::string pid_suffix();  // this process's id, for temp names
 
-// ---- the fault hook ----
-
-// A crash simulated by the test hook: unlike a real error, nothing is cleaned up.
-class InjectedFault : public Error {
- public:
-  using Error::Error;
-};
-// Arms the hook: the n-th write step from now throws InjectedFault (n <= 0 disarms).
-void arm_fault(int64_t n);
 // Whether the commit renames with RENAME_EXCHANGE (set_checkpoint_rename_exchange).
 extern std::atomic<bool> g_rename_exchange;
-// One write step named `what`: where the armed hook fires.
+// One write step named `what`: a "checkpoint" point of core/fault.h.
 void step(std::string_view what);
 
 // ---- files and the atomic commit ----

@@ -10,6 +10,7 @@
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/file_io.h"
 #include "core/threading.h"
 #include "core/version.h"
@@ -432,6 +433,9 @@ void Run::log_setup() {
 // ---- the loop's steps ----
 
 bool Run::stop_requested() {
+  // core/fault.h's "step" point: an armed fault fails (or hangs) this process
+  // once step_ steps are done, before the others hear of it.
+  if (fault::due_at("step", step_)) fault::fire(fmt::format("before step {}", step_ + 1));
   return group_.any(opt_.stop_requested && opt_.stop_requested(step_), "the stop decision");
 }
 

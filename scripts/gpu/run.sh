@@ -184,7 +184,7 @@ if want resume; then
   r=(--set device=cuda --set data.root="${FMNIST_ROOT:-/usr/share/datasets/fashion-mnist}"
      --set loop.steps=300 --set checkpoint.every=150 --set loop.eval_every=150)
   limited 90 "$root/bin/attnforge" train "$src/recipes/vit/fmnist_tiny.yaml" --out "$dest/whole" "${r[@]}" > "$out/resume_whole.log" 2>&1
-  ATTNFORGE_FAULT=0:151 limited 90 "$root/bin/attnforge" train "$src/recipes/vit/fmnist_tiny.yaml" --out "$dest/cut" "${r[@]}" > "$out/resume_cut.log" 2>&1
+  ATTNFORGE_FAULT=step:151 limited 90 "$root/bin/attnforge" train "$src/recipes/vit/fmnist_tiny.yaml" --out "$dest/cut" "${r[@]}" > "$out/resume_cut.log" 2>&1
   echo "stopped run rc=$? (1 expected: the injected fault)" | tee "$out/resume.summary"
   limited 90 "$root/bin/attnforge" train --resume "$dest/cut" >> "$out/resume_cut.log" 2>&1
   echo "resume rc=$?" | tee -a "$out/resume.summary"
@@ -211,7 +211,7 @@ if want deit; then
   r=(--set device=cuda --set loop.epochs=0 --set loop.steps=240 --set checkpoint.every=120 --set loop.eval_every=120)
   limited 120 "$root/bin/attnforge" train "$src/recipes/vit/imagefolder_tiny.yaml" --out "$dest/tiny" "${r[@]}" > "$out/deit_tiny.log" 2>&1
   echo "tiny rc=$?" | tee "$out/deit.summary"; grep -E "eval  step|done" "$out/deit_tiny.log" | tail -3 | tee -a "$out/deit.summary"
-  ATTNFORGE_FAULT=0:121 limited 90 "$root/bin/attnforge" train "$src/recipes/vit/imagefolder_tiny.yaml" --out "$dest/tiny_cut" "${r[@]}" > "$out/deit_cut.log" 2>&1
+  ATTNFORGE_FAULT=step:121 limited 90 "$root/bin/attnforge" train "$src/recipes/vit/imagefolder_tiny.yaml" --out "$dest/tiny_cut" "${r[@]}" > "$out/deit_cut.log" 2>&1
   echo "stopped run rc=$? (1 expected: the injected fault)" | tee -a "$out/deit.summary"
   limited 90 "$root/bin/attnforge" train --resume "$dest/tiny_cut" >> "$out/deit_cut.log" 2>&1
   echo "resume rc=$?" | tee -a "$out/deit.summary"

@@ -231,7 +231,7 @@ TEST_F(DataParallel, ACheckpointResumesWithAnotherProcessCount) {
   // before step 12; before step 11 would be inside step 10's evaluation,
   // which polls for a stop too), resumed with 1 and with 4 processes.
   const std::string stopped = (fs::path(dir_) / "stopped").string();
-  const Job r = sh(attnforge(2, "train " + recipe_ + " --out " + stopped, "ATTNFORGE_FAULT=0:11"));
+  const Job r = sh(attnforge(2, "train " + recipe_ + " --out " + stopped, "ATTNFORGE_FAULT=step:11:raise:0"));
   ASSERT_NE(r.code, 0) << r.output;
   ASSERT_TRUE(fs::exists(fs::path(stopped) / "checkpoints" / "step-00000010")) << r.output;
   ASSERT_FALSE(fs::exists(fs::path(stopped) / "checkpoints" / "step-00000020"));
@@ -336,7 +336,7 @@ TEST(DataParallelFaults, AFailingRankEndsTheJobWithItsMessageOnce) {
   const std::string dir = temp_dir("fault");
   const std::string recipe = write_recipe(dir);
   const Job r =
-      sh(attnforge(2, "train " + recipe + " --out " + dir + "/run", "ATTNFORGE_FAULT=1:3"));
+      sh(attnforge(2, "train " + recipe + " --out " + dir + "/run", "ATTNFORGE_FAULT=step:3:raise:1"));
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(count(r.output, "rank 1 of 2: error: fault injected by ATTNFORGE_FAULT"), 1u)
       << r.output;
@@ -348,7 +348,7 @@ TEST(DataParallelFaults, AHangingRankEndsTheJobAfterTheTimeout) {
   const std::string recipe = write_recipe(dir);
   const Job r =
       sh(attnforge(2, "train " + recipe + " --out " + dir + "/run --set distributed.timeout_s=4",
-                   "ATTNFORGE_FAULT=1:3:hang"));
+                   "ATTNFORGE_FAULT=step:3:hang:1"));
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(count(r.output, "rank 0 of 2: error: the stop decision did not complete within 4 s"),
             1u)

@@ -20,6 +20,7 @@
 #include <map>
 #include <set>
 
+#include "core/fault.h"
 #include "core/safetensors.h"
 #include "tests/test_util.h"
 #include "train/checkpoint.h"
@@ -140,11 +141,11 @@ void change_state_digit(const fs::path& dir) {
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    set_checkpoint_fault(0);
+    fault::arm({});
     set_checkpoint_rename_exchange(true);
   }
   void TearDown() override {
-    set_checkpoint_fault(0);
+    fault::arm({});
     set_checkpoint_rename_exchange(true);
   }
   testing::TempDir tmp_;
@@ -268,7 +269,7 @@ void crash_at_every_step(const fs::path& root, bool exchange) {
     ASSERT_LT(n, 50) << "the fault never stopped firing";
     fs::remove_all(dir);
     fs::copy(original, dir, fs::copy_options::recursive);
-    set_checkpoint_fault(n);
+    fault::arm({.point = "checkpoint", .at = n});
     const std::string msg = error_of([&] { write_checkpoint(dir.string(), b); }, IfNoError::allow);
     if (msg.empty()) break;
     EXPECT_NE(msg.find("simulated crash"), std::string::npos) << msg;
@@ -282,7 +283,7 @@ void crash_at_every_step(const fs::path& root, bool exchange) {
       expect_error([&] { read_checkpoint(dir.string()); }, {dir.string(), aside.string()});
       ++asides;
       // The next write restores it before building its own.
-      set_checkpoint_fault(1);
+      fault::arm({.point = "checkpoint", .at = 1});
       EXPECT_THROW(write_checkpoint(dir.string(), make_checkpoint(3)), Error);
       EXPECT_TRUE(same(read_checkpoint(dir.string()), a)) << "step " << n;
       continue;
@@ -323,7 +324,7 @@ TEST_F(CheckpointTest, CrashDuringAFileWriteLeavesATruncatedTempFile) {
   // Find the step that writes model.safetensors.
   bool found = false;
   for (int n = 1; n < 10 && !found; ++n) {
-    set_checkpoint_fault(n);
+    fault::arm({.point = "checkpoint", .at = n});
     const std::string msg = error_of([&] { write_checkpoint(dir.string(), b); }, IfNoError::allow);
     ASSERT_FALSE(msg.empty());
     found = msg.find("write model.safetensors") != std::string::npos;
@@ -870,10 +871,10 @@ TEST_F(CheckpointManagerTest, CrashAtEveryStepOfASave) {
     {
       auto m = manager(2, 1, "acc");
       ASSERT_EQ(m.list(), paths({1, 2, 3}));
-      set_checkpoint_fault(n);
+      fault::arm({.point = "checkpoint", .at = n});
       const std::string msg =
           error_of([&] { m.save(4, make_checkpoint(4), 0.95); }, IfNoError::allow);
-      set_checkpoint_fault(0);
+      fault::arm({});
       if (msg.empty()) break;
       EXPECT_NE(msg.find("simulated crash"), std::string::npos) << msg;
     }
@@ -920,7 +921,7 @@ std::optional<int> run_child(const std::vector<std::string>& env, const fs::path
   std::vector<std::string> vars = env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view v = *e;
-    if (v.starts_with("GTEST_") || v.starts_with("FORGE_CHECKPOINT_") ||
+    if (v.starts_with("GTEST_") || v.starts_with("ATTNFORGE_FAULT=") ||
         v.starts_with("FORGE_TEST_KILL_RUN="))
       continue;
     vars.emplace_back(v);
@@ -950,7 +951,7 @@ std::optional<int> run_child(const std::vector<std::string>& env, const fs::path
 }
 
 // The child of KillAtEveryStepOfASave: saves step 4 into the run it is given,
-// under whatever FORGE_CHECKPOINT_KILL arms.
+// under whatever ATTNFORGE_FAULT arms.
 TEST(CheckpointKillChild, SavesStep4) {
   const char* run = std::getenv("FORGE_TEST_KILL_RUN");
   if (run == nullptr) {
@@ -961,7 +962,7 @@ TEST(CheckpointKillChild, SavesStep4) {
   m.save(4, make_checkpoint(4), 0.95);
 }
 
-// A real SIGKILL at every step of a save, armed through FORGE_CHECKPOINT_KILL
+// A real SIGKILL at every step of a save, armed through ATTNFORGE_FAULT
 // as scripts/soak.sh arms it: a restart always finds a whole latest checkpoint
 // (the old one until the commit, the new one after), never a damaged one, and
 // a file being written is left half written.
@@ -982,7 +983,7 @@ TEST_F(CheckpointManagerTest, KillAtEveryStepOfASave) {
     fs::remove_all(ckdir());
     fs::copy(original / "checkpoints", ckdir(), fs::copy_options::recursive);
     const std::optional<int> child = run_child(
-        {fmt::format("FORGE_CHECKPOINT_KILL={}", n), "FORGE_TEST_KILL_RUN=" + root_.string()}, log);
+        {fmt::format("ATTNFORGE_FAULT=checkpoint:{}:kill", n), "FORGE_TEST_KILL_RUN=" + root_.string()}, log);
     ASSERT_TRUE(child.has_value());
     const int status = *child;
     if (WIFEXITED(status)) {
@@ -1027,8 +1028,10 @@ TEST_F(CheckpointManagerTest, KillAtEveryStepOfASave) {
 TEST_F(CheckpointManagerTest, KillHookSetWrongIsAnError) {
   const fs::path log = root_ / "child.log";
   for (const auto& [env, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"FORGE_CHECKPOINT_KILL=3x"}, "FORGE_CHECKPOINT_KILL: expected the integer"},
-           {{"FORGE_CHECKPOINT_KILL=3", "FORGE_CHECKPOINT_FAULT=2"}, "are both set"}}) {
+           {{"ATTNFORGE_FAULT=checkpoint:3x:kill"}, "N must be a whole number, found \"3x\""},
+           {{"ATTNFORGE_FAULT=checkpoint:3:explode"}, "unknown action 'explode'"},
+           {{"ATTNFORGE_FAULT=chekpoint:3:kill"}, "unknown point 'chekpoint'"},
+           {{"ATTNFORGE_FAULT=checkpoint"}, "expected POINT:N[:ACTION[:RANK]]"}}) {
     SCOPED_TRACE(says);
     std::vector<std::string> vars = env;
     vars.push_back("FORGE_TEST_KILL_RUN=" + root_.string());
