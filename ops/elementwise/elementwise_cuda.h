@@ -1,5 +1,6 @@
 // The CUDA launchers of the elementwise ops (defined in elementwise_cuda.cu,
-// only in builds with CUDA; elementwise.cpp calls them under FORGE_IF_CUDA).
+// only in builds with CUDA; elementwise.cpp and unary.cpp call them under
+// FORGE_IF_CUDA).
 // Pointers are device pointers of contiguous tensors of `dtype` (f32, f64,
 // bf16, f16) on CUDA device `device`; masks are one byte per element (bool or
 // u8, true when non-zero). Kernels compute in f32 (f64 for f64) and round once.

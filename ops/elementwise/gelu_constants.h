@@ -1,5 +1,5 @@
 // The constants of gelu and its derivative, shared by the CPU ops
-// (elementwise.cpp) and the CUDA kernels (elementwise_cuda.cu) so that both
+// (unary.cpp) and the CUDA kernels (elementwise_cuda.cu) so that both
 // compute the same formula.
 #pragma once
 

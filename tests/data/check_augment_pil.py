@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Checks data/augment.cpp's PIL operations against PIL itself.
+"""Checks the PIL operations of data/augment_color.cpp and
+data/augment_geometry.cpp against PIL itself.
 
 Run by tests/data/test_augment.cpp as `check_augment_pil.py DIR`. DIR holds
 the input PNGs, our output PNGs and cases.txt, one case a line:
