@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -87,6 +89,59 @@ TEST(AttentionCases, TheBenchmarkTimesEveryCase) {
     EXPECT_EQ(rows[c.name].find("failed"), std::string::npos) << rows[c.name];
     const std::string N = std::to_string(c.length_for(16));
     EXPECT_EQ(rows[c.name].rfind(c.name + ",1," + N + ",", 0), 0u) << rows[c.name];
+  }
+}
+
+// docs/ARCHITECTURE.md's "Where each mechanism lives": a row per mechanism
+// of the list (and one for the files they all share) naming its CPU files,
+// GPU files and tests; every file named exists, and every file of
+// ops/attention/, tests/ops/attention/ and tests/cuda/'s attention tests is
+// named.
+TEST(AttentionFiles, TheMapNamesEveryFileAndEveryMechanism) {
+  namespace fs = std::filesystem;
+  const fs::path root = FORGE_SOURCE_DIR;
+  const std::string doc = testing::read_file(root / "docs" / "ARCHITECTURE.md");
+  const size_t at = doc.find("### Where each mechanism lives");
+  ASSERT_NE(at, std::string::npos);
+  const size_t table = doc.find("\n| mechanism | CPU | GPU | tests |", at);
+  ASSERT_NE(table, std::string::npos);
+  const std::vector<fs::path> folders = {root / "ops/attention", root / "tests/ops/attention",
+                                         root / "tests/cuda"};
+  std::set<std::string> rows, named;
+  std::istringstream lines(doc.substr(table + 1));
+  std::string line;
+  std::getline(lines, line);  // the header
+  std::getline(lines, line);  // |---|
+  static const std::regex file(R"(`([a-z_0-9]+\.(cpp|h|cu|cuh))`)");
+  while (std::getline(lines, line) && line.rfind("| ", 0) == 0) {
+    const std::string mechanism = line.substr(2, line.find(" |", 2) - 2);
+    rows.insert(mechanism);
+    std::set<std::string> in_row;
+    for (std::sregex_iterator it(line.begin(), line.end(), file), end; it != end; ++it) {
+      const std::string name = (*it)[1];
+      bool exists = false;
+      for (const fs::path& f : folders) exists = exists || fs::exists(f / name);
+      EXPECT_TRUE(exists) << mechanism << "'s row names " << name << ", which is not in "
+                          << "ops/attention/, tests/ops/attention/ or tests/cuda/";
+      in_row.insert(name);
+      named.insert(name);
+    }
+    if (mechanism != "(all)") {
+      EXPECT_TRUE(in_row.count(mechanism + ".cpp")) << mechanism << "'s row lacks its CPU file";
+      EXPECT_TRUE(in_row.count("test_" + mechanism + ".cpp"))
+          << mechanism << "'s row lacks its test";
+    }
+  }
+  std::set<std::string> mechanisms = {"(all)"};
+  for (const auto& c : attention_cases()) mechanisms.insert(mechanism_of(c.name));
+  EXPECT_EQ(rows, mechanisms);
+  for (const fs::path& folder : folders) {
+    for (const auto& e : fs::directory_iterator(folder)) {
+      const std::string name = e.path().filename().string();
+      if (folder.filename() == "cuda" && name.find("attention") == std::string::npos) continue;
+      if (e.path().extension() == ".txt") continue;
+      EXPECT_TRUE(named.count(name)) << e.path().string() << " is in no row of the map";
+    }
   }
 }
 
