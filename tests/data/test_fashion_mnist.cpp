@@ -44,12 +44,10 @@ uint8_t pixel(int64_t i, int64_t k) {
 }
 
 // IDX files written to a fresh directory per test, removed afterwards.
-class FashionMnistFiles : public ::testing::Test {
+class FashionMnistFiles : public testing::TempDirTest {
  protected:
   static constexpr int64_t kImages = 5;
   const std::vector<uint8_t> labels_ = {9, 0, 3, 7, 0};
-
-  std::string path(const std::string& name) const { return tmp_.file(name); }
 
   std::vector<uint8_t> images(int64_t n) const {
     std::vector<uint8_t> px;
@@ -72,9 +70,6 @@ class FashionMnistFiles : public ::testing::Test {
     o.normalize = normalize;
     return o;
   }
-
-  testing::TempDir tmp_;
-  const fs::path dir_ = tmp_.path();
 };
 
 TEST_F(FashionMnistFiles, ReadsGzipFilesExactly) {

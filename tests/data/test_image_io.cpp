@@ -34,13 +34,7 @@ using forge::testing::pattern_image;
 using forge::testing::write_file;
 
 // A fresh directory per test, removed afterwards.
-class ImageIoTest : public ::testing::Test {
- protected:
-  std::string path(const std::string& name) const { return tmp_.file(name); }
-
-  testing::TempDir tmp_;
-  const fs::path dir_ = tmp_.path();
-};
+class ImageIoTest : public testing::TempDirTest {};
 
 // A smooth image (JPEG keeps it within a few levels).
 Image smooth_image(int64_t h, int64_t w, int64_t c) {
@@ -303,8 +297,8 @@ TEST_F(ImageIoTest, RegionDecodeGivesTheWholeDecodesPixels) {
         ImageRegion got;
         const Image part =
             decode_image_region(bytes, "x.jpg", kDefaultMaxImagePixels, denom, want, got);
-        const std::string what = fmt::format("c {} denom {} region [{}, +{}) x [{}, +{})", c,
-                                             denom, want.top, want.height, want.left, want.width);
+        const std::string what = fmt::format("c {} denom {} region [{}, +{}) x [{}, +{})", c, denom,
+                                             want.top, want.height, want.left, want.width);
         ASSERT_LE(got.top, want.top) << what;
         ASSERT_GE(got.top + got.height, want.top + want.height) << what;
         ASSERT_LE(got.left, want.left) << what;

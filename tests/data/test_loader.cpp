@@ -6,47 +6,44 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 #include <set>
 #include <thread>
 
 #include "data/loader.h"
 #include "data/random.h"
+#include "tests/data/data_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
 namespace {
 
+using forge::testing::counting_image;
+using forge::testing::counting_tokens;
+using forge::testing::CountingDataset;
 using forge::testing::expect_error;
 using forge::testing::same_tensor;
 
 // f32 [C, H, W] images, element k of image i = 1000 i + k; element 0 also
 // gets rng->uniform() so that the augmentation stream shows in the batch.
-class ImageSet : public Dataset {
+class ImageSet : public CountingDataset {
  public:
-  ImageSet(int64_t n, Shape shape = {1, 2, 3}) : n_(n), shape_(std::move(shape)) {}
-  int64_t size() const override { return n_; }
+  ImageSet(int64_t n, Shape shape = {1, 2, 3}) : CountingDataset(n), shape_(std::move(shape)) {}
   Example get(int64_t i, Rng* rng) const override {
-    gets_.fetch_add(1);
+    count_get();
     Example ex;
-    ex.input = Tensor::empty(shape_, DType::f32);
-    float* p = ex.input.data<float>();
-    for (int64_t k = 0; k < ex.input.numel(); ++k) p[k] = static_cast<float>(1000 * i + k);
-    if (rng) p[0] += static_cast<float>(rng->uniform());
+    ex.input = counting_image(i, shape_);
+    if (rng) ex.input.data<float>()[0] += static_cast<float>(rng->uniform());
     ex.label = i % 7;
     return ex;
   }
   int64_t num_classes() const override { return 7; }
   std::string describe() const override { return "test images"; }
-  int64_t gets() const { return gets_.load(); }
 
  private:
-  int64_t n_;
   Shape shape_;
-  mutable std::atomic<int64_t> gets_{0};
 };
 
 // i64 token sequences of length 1 + i % 5, tokens 100 i + k + 1; pairs add a
@@ -59,19 +56,14 @@ class SequenceSet : public Dataset {
   int64_t size() const override { return n_; }
   Example get(int64_t i, Rng*) const override {
     Example ex;
-    ex.input = tokens(i, 1 + i % 5);
-    if (pairs_) ex.input2 = tokens(i + 50, 1 + i % 3);
-    if (targets_) ex.target = tokens(i + 70, pairs_ ? 1 + i % 3 : 1 + i % 5);
+    ex.input = counting_tokens(i, 1 + i % 5);
+    if (pairs_) ex.input2 = counting_tokens(i + 50, 1 + i % 3);
+    if (targets_) ex.target = counting_tokens(i + 70, pairs_ ? 1 + i % 3 : 1 + i % 5);
     ex.label = i % 2;
     return ex;
   }
   int64_t num_classes() const override { return 2; }
   std::string describe() const override { return "test sequences"; }
-  static Tensor tokens(int64_t i, int64_t len) {
-    std::vector<int64_t> t(static_cast<size_t>(len));
-    for (int64_t k = 0; k < len; ++k) t[static_cast<size_t>(k)] = 100 * i + k + 1;
-    return Tensor::from_vector(t);
-  }
 
  private:
   int64_t n_;
@@ -161,7 +153,8 @@ TEST(DataRng, NormalsAreNormalCallsInBatches) {
     double sum = 0, sq = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       const auto want = static_cast<float>(b.normal());
-      EXPECT_NEAR(got[i], want, 4e-7 * std::max(1.0f, std::abs(want))) << "from " << start << ", " << i;
+      EXPECT_NEAR(got[i], want, 4e-7 * std::max(1.0f, std::abs(want)))
+          << "from " << start << ", " << i;
       sum += got[i];
       sq += got[i] * got[i];
     }
@@ -530,14 +523,14 @@ TEST(Collate, TargetsMustBeOnEveryExampleAndMatchTheirSequence) {
                              SequenceSet(3).get(1, nullptr)};
   expect_error([&] { collate(ex, {2, 9}, o); }, {"dataset index 9", "lacks a target"});
   ex[1] = SequenceSet(3, false, true).get(1, nullptr);
-  ex[1].target = SequenceSet::tokens(0, 4);  // input has 2 tokens
+  ex[1].target = counting_tokens(0, 4);  // input has 2 tokens
   expect_error(
       [&] {
         collate(ex, {2, 9}, o);
       },
       {"target of example 1 (dataset index 9) has 4 tokens", "its input has 2"});
   ex = {SequenceSet(3, true, true).get(2, nullptr)};
-  ex[0].target = SequenceSet::tokens(0, 1);  // input2 has 3 tokens
+  ex[0].target = counting_tokens(0, 1);  // input2 has 3 tokens
   expect_error([&] { collate(ex, {2}, o); }, {"dataset index 2", "its input2 has 3"});
   ex[0].target = Tensor::zeros({3}, DType::f32);
   expect_error([&] { collate(ex, {2}, o); }, {"target of example 0", "i64 [N]", "f32"});

@@ -4,22 +4,22 @@
 // the start builds the epoch again.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "data/loader.h"
+#include "tests/data/data_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
 namespace {
 
-class CountingImages : public Dataset {
+// Image i is f32 [1, 2, 2] filled with i.
+class CountingImages : public testing::CountingDataset {
  public:
-  explicit CountingImages(int64_t n) : n_(n) {}
-  int64_t size() const override { return n_; }
+  using CountingDataset::CountingDataset;
   Example get(int64_t i, Rng*) const override {
-    gets_.fetch_add(1);
+    count_get();
     Example ex;
     ex.input = Tensor::full({1, 2, 2}, static_cast<double>(i));
     ex.label = i % 2;
@@ -27,11 +27,6 @@ class CountingImages : public Dataset {
   }
   int64_t num_classes() const override { return 2; }
   std::string describe() const override { return "counting images"; }
-  int64_t gets() const { return gets_.load(); }
-
- private:
-  int64_t n_;
-  mutable std::atomic<int64_t> gets_{0};
 };
 
 TEST(LoaderEpochs, WorkersBuildOneEpochAndNothingPastIt) {

@@ -8,77 +8,69 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <memory>
 
 #include "data/loader.h"
 #include "data/mixup.h"
+#include "tests/data/data_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
 namespace {
 
+using forge::testing::counting_image;
+using forge::testing::counting_tokens;
+using forge::testing::CountingDataset;
 using forge::testing::expect_error;
 using forge::testing::same_tensor;
 
 // f32 [C, H, W] images, element k of image i = 1000 i + k, plus rng->uniform()
 // on every element so that the augmentation stream shows in the batch.
-class ShardImages : public Dataset {
+class ShardImages : public CountingDataset {
  public:
-  ShardImages(int64_t n, Shape shape = {2, 3, 4}) : n_(n), shape_(std::move(shape)) {}
-  int64_t size() const override { return n_; }
+  ShardImages(int64_t n, Shape shape = {2, 3, 4}) : CountingDataset(n), shape_(std::move(shape)) {}
   Example get(int64_t i, Rng* rng) const override {
-    gets_.fetch_add(1);
+    count_get();
     Example ex;
-    ex.input = Tensor::empty(shape_, DType::f32);
-    float* p = ex.input.data<float>();
-    for (int64_t k = 0; k < ex.input.numel(); ++k)
-      p[k] = static_cast<float>(1000 * i + k) + (rng ? static_cast<float>(rng->uniform()) : 0.0f);
+    ex.input = counting_image(i, shape_);
+    if (rng) {
+      float* p = ex.input.data<float>();
+      for (int64_t k = 0; k < ex.input.numel(); ++k) p[k] += static_cast<float>(rng->uniform());
+    }
     ex.label = i % 5;
     return ex;
   }
   int64_t num_classes() const override { return 5; }
   std::string describe() const override { return "shard test images"; }
-  int64_t gets() const { return gets_.load(); }
 
  private:
-  int64_t n_;
   Shape shape_;
-  mutable std::atomic<int64_t> gets_{0};
 };
 
 // i64 sequences of length 1 + 5i % 7, tokens 100 i + k + 1, the first one
 // moved by the augmentation stream; pairs add a second document of length
 // 1 + 3i % 4; targets are as long as input2 (pairs) or input.
-class ShardSequences : public Dataset {
+class ShardSequences : public CountingDataset {
  public:
-  ShardSequences(int64_t n, bool pairs, bool targets) : n_(n), pairs_(pairs), targets_(targets) {}
-  int64_t size() const override { return n_; }
+  ShardSequences(int64_t n, bool pairs, bool targets)
+      : CountingDataset(n), pairs_(pairs), targets_(targets) {}
   Example get(int64_t i, Rng* rng) const override {
-    gets_.fetch_add(1);
+    count_get();
     Example ex;
-    ex.input = tokens(i, 1 + 5 * i % 7);
+    ex.input = counting_tokens(i, 1 + 5 * i % 7);
     if (rng) ex.input.data<int64_t>()[0] += 10000 * rng->randint(9);
-    if (pairs_) ex.input2 = tokens(i + 50, 1 + 3 * i % 4);
-    if (targets_) ex.target = tokens(i + 70, pairs_ ? 1 + 3 * i % 4 : 1 + 5 * i % 7);
+    if (pairs_) ex.input2 = counting_tokens(i + 50, 1 + 3 * i % 4);
+    if (targets_) ex.target = counting_tokens(i + 70, pairs_ ? 1 + 3 * i % 4 : 1 + 5 * i % 7);
     ex.label = i % 2;
     return ex;
   }
   int64_t num_classes() const override { return 2; }
   std::string describe() const override { return "shard test sequences"; }
-  int64_t gets() const { return gets_.load(); }
-  static Tensor tokens(int64_t i, int64_t len) {
-    std::vector<int64_t> t(static_cast<size_t>(len));
-    for (int64_t k = 0; k < len; ++k) t[static_cast<size_t>(k)] = 100 * i + k + 1;
-    return Tensor::from_vector(t);
-  }
 
  private:
-  int64_t n_;
   bool pairs_;
   bool targets_;
-  mutable std::atomic<int64_t> gets_{0};
 };
 
 const std::vector<Tensor Batch::*> kTensors = {&Batch::input,    &Batch::mask,   &Batch::input2,
@@ -210,6 +202,13 @@ LoaderOptions shard_options(int64_t batch_size, uint64_t seed) {
   return o;
 }
 
+// shard_options with the mixup / cutmix transform of `m`.
+LoaderOptions mixed_options(int64_t batch_size, uint64_t seed, const MixupOptions& m) {
+  LoaderOptions o = shard_options(batch_size, seed);
+  o.transform = make_mixup(m);
+  return o;
+}
+
 // 27 examples in batches of 12 end with 3 rows (4 processes: 0, 1, 1, 1;
 // 2 processes: 1, 2); 31 end with 7 (3 processes: 2, 2, 3).
 TEST(DataLoaderShard, AugmentedImagesSplitIntoTheSingleProcessBatch) {
@@ -220,34 +219,24 @@ TEST(DataLoaderShard, AugmentedImagesSplitIntoTheSingleProcessBatch) {
 }
 
 TEST(DataLoaderShard, MixupPairsRowsAcrossProcesses) {
-  MixupOptions m;
-  m.mixup_alpha = 1.0;
   for (int64_t n : {27, 31}) {
     SCOPED_TRACE(n);
-    LoaderOptions o = shard_options(12, 5);
-    o.transform = make_mixup(m);
+    const LoaderOptions o = mixed_options(12, 5, {.mixup_alpha = 1.0});
     EXPECT_GT(expect_shards_match(std::make_shared<ShardImages>(n), o), 0);
   }
 }
 
 TEST(DataLoaderShard, CutmixPairsRowsAcrossProcesses) {
-  MixupOptions m;
-  m.cutmix_alpha = 1.0;
   for (int64_t n : {27, 31}) {
     SCOPED_TRACE(n);
-    LoaderOptions o = shard_options(12, 7);
-    o.transform = make_mixup(m);
+    const LoaderOptions o = mixed_options(12, 7, {.cutmix_alpha = 1.0});
     EXPECT_GT(expect_shards_match(std::make_shared<ShardImages>(n, Shape{3, 8, 8}), o), 0);
   }
 }
 
 TEST(DataLoaderShard, MixupOrCutmixSometimesUnmixed) {
-  MixupOptions m;
-  m.mixup_alpha = 0.8;
-  m.cutmix_alpha = 1.0;
-  m.prob = 0.6;
-  LoaderOptions o = shard_options(12, 11);
-  o.transform = make_mixup(m);
+  const LoaderOptions o =
+      mixed_options(12, 11, {.mixup_alpha = 0.8, .cutmix_alpha = 1.0, .prob = 0.6});
   expect_shards_match(std::make_shared<ShardImages>(31), o);
 }
 
@@ -293,10 +282,7 @@ TEST(DataLoaderShard, GlobalScoredCountsTheGlobalBatchsTargetTokens) {
 }
 
 TEST(DataLoaderShard, APartialLastBatchMayLeaveAProcessNoRows) {
-  MixupOptions m;
-  m.mixup_alpha = 1.0;
-  LoaderOptions o = shard_options(12, 23);
-  o.transform = make_mixup(m);
+  LoaderOptions o = mixed_options(12, 23, {.mixup_alpha = 1.0});
   o.shard_count = 4;
   auto images = std::make_shared<ShardImages>(27);
   const Batch whole = DataLoader(images, shard_options(12, 23)).build(1, 2);
@@ -337,10 +323,8 @@ TEST(DataLoaderShard, ASliceBuildsOnlyTheRowsItDependsOn) {
     EXPECT_EQ(images->gets(), 3);  // the slice
   }
   {
-    MixupOptions m;
-    m.cutmix_alpha = 1.0;
     LoaderOptions mixed = o;
-    mixed.transform = make_mixup(m);
+    mixed.transform = make_mixup({.cutmix_alpha = 1.0});
     auto images = std::make_shared<ShardImages>(48);
     DataLoader(images, mixed).build(0, 0);
     EXPECT_EQ(images->gets(), 6);  // the slice and its mirror

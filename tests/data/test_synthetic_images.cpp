@@ -17,6 +17,7 @@
 #include "data/image_folder.h"
 #include "data/image_io.h"
 #include "data/synthetic_images.h"
+#include "tests/data/data_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::data {
@@ -27,11 +28,7 @@ using forge::testing::expect_error;
 using forge::testing::read_file;
 
 // A fresh directory per test, removed afterwards.
-class SyntheticImagesTest : public ::testing::Test {
- protected:
-  testing::TempDir tmp_;
-  const fs::path dir_ = tmp_.path();
-};
+class SyntheticImagesTest : public testing::TempDirTest {};
 
 SyntheticImagesOptions small_options() {
   SyntheticImagesOptions o;

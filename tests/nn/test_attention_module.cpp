@@ -11,6 +11,7 @@
 #include "nn/attention.h"
 #include "nn/transformer.h"
 #include "ops/ops.h"
+#include "tests/nn/nn_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::nn {
@@ -21,6 +22,7 @@ using forge::testing::error_of;
 using forge::testing::expect_close;
 using forge::testing::leaf64;
 using forge::testing::max_abs_diff;
+using forge::testing::padded_mask;
 
 AttentionConfig config(Mechanism kind, int64_t D = 12, int64_t H = 3, bool causal = false) {
   AttentionConfig c;
@@ -48,19 +50,13 @@ Tensor merge(MultiHeadAttention& m, const Tensor& o) {
   return m.to_out->forward(ops::reshape(t, {t.size(0), t.size(1), -1}));
 }
 
-Tensor ones_mask(int64_t B, int64_t N, int64_t pad_last = 0) {
-  std::vector<uint8_t> m(static_cast<size_t>(B * N), 1);
-  for (int64_t j = N - pad_last; j < N; ++j) m[static_cast<size_t>(N + j)] = 0;  // batch 1
-  return Tensor::from_vector(m, {B, N});
-}
-
 TEST(AttentionModule, LocalHeadsThenGlobalHeadsEqualTheOpsOnTheirSlices) {
   Generator g(1);
   AttentionConfig c = config(Mechanism::favor, 12, 3);
   c.n_local_heads = 1;
   MultiHeadAttention m(c, false, 0, nullptr, 0, &g);
   Tensor x = leaf64({2, 9, 12}, 2);
-  Tensor mask = ones_mask(2, 9, 3);
+  Tensor mask = padded_mask(2, 9, 3);
   const int64_t d = 4;
   Tensor q = heads_of(*m.to_q, x, 3, d), k = heads_of(*m.to_k, x, 3, d),
          v = heads_of(*m.to_v, x, 3, d);
@@ -89,7 +85,7 @@ TEST(AttentionModule, LocalHeadsLastWithLocalRotaryEqualTheOpsOnTheirSlices) {
       m.set_rotary(rotary);
       if (m.tau.defined()) m.tau.copy_from(Tensor::from_vector<double>({0.5, 2.0}));
       Tensor x = leaf64({2, 9, 12}, 21);
-      Tensor mask = ones_mask(2, 9, 3);
+      Tensor mask = padded_mask(2, 9, 3);
       Tensor q = heads_of(*m.to_q, x, 3, 4), k = heads_of(*m.to_k, x, 3, 4),
              v = heads_of(*m.to_v, x, 3, 4);
       auto part = [](const Tensor& t, int64_t h0, int64_t n) { return ops::narrow(t, 1, h0, n); };
@@ -127,7 +123,7 @@ TEST(AttentionModule, EveryMechanismRunsSelfAndCrossWithGradients) {
         std::make_shared<ProjectionBank>(LinformerSharing::none, 1, 3, 16, 5, 0, DType::f64, &g);
     MultiHeadAttention self(c, false, 0, bank, 0, &g);
     Tensor x = leaf64({2, 8, 12}, 4);
-    Tensor y = self.forward(x, ones_mask(2, 8, 2));
+    Tensor y = self.forward(x, padded_mask(2, 8, 2));
     EXPECT_EQ(y.shape(), (Shape{2, 8, 12}));
     autograd::backward(ops::sum(ops::square(y)));
     EXPECT_TRUE(x.grad().defined());
@@ -135,7 +131,7 @@ TEST(AttentionModule, EveryMechanismRunsSelfAndCrossWithGradients) {
     if (mech == Mechanism::local || mech == Mechanism::linformer) continue;  // self-attention only
     MultiHeadAttention cross(c, true, 7, bank, 0, &g);
     Tensor ctx = leaf64({2, 11, 7}, 5);
-    Tensor z = cross.forward(x, Tensor(), ctx, ones_mask(2, 11, 4));
+    Tensor z = cross.forward(x, Tensor(), ctx, padded_mask(2, 11, 4));
     autograd::backward(ops::sum(z));
     EXPECT_TRUE(ctx.grad().defined());
   }
@@ -176,7 +172,7 @@ TEST(AttentionModule, PerHeadCheckpointingGivesTheSameValuesAndGradients) {
       m.zero_grad();
       drop.manual_seed(10);
       Tensor x = leaf64({2, 8, 12}, 11);
-      Tensor y = m.forward(x, ones_mask(2, 8, 3));
+      Tensor y = m.forward(x, padded_mask(2, 8, 3));
       autograd::backward(ops::sum(ops::square(y)));
       std::vector<Tensor> out{y.detach(), x.grad()};
       for (auto& [name, p] : m.named_parameters()) out.push_back(p.grad());
@@ -291,7 +287,7 @@ TEST(AttentionModule, AttentionMapsReproduceTheOutput) {
       if (m.tau.defined()) m.tau.copy_from(Tensor::from_vector<double>({0.5, 1.0, 2.0}));
       ASSERT_TRUE(m.has_attention_maps());
       Tensor x = leaf64({2, 10, 12}, 17);
-      Tensor mask = ones_mask(2, 10, 3);
+      Tensor mask = padded_mask(2, 10, 3);
       Tensor maps = m.attention_maps(x, mask);
       Tensor v = heads_of(*m.to_v, x, 3, 4);
       if (mech == Mechanism::linformer) {
@@ -325,7 +321,7 @@ TEST(AttentionModule, AttentionMapsReproduceTheOutput) {
   MultiHeadAttention mixed(c, false, 0, nullptr, 0, &g);
   mixed.tau.copy_from(Tensor::from_vector<double>({0.5, 2.0}));
   Tensor x = leaf64({2, 10, 12}, 24);
-  Tensor mask = ones_mask(2, 10, 3);
+  Tensor mask = padded_mask(2, 10, 3);
   expect_close(
       merge(mixed, ops::matmul(mixed.attention_maps(x, mask), heads_of(*mixed.to_v, x, 3, 4))),
       mixed.forward(x, mask), 1e-10);
@@ -388,8 +384,9 @@ TEST(AttentionModule, ClearErrors) {
   EXPECT_NE(error_of([] { mechanism_from_name("flash"); }).find("softmax, local"),
             std::string::npos);
   AttentionConfig odd = config(Mechanism::softmax, 10, 3);
-  EXPECT_NE(error_of([&] { MultiHeadAttention m(odd); })
-                .find("attention.dim = 10 is not divisible by attention.heads = 3"),
+  EXPECT_NE(error_of([&] {
+              MultiHeadAttention m(odd);
+            }).find("attention.dim = 10 is not divisible by attention.heads = 3"),
             std::string::npos);
   odd.head_dim = 4;  // independent of D: fine
   MultiHeadAttention ok(odd);

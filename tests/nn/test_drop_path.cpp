@@ -11,6 +11,7 @@
 #include "nn/drop_path.h"
 #include "nn/transformer.h"
 #include "ops/ops.h"
+#include "tests/nn/nn_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::nn {
@@ -21,6 +22,7 @@ using forge::testing::expect_close;
 using forge::testing::expect_error;
 using forge::testing::leaf64;
 using forge::testing::max_abs_diff;
+using forge::testing::padded_mask;
 
 TEST(DropPath, KeepsWholeSamplesScaledOrDropsThemAsTheDrawsSay) {
   // p = 0.75: 1 / (1 - p) = 4, so a kept sample is exactly x / (1 - p).
@@ -191,10 +193,12 @@ std::vector<Tensor> grads_of(Stack& stack, const Forward& forward, const Tensor&
   return out;
 }
 
-Tensor padded_mask(int64_t B, int64_t N, int64_t pad) {
-  std::vector<uint8_t> m(static_cast<size_t>(B * N), 1);
-  for (int64_t j = N - pad; j < N; ++j) m[static_cast<size_t>((B - 1) * N + j)] = 0;
-  return Tensor::from_vector(m, {B, N});
+// grads_of the stack's own forward, with `mask` on x (B, N, D) and ctx.
+std::vector<Tensor> forward_grads(Stack& stack, const Tensor& x, const Tensor& ctx,
+                                  const Tensor& mask, Generator& drop, uint64_t seed) {
+  return grads_of(
+      stack, [&](const Tensor& in, const Tensor& c) { return stack.forward(in, mask, c); }, x, ctx,
+      drop, seed);
 }
 
 TEST(DropPathStack, CheckpointLevelsReplayTheForwardsMasks) {
@@ -210,20 +214,14 @@ TEST(DropPathStack, CheckpointLevelsReplayTheForwardsMasks) {
     c0.set_generator(&drop);
     Tensor x = leaf64({4, 8, 12}, 18), ctx = leaf64({4, 7, 10}, 19);
     Tensor mask = padded_mask(4, 8, 2);
-    auto plain = grads_of(
-        c0, [&](const Tensor& in, const Tensor& c) { return c0.forward(in, mask, c); }, x, ctx,
-        drop, 20);
+    auto plain = forward_grads(c0, x, ctx, mask, drop, 20);
     for (CheckpointLevel level : {CheckpointLevel::C1, CheckpointLevel::C2}) {
       StackConfig s2 = sc;
       s2.checkpoint = level;
       Generator init2(16);
       Stack ck(s2, &init2);
       ck.set_generator(&drop);
-      expect_all_close(
-          grads_of(
-              ck, [&](const Tensor& in, const Tensor& c) { return ck.forward(in, mask, c); }, x,
-              ctx, drop, 20),
-          plain, 1e-12);
+      expect_all_close(forward_grads(ck, x, ctx, mask, drop, 20), plain, 1e-12);
     }
   }
 }
@@ -239,9 +237,7 @@ TEST(DropPathStack, ReversibleGivesTheGradientsOfThePlainCouplings) {
   stack.set_generator(&drop);
   Tensor x = leaf64({4, 8, 12}, 23), ctx = leaf64({4, 7, 10}, 24);
   Tensor mask = padded_mask(4, 8, 3);
-  auto rev = grads_of(
-      stack, [&](const Tensor& in, const Tensor& c) { return stack.forward(in, mask, c); }, x, ctx,
-      drop, 25);
+  auto rev = forward_grads(stack, x, ctx, mask, drop, 25);
   // y1 = x1 + dp(f(x2)), y2 = x2 + dp(g(y1)) per coupling (the axial pair its
   // own), run as recorded ops drawing from `drop` in the forward's order.
   auto couplings = [&](const Tensor& in, const Tensor& c) {

@@ -80,8 +80,13 @@ TEST(EmbeddingsFixed, TableAgainstDefinition) {
   expect_error([&] { pos.forward(5, 8); }, {"max_len 12", "offset 8 + n 5"});
 }
 
-// Rotary from its definition: pair (x_2j, x_2j+1) at position t turns by t f_j.
-std::vector<double> naive_rotary(const Tensor& x, int64_t offset) {
+// Which features rotary turns together: pair j is (x_2j, x_2j+1) (interleaved,
+// RotaryEmbedding) or (x_j, x_j+d/2) (half split, local-attention's rotary).
+enum class RotaryPairs { interleaved, half_split };
+
+// Rotary from its definition on x (..., n, d): pair j at position offset + i
+// turns by (offset + i) f_j.
+std::vector<double> naive_rotary(const Tensor& x, int64_t offset, RotaryPairs pairs) {
   const int64_t d = x.size(-1), n = x.size(-2);
   const auto v = x.to_vector<double>();
   std::vector<double> out(v.size());
@@ -89,9 +94,11 @@ std::vector<double> naive_rotary(const Tensor& x, int64_t offset) {
     const auto t = static_cast<double>(offset + static_cast<int64_t>(row) % n);
     for (int64_t j = 0; j < d / 2; ++j) {
       const double angle = t / std::pow(10000.0, 2.0 * j / d);
-      const size_t a = row * static_cast<size_t>(d) + static_cast<size_t>(2 * j);
-      out[a] = v[a] * std::cos(angle) - v[a + 1] * std::sin(angle);
-      out[a + 1] = v[a + 1] * std::cos(angle) + v[a] * std::sin(angle);
+      const bool interleaved = pairs == RotaryPairs::interleaved;
+      const size_t a = row * static_cast<size_t>(d) + static_cast<size_t>(interleaved ? 2 * j : j);
+      const size_t b = a + static_cast<size_t>(interleaved ? 1 : d / 2);
+      out[a] = v[a] * std::cos(angle) - v[b] * std::sin(angle);
+      out[b] = v[b] * std::cos(angle) + v[a] * std::sin(angle);
     }
   }
   return out;
@@ -104,7 +111,7 @@ TEST(EmbeddingsRotary, ValuesAndGrad) {
   const Tensor x = leaf64({2, 3, 5, 6}, 1);
   const Tensor y = rotary.rotate(x, 3);
   EXPECT_EQ(y.shape(), x.shape());
-  expect_values(y, naive_rotary(x, 3), 1e-12);
+  expect_values(y, naive_rotary(x, 3, RotaryPairs::interleaved), 1e-12);
   EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return rotary.rotate(in[0], 2); },
                    {leaf64({2, 4, 6}, 2)});
   expect_error(
@@ -140,28 +147,9 @@ TEST(EmbeddingsRotary, DotProductDependsOnRelativePosition) {
   EXPECT_GT(std::abs(at(0, 0) - at(1, 0)), 1e-3);  // and it does depend on i - j
 }
 
-// local-attention's rotary from its definition: pair (x_j, x_j+d/2) at position
-// t turns by t f_j.
-std::vector<double> naive_half_split(const Tensor& x, int64_t offset) {
-  const int64_t d = x.size(-1), n = x.size(-2);
-  const auto v = x.to_vector<double>();
-  std::vector<double> out(v.size());
-  for (size_t row = 0; row < v.size() / static_cast<size_t>(d); ++row) {
-    const auto t = static_cast<double>(offset + static_cast<int64_t>(row) % n);
-    for (int64_t j = 0; j < d / 2; ++j) {
-      const double angle = t / std::pow(10000.0, 2.0 * j / d);
-      const size_t a = row * static_cast<size_t>(d) + static_cast<size_t>(j);
-      const size_t b = a + static_cast<size_t>(d / 2);
-      out[a] = v[a] * std::cos(angle) - v[b] * std::sin(angle);
-      out[b] = v[b] * std::cos(angle) + v[a] * std::sin(angle);
-    }
-  }
-  return out;
-}
-
 TEST(EmbeddingsRotary, HalfSplitValuesRelativePositionsAndGrad) {
   const Tensor x = leaf64({2, 3, 5, 6}, 6);
-  expect_values(rotate_half_split(x, 7), naive_half_split(x, 7), 1e-12);
+  expect_values(rotate_half_split(x, 7), naive_rotary(x, 7, RotaryPairs::half_split), 1e-12);
   // q at i + s and k at j + s give the same scores for every shift s.
   const Tensor q = leaf64({1, 9, 8}, 7).detach(), k = leaf64({1, 9, 8}, 8).detach();
   const auto scores = [&](int64_t s) {

@@ -15,6 +15,7 @@
 #include "autograd/grad_mode.h"
 #include "nn/models.h"
 #include "ops/ops.h"
+#include "tests/nn/nn_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::nn {
@@ -25,6 +26,7 @@ using forge::testing::expect_error;
 using forge::testing::leaf64;
 using forge::testing::max_abs_diff;
 using forge::testing::random_ids;
+using forge::testing::tiny_vit_config;
 
 constexpr int64_t kLen = 8;  // the sequence length (and max_len) of the tiny models
 
@@ -126,15 +128,7 @@ TEST_P(ModelsEveryMechanism, ForwardBackwardGivesEveryParameterAFiniteGradient) 
   Tensor out;
   switch (kind) {
     case ModelKind::vit: {
-      ViTConfig c;
-      c.image_size = 8;
-      c.patch_size = 4;
-      c.channels = 2;
-      c.classes = 3;
-      c.dim = 8;
-      c.depth = 2;
-      c.heads = 2;
-      c.mlp_ratio = 2;
+      ViTConfig c = tiny_vit_config();
       c.stack = tiny_stack(mech);
       auto vit = std::make_shared<ViT>(c, &g);
       out = vit->forward(Tensor::randn({2, 2, 8, 8}, DType::f32, &g));

@@ -17,6 +17,7 @@
 #include "autograd/engine.h"
 #include "nn/models.h"
 #include "ops/ops.h"
+#include "tests/nn/nn_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::nn {
@@ -26,6 +27,7 @@ using forge::testing::expect_close;
 using forge::testing::leaf64;
 using forge::testing::max_abs_diff;
 using forge::testing::random_ids;
+using forge::testing::tiny_vit_config;
 
 constexpr double kTol = 1e-10;
 
@@ -347,16 +349,7 @@ TEST(ReferenceFidelity, ReversibleOutputIsTheMeanOrTheSumOfTheHalves) {
 
 TEST(ReferenceFidelity, ViTNormsUseTimmsEpsilon) {
   // timm's VisionTransformer (TaylorShift's ViT): every LayerNorm has eps 1e-6.
-  ViTConfig c;
-  c.image_size = 8;
-  c.patch_size = 4;
-  c.channels = 2;
-  c.classes = 3;
-  c.dim = 8;
-  c.depth = 2;
-  c.heads = 2;
-  c.mlp_ratio = 2;
-  c.dtype = DType::f64;
+  ViTConfig c = tiny_vit_config(DType::f64);
   const Tensor images = leaf64({2, 2, 8, 8}, 5, -0.2, 0.2);
   const auto timm_vit = [&](ViT& vit) {
     const auto ln = [](SublayerNorm& n, const Tensor& x) {

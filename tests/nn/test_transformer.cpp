@@ -10,6 +10,7 @@
 #include "nn/models.h"
 #include "nn/transformer.h"
 #include "ops/ops.h"
+#include "tests/nn/nn_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::nn {
@@ -20,6 +21,7 @@ using forge::testing::error_of;
 using forge::testing::expect_all_close;
 using forge::testing::expect_close;
 using forge::testing::leaf64;
+using forge::testing::padded_mask;
 
 StackConfig stack_config(Mechanism kind, int64_t depth, DType dtype = DType::f64, int64_t D = 12,
                          int64_t H = 3) {
@@ -37,12 +39,6 @@ StackConfig stack_config(Mechanism kind, int64_t depth, DType dtype = DType::f64
   a.bucket_size = 1;
   sc.block.ff.mult = 2;
   return sc;
-}
-
-Tensor padded_mask(int64_t B, int64_t N, int64_t pad) {
-  std::vector<uint8_t> m(static_cast<size_t>(B * N), 1);
-  for (int64_t j = N - pad; j < N; ++j) m[static_cast<size_t>((B - 1) * N + j)] = 0;
-  return Tensor::from_vector(m, {B, N});
 }
 
 // Loss, input gradient and every parameter gradient of one step.

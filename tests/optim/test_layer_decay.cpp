@@ -10,6 +10,7 @@
 #include "nn/models.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "tests/nn/nn_test_util.h"
 #include "tests/test_util.h"
 
 namespace forge::optim {
@@ -19,18 +20,8 @@ using forge::testing::expect_error;
 
 // depth 2: ids stem 0, blocks 1 and 2, final norm 2, head 3 (num_layers 4).
 std::shared_ptr<nn::ViT> tiny_vit(uint64_t seed = 1) {
-  nn::ViTConfig c;
-  c.image_size = 8;
-  c.patch_size = 4;
-  c.channels = 2;
-  c.classes = 3;
-  c.dim = 8;
-  c.depth = 2;
-  c.heads = 2;
-  c.mlp_ratio = 2;
-  c.dtype = DType::f64;
   Generator g(seed);
-  return std::make_shared<nn::ViT>(c, &g);
+  return std::make_shared<nn::ViT>(forge::testing::tiny_vit_config(DType::f64), &g);
 }
 
 std::vector<ParamGroup> vit_groups(const nn::ViT& vit, double weight_decay, bool exclude,

@@ -16,6 +16,7 @@
 #include "optim/adam.h"
 #include "optim/lamb.h"
 #include "optim/sgd.h"
+#include "tests/nn/nn_test_util.h"
 #include "tests/optim/optim_test_util.h"
 #include "tests/test_util.h"
 
@@ -33,15 +34,8 @@ Names names_of(const ParamGroup& g) {
 }
 
 TEST(OptimParamGroups, TinyViT) {
-  nn::ViTConfig c;
-  c.image_size = 8;
-  c.patch_size = 4;
-  c.channels = 2;
-  c.classes = 3;
-  c.dim = 8;
-  c.depth = 1;
-  c.heads = 2;
-  c.mlp_ratio = 2;
+  nn::ViTConfig c = forge::testing::tiny_vit_config();
+  c.depth = 1;  // one block: transformer.layers.0
   nn::ViT vit(c);
   const auto groups = param_groups(vit, 0.05, true);
   ASSERT_EQ(groups.size(), 2u);

@@ -102,12 +102,8 @@ TEST(DeitPipeline, AStoppedAndResumedRunEndsWithTheSameWeightsAndEma) {
   Recipe r = short_run(14);
   r.set("model.checkpoint=C1");  // drop path replayed by the recomputation
   train(r, quiet(a));
-  TrainOptions stop = quiet(b);
-  stop.stop_requested = [](int64_t step) { return step == 7; };
-  EXPECT_EQ(train(r, stop).steps, 7);
-  TrainOptions resume = quiet(b);
-  resume.resume = true;
-  EXPECT_EQ(train(r, resume).steps, 14);
+  EXPECT_EQ(train(r, testing::stopping_at(b, 7)).steps, 7);
+  EXPECT_EQ(train(r, testing::resuming(b)).steps, 14);
   const Checkpoint ca = checkpoints(a).at(14), cb = checkpoints(b).at(14);
   expect_bit_equal(ca.model, cb.model, "weights");
   expect_bit_equal(ema_of(ca), ema_of(cb), "EMA");

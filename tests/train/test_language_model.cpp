@@ -138,12 +138,8 @@ TEST(LanguageModelRecipe, InterruptedAndResumedRunIsBitIdentical) {
   r.set("checkpoint.every=10");
   const fs::path a = fresh_dir("uninterrupted"), b = fresh_dir("resumed");
   train(r, quiet(a));
-  TrainOptions stop = quiet(b);
-  stop.stop_requested = [](int64_t step) { return step == 17; };
-  EXPECT_EQ(train(r, stop).status, TrainResult::Status::interrupted);
-  TrainOptions resume = quiet(b);
-  resume.resume = true;
-  EXPECT_EQ(train(Recipe::from_file((b / "recipe.yaml").string()), resume).steps, 30);
+  EXPECT_EQ(train(r, testing::stopping_at(b, 17)).status, TrainResult::Status::interrupted);
+  EXPECT_EQ(train(Recipe::from_file((b / "recipe.yaml").string()), testing::resuming(b)).steps, 30);
   const auto wa = final_weights(a), wb = final_weights(b);
   ASSERT_EQ(wa.size(), wb.size());
   for (const auto& [name, t] : wa)
@@ -322,9 +318,7 @@ TEST(ShippedDemo, FortunesTinyLossFalls) {
   const fs::path dir = fresh_dir("fortunes");
   const TrainResult t = train(r, quiet(dir));
   EXPECT_EQ(t.steps, 40);
-  std::vector<double> loss;
-  for (const auto& rec : read_metrics((dir / "metrics.jsonl").string()))
-    if (rec.at("split").as_string() == "train") loss.push_back(rec.at("loss").as_double());
+  const std::vector<double> loss = testing::train_losses(dir);
   ASSERT_EQ(loss.size(), 4u);
   EXPECT_LT(loss.back(), 0.75 * loss.front()) << "from " << loss.front() << " to " << loss.back();
   fs::remove_all(dir);

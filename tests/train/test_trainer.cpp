@@ -79,6 +79,32 @@ checkpoint:
   return r;
 }
 
+// The tiny recipe cut to `steps` steps (no epochs), with a warmup of 1 step.
+Recipe steps_recipe(int64_t steps) {
+  Recipe r = tiny_recipe();
+  r.set("loop.epochs=0");
+  r.set("loop.steps=" + std::to_string(steps));
+  r.set("schedule.warmup_steps=1");
+  return r;
+}
+
+// A short run with a checkpoint every 2 steps.
+Recipe short_recipe(int64_t steps) {
+  Recipe r = steps_recipe(steps);
+  r.set("checkpoint.every=2");
+  return r;
+}
+
+// The tiny recipe on the CPU for `steps` steps (no epochs), logging every 2.
+Recipe cpu_recipe(int64_t steps) {
+  Recipe r = tiny_recipe();
+  r.set("device=cpu");
+  r.set("loop.epochs=0");
+  r.set("loop.steps=" + std::to_string(steps));
+  r.set("loop.log_every=2");
+  return r;
+}
+
 // The deterministic fields of every metrics record (timings left out).
 std::vector<std::string> deterministic_metrics(const std::string& run_dir) {
   std::vector<std::string> out;
@@ -140,11 +166,7 @@ TEST(Trainer, Fp16OnTheCpuRunsAsFp32AndSaysSo) {
 // exactly in a second run), a clear error before anything is written where
 // it has neither.
 TEST(Trainer, Bf16OnTheCpuComputesTheGemmsInBf16OrRefuses) {
-  Recipe r = tiny_recipe();
-  r.set("device=cpu");
-  r.set("loop.epochs=0");
-  r.set("loop.steps=6");
-  r.set("loop.log_every=2");
+  Recipe r = cpu_recipe(6);
   const blas::CpuFeatures f = blas::cpu_features();
   if (!f.bf16()) {
     r.set("precision=bf16");
@@ -158,9 +180,7 @@ TEST(Trainer, Bf16OnTheCpuComputesTheGemmsInBf16OrRefuses) {
     r.set("precision=" + precision);
     const std::string dir = fresh_dir("bf16_cpu_" + precision);
     EXPECT_EQ(train(r, quiet(dir)).steps, 6);
-    std::vector<double> out;
-    for (const auto& rec : read_metrics((fs::path(dir) / "metrics.jsonl").string()))
-      if (rec.at("split").as_string() == "train") out.push_back(rec.at("loss").as_double());
+    const std::vector<double> out = testing::train_losses(dir);
     const std::string log = forge::testing::read_file(fs::path(dir) / "train.log");
     EXPECT_EQ(log.find("in bf16 with f32 accumulation") != std::string::npos, precision == "bf16")
         << log;
@@ -183,18 +203,12 @@ TEST(Trainer, Bf16OnTheCpuComputesTheGemmsInBf16OrRefuses) {
 // (ops::attention::set_flash_engine, set_linear_engine); the CPU kernels ignore it, so a
 // CPU run is the same with either, to the last digit; a bad value names the choices.
 TEST(Trainer, AttentionBackendPicksTheGpuKernelsAndTheCpuIgnoresIt) {
-  Recipe r = tiny_recipe();
-  r.set("device=cpu");
-  r.set("loop.epochs=0");
-  r.set("loop.steps=4");
-  r.set("loop.log_every=2");
+  Recipe r = cpu_recipe(4);
   const auto losses = [&](const std::string& backend) {
     r.set("model.attention.backend=" + backend);
     const std::string dir = fresh_dir("backend_" + backend);
     EXPECT_EQ(train(r, quiet(dir)).steps, 4);
-    std::vector<double> out;
-    for (const auto& rec : read_metrics((fs::path(dir) / "metrics.jsonl").string()))
-      if (rec.at("split").as_string() == "train") out.push_back(rec.at("loss").as_double());
+    const std::vector<double> out = testing::train_losses(dir);
     fs::remove_all(dir);
     return out;
   };
@@ -218,10 +232,7 @@ TEST(Trainer, TinyRecipeLearns) {
   const TrainResult r = train(tiny_recipe(), quiet(dir));
   EXPECT_EQ(r.status, TrainResult::Status::finished);
   EXPECT_EQ(r.steps, 3 * (2048 / 32));
-  const auto records = read_metrics((fs::path(dir) / "metrics.jsonl").string());
-  std::vector<double> train_loss;
-  for (const auto& rec : records)
-    if (rec.at("split").as_string() == "train") train_loss.push_back(rec.at("loss").as_double());
+  const std::vector<double> train_loss = testing::train_losses(dir);
   ASSERT_GE(train_loss.size(), 4u);
   EXPECT_LT(train_loss.back(), 0.8 * train_loss.front()) << "the loss did not fall";
   EXPECT_GT(r.eval_accuracy, 0.5) << "10 classes: chance is 0.1";
@@ -266,15 +277,11 @@ TEST(Trainer, InterruptedAndResumedRunIsBitIdenticalToAnUninterruptedOne) {
   const std::string a = fresh_dir("uninterrupted"), b = fresh_dir("resumed");
   train(r, quiet(a));
 
-  TrainOptions stop = quiet(b);
-  stop.stop_requested = [](int64_t step) { return step == 23; };  // mid-window, mid-epoch
-  const TrainResult first = train(r, stop);
+  const TrainResult first = train(r, testing::stopping_at(b, 23));  // mid-window, mid-epoch
   EXPECT_EQ(first.status, TrainResult::Status::interrupted);
   EXPECT_EQ(first.steps, 23);
-  TrainOptions resume = quiet(b);
-  resume.resume = true;
   const TrainResult second =
-      train(Recipe::from_file((fs::path(b) / "recipe.yaml").string()), resume);
+      train(Recipe::from_file((fs::path(b) / "recipe.yaml").string()), testing::resuming(b));
   EXPECT_EQ(second.status, TrainResult::Status::finished);
   EXPECT_EQ(second.steps, 40);
 
@@ -340,10 +347,7 @@ TEST(Trainer, DivergingBeforeTheFirstCheckpointSaysThereIsNone) {
 }
 
 TEST(Trainer, RefusesToTrainIntoAnExistingRun) {
-  Recipe r = tiny_recipe();
-  r.set("loop.epochs=0");
-  r.set("loop.steps=2");
-  r.set("schedule.warmup_steps=1");
+  const Recipe r = steps_recipe(2);
   const std::string dir = fresh_dir("exists");
   train(r, quiet(dir));
   const auto before = snapshot(dir);
@@ -358,21 +362,14 @@ TEST(Trainer, RefusesToTrainIntoAnExistingRun) {
 }
 
 TEST(Trainer, ResumeWithAnotherModelShapeIsAnErrorAndChangesNothing) {
-  Recipe r = tiny_recipe();
-  r.set("loop.epochs=0");
-  r.set("loop.steps=4");
-  r.set("schedule.warmup_steps=1");
-  r.set("checkpoint.every=2");
   const std::string dir = fresh_dir("shape");
-  train(r, quiet(dir));
+  train(short_recipe(4), quiet(dir));
   auto before = snapshot(dir);
   Recipe other = Recipe::from_file((fs::path(dir) / "recipe.yaml").string());
   other.set("model.dim=48");
   other.set("loop.steps=8");
-  TrainOptions o = quiet(dir);
-  o.resume = true;
   try {
-    train(other, o);
+    train(other, testing::resuming(dir));
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
@@ -384,24 +381,17 @@ TEST(Trainer, ResumeWithAnotherModelShapeIsAnErrorAndChangesNothing) {
 }
 
 TEST(Trainer, ResumeRefusesADamagedLatestCheckpointAndChangesNothing) {
-  Recipe r = tiny_recipe();
-  r.set("loop.epochs=0");
-  r.set("loop.steps=6");
-  r.set("schedule.warmup_steps=1");
-  r.set("checkpoint.every=2");
+  Recipe r = short_recipe(6);
   r.set("checkpoint.keep_last=3");
   const std::string dir = fresh_dir("damaged");
-  TrainOptions stop = quiet(dir);
-  stop.stop_requested = [](int64_t step) { return step == 4; };
-  train(r, stop);
+  train(r, testing::stopping_at(dir, 4));
   const fs::path ckpts = fs::path(dir) / "checkpoints";
   const fs::path latest = ckpts / CheckpointManager::name_of(4);
   // Truncate the latest checkpoint's weights, as a damaged disk would.
   const std::string model = testing::read_file(latest / "model.safetensors");
   testing::write_file(latest / "model.safetensors", model.substr(0, model.size() / 2));
   auto before = snapshot(dir);
-  TrainOptions resume = quiet(dir);
-  resume.resume = true;
+  const TrainOptions resume = testing::resuming(dir);
   try {
     train(r, resume);
     FAIL() << "resumed from a damaged checkpoint";
@@ -418,16 +408,6 @@ TEST(Trainer, ResumeRefusesADamagedLatestCheckpointAndChangesNothing) {
   EXPECT_EQ(t.status, TrainResult::Status::finished);
   EXPECT_EQ(t.steps, 6);
   fs::remove_all(dir);
-}
-
-// A short run with a checkpoint every 2 steps.
-Recipe short_recipe(int64_t steps) {
-  Recipe r = tiny_recipe();
-  r.set("loop.epochs=0");
-  r.set("loop.steps=" + std::to_string(steps));
-  r.set("schedule.warmup_steps=1");
-  r.set("checkpoint.every=2");
-  return r;
 }
 
 // A warmup longer than the run (a short trial of a long recipe) is cut to the
@@ -523,9 +503,7 @@ TEST(RunLifecycle, ARunKilledBeforeItsFirstCheckpointStartsAgain) {
 TEST(RunLifecycle, ABadStateIsRefusedBeforeAnythingChanges) {
   const testing::TempDir tmp;
   const std::string dir = (tmp.path() / "run").string();
-  TrainOptions stop = quiet(dir);
-  stop.stop_requested = [](int64_t step) { return step == 4; };
-  train(short_recipe(8), stop);
+  train(short_recipe(8), testing::stopping_at(dir, 4));
   const std::string latest =
       (fs::path(dir) / "checkpoints" / CheckpointManager::name_of(4)).string();
   const Checkpoint good = read_checkpoint(latest);
@@ -542,19 +520,15 @@ TEST(RunLifecycle, ABadStateIsRefusedBeforeAnythingChanges) {
     damage(c.state);
     write_checkpoint(latest, c);  // with valid checksums: only the values are wrong
     const auto before = snapshot(dir);
-    TrainOptions resume = quiet(dir);
-    resume.resume = true;
     Recipe longer = short_recipe(8);
     longer.set("loop.log_every=2");  // a --set given with the refused resume
     std::vector<std::string> want = parts;
     want.push_back((fs::path(latest) / "state.json").string());
-    testing::expect_error([&] { train(longer, resume); }, want);
+    testing::expect_error([&] { train(longer, testing::resuming(dir)); }, want);
     EXPECT_EQ(snapshot(dir), before) << "a refused resume changed the run directory";
   }
   write_checkpoint(latest, good);
-  TrainOptions resume = quiet(dir);
-  resume.resume = true;
-  EXPECT_EQ(train(short_recipe(8), resume).steps, 8);
+  EXPECT_EQ(train(short_recipe(8), testing::resuming(dir)).steps, 8);
 }
 
 // A run whose checkpoints/ was deleted keeps its history: a new start into
@@ -579,9 +553,7 @@ TEST(RunLifecycle, ANewStartNeverTruncatesARunsHistory) {
 TEST(RunLifecycle, AFailedResumeLeavesEveryFileOfTheRunAsItWas) {
   const testing::TempDir tmp;
   const fs::path dir = tmp.path() / "run";
-  TrainOptions stop = quiet(dir.string());
-  stop.stop_requested = [](int64_t step) { return step == 4; };
-  train(short_recipe(8), stop);
+  train(short_recipe(8), testing::stopping_at(dir.string(), 4));
   const auto event_file = [&] {
     for (const auto& e : fs::directory_iterator(dir))
       if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) return e.path();
@@ -615,11 +587,9 @@ TEST(RunLifecycle, AFailedResumeLeavesEveryFileOfTheRunAsItWas) {
     }
     damage();
     const auto before = snapshot(dir);
-    TrainOptions resume = quiet(dir.string());
-    resume.resume = true;
     Recipe changed = short_recipe(8);
     changed.set("optimizer.lr=0.0001");  // a --set given with the failing resume
-    testing::expect_error([&] { train(changed, resume); }, parts);
+    testing::expect_error([&] { train(changed, testing::resuming(dir.string())); }, parts);
     EXPECT_EQ(snapshot(dir), before) << "a failed resume changed the run directory";
   }
 }
@@ -646,9 +616,7 @@ TEST(RunLifecycle, AStopDuringAnEvaluationAbandonsItAndResumesExactly) {
   EXPECT_EQ(first.steps, 6);
   CheckpointManager m(b, 2, 1, "eval_accuracy", "max", [](const std::string&) {});
   EXPECT_EQ(*m.latest(), (fs::path(b) / "checkpoints" / CheckpointManager::name_of(4)).string());
-  TrainOptions resume = quiet(b);
-  resume.resume = true;
-  EXPECT_EQ(train(r, resume).steps, 12);
+  EXPECT_EQ(train(r, testing::resuming(b)).steps, 12);
   expect_bit_equal(final_weights(a), final_weights(b));
   EXPECT_EQ(deterministic_metrics(a), deterministic_metrics(b));
 }
@@ -684,13 +652,10 @@ TEST(Trainer, EvaluatesAtTheEndOfEachEpochNotAStepLater) {
 }
 
 TEST(Trainer, FrozenParametersDoNotMove) {
-  Recipe r = tiny_recipe();
+  Recipe r = steps_recipe(6);
   r.set("model.attention.kind=linformer");
   r.set("model.attention.k=4");
   r.set("optimizer.freeze=[transformer.projections, head.bias]");
-  r.set("loop.epochs=0");
-  r.set("loop.steps=6");
-  r.set("schedule.warmup_steps=1");
   const std::string dir = fresh_dir("freeze");
   const TrainResult t = train(r, quiet(dir));
   const auto trained = read_checkpoint(t.last_checkpoint).model;
@@ -729,10 +694,7 @@ TEST(Trainer, FrozenParametersDoNotMove) {
 }
 
 TEST(Trainer, AttentionMapsAreWrittenPerLayerAndHead) {
-  Recipe r = tiny_recipe();
-  r.set("loop.epochs=0");
-  r.set("loop.steps=2");
-  r.set("schedule.warmup_steps=1");
+  Recipe r = steps_recipe(2);
   r.set("output.attention_maps=true");
   const std::string dir = fresh_dir("maps");
   train(r, quiet(dir));

@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -45,10 +48,10 @@ struct AttentionGrads {
   Tensor o, dq, dk, dv;
 };
 
-// Forward and the gradients of sum(o * w) (w fixed and random, so every row
-// of do differs) with respect to fresh copies of q, k, v in `dtype`.
+// Forward and the gradients of sum(o * w) (w fixed and random from `w_seed`,
+// so every row of do differs) with respect to fresh copies of q, k, v in `dtype`.
 inline AttentionGrads forward_backward(const QkvFn& fn, const Tensor& q, const Tensor& k,
-                                       const Tensor& v, DType dtype) {
+                                       const Tensor& v, DType dtype, uint64_t w_seed = 99) {
   auto leaf = [&](const Tensor& t) {
     Tensor c = t.detach().to(dtype).clone();
     c.set_requires_grad(true);
@@ -56,7 +59,7 @@ inline AttentionGrads forward_backward(const QkvFn& fn, const Tensor& q, const T
   };
   Tensor q2 = leaf(q), k2 = leaf(k), v2 = leaf(v);
   Tensor o = fn(q2, k2, v2);
-  Tensor w = uniform(o.shape(), 99, dtype, -1, 1, false);
+  Tensor w = uniform(o.shape(), w_seed, dtype, -1, 1, false);
   autograd::backward(ops::sum(ops::mul(o, w)));
   return {o.detach(), q2.grad(), k2.grad(), v2.grad()};
 }
@@ -67,6 +70,55 @@ inline void expect_same_grads(const AttentionGrads& a, const AttentionGrads& b, 
   expect_close(a.dq, b.dq, tol);
   expect_close(a.dk, b.dk, tol);
   expect_close(a.dv, b.dv, tol);
+}
+
+// fn and ref agree to 1e-10 in f64, output and gradients, on q [2, 2, N, 8],
+// k [2, 2, M, 8] and v [2, 2, M, 12] (seeds 1, 2, 3).
+inline void expect_matches_reference_f64(const QkvFn& fn, const QkvFn& ref, int64_t N, int64_t M) {
+  const Tensor q = uniform({2, 2, N, 8}, 1), k = uniform({2, 2, M, 8}, 2),
+               v = uniform({2, 2, M, 12}, 3);
+  expect_same_grads(forward_backward(fn, q, k, v, DType::f64),
+                    forward_backward(ref, q, k, v, DType::f64), 1e-10);
+}
+
+// fn in f32 gives an f32 output and dq, within 1e-4 of fn in f64 (output and
+// gradients), on q [2, 2, N, 8], k [2, 2, M, 8] and v [2, 2, M, 12] (seeds 4, 5, 6).
+inline void expect_f32_matches_f64(const QkvFn& fn, int64_t N, int64_t M) {
+  const Tensor q = uniform({2, 2, N, 8}, 4), k = uniform({2, 2, M, 8}, 5),
+               v = uniform({2, 2, M, 12}, 6);
+  const AttentionGrads lo = forward_backward(fn, q, k, v, DType::f32);
+  EXPECT_EQ(lo.o.dtype(), DType::f32);
+  EXPECT_EQ(lo.dq.dtype(), DType::f32);
+  expect_same_grads(lo, forward_backward(fn, q, k, v, DType::f64), 1e-4);
+}
+
+// An attention op with a [B, M] key padding mask: fn(q, k, v, mask) -> o, no
+// mask when `mask` is undefined.
+using MaskedQkvFn =
+    std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask)>;
+
+// Padding keys drop out: fn with the last 4 of 12 keys padded equals fn on the
+// first 8 keys alone (1e-14), on q [1, 2, 9, 4], k [1, 2, 12, 4], v [1, 2, 12, 5].
+inline void expect_masked_keys_equal_dropped(const MaskedQkvFn& fn) {
+  const Tensor q = uniform({1, 2, 9, 4}, 10), k = uniform({1, 2, 12, 4}, 11),
+               v = uniform({1, 2, 12, 5}, 12);
+  NoGradGuard no_grad;
+  const Tensor masked = fn(q, k, v, padding_mask(1, 12, {4}));
+  const Tensor dropped = fn(q, ops::narrow(k, 2, 0, 8), ops::narrow(v, 2, 0, 8), Tensor());
+  expect_close(masked, dropped, 1e-14);
+}
+
+// Batch 1 of 2 is zero: the second half of t's flat values are exactly 0.
+inline void expect_second_half_zero(const Tensor& t) {
+  const auto x = t.to_vector<double>();
+  for (size_t i = x.size() / 2; i < x.size(); ++i) EXPECT_EQ(x[i], 0.0);
+}
+
+// An op run with every key of batch 1 (of 2) padded: the output is finite
+// (asserted) and batch 1's output and gradients are exactly 0.
+inline void expect_masked_batch_zero(const AttentionGrads& r) {
+  for (double x : r.o.to_vector<double>()) ASSERT_TRUE(std::isfinite(x));
+  for (const Tensor* t : {&r.o, &r.dq, &r.dk, &r.dv}) expect_second_half_zero(*t);
 }
 
 // A causal op must not look ahead: changing k and v at positions > i leaves
@@ -102,6 +154,19 @@ inline void expect_no_causal_leak(const QkvFn& fn, const Tensor& q, const Tensor
   }
 }
 
+// expect_no_causal_leak of make(mask) on q, k [2, 2, N, 8] and v [2, 2, N, 6]
+// (seeds 7, 8, 9): unmasked, with the last 5 keys of batch 1 padded, and
+// unmasked in f32.
+inline void expect_no_causal_leak_masked_and_f32(
+    const std::function<QkvFn(const Tensor& mask)>& make, int64_t N) {
+  const Tensor q = uniform({2, 2, N, 8}, 7, DType::f64, -1, 1, false),
+               k = uniform({2, 2, N, 8}, 8, DType::f64, -1, 1, false),
+               v = uniform({2, 2, N, 6}, 9, DType::f64, -1, 1, false);
+  expect_no_causal_leak(make(Tensor()), q, k, v);
+  expect_no_causal_leak(make(padding_mask(2, N, {0, 5})), q, k, v);
+  expect_no_causal_leak(make(Tensor()), q.to(DType::f32), k.to(DType::f32), v.to(DType::f32));
+}
+
 // Peak CPU bytes allocated above the starting level while fn runs.
 inline int64_t peak_bytes_during(const std::function<void()>& fn) {
   const int64_t base = memory_stats().current;
@@ -119,6 +184,32 @@ inline int64_t attention_peak_bytes(const QkvFn& fn, int64_t N, int64_t d) {
     Tensor o = fn(q, k, v);
     autograd::backward(ops::sum(o));
   });
+}
+
+// Peak bytes of a forward + backward at N = 2048 and at N = 8192.
+struct PeakBytes {
+  int64_t n2048, n8192;
+};
+
+// The memory rule of an op that holds no N x N buffer, on peak(N) (bytes):
+// prints "<label> peak bytes: ..."; the peak at N = 2048 is above 0, the one at
+// 8192 at most 4.6x it and under 1/`fraction` of one 8192 x 8192 f32 buffer.
+inline PeakBytes expect_peaks_linear_in_n(const std::function<int64_t(int64_t N)>& peak,
+                                          const std::string& label, int64_t fraction = 16) {
+  const PeakBytes p{peak(2048), peak(8192)};
+  std::printf("%s peak bytes: N=2048 %lld, N=8192 %lld\n", label.c_str(),
+              static_cast<long long>(p.n2048), static_cast<long long>(p.n8192));
+  EXPECT_GT(p.n2048, 0);
+  EXPECT_LE(static_cast<double>(p.n8192) / static_cast<double>(p.n2048), 4.6);
+  EXPECT_LT(p.n8192, int64_t{8192} * 8192 * 4 / fraction);
+  return p;
+}
+
+// expect_peaks_linear_in_n for fn on f32 q, k, v [1, 1, N, 16] (attention_peak_bytes).
+inline PeakBytes expect_memory_linear_in_n(const QkvFn& fn, const std::string& label,
+                                           int64_t fraction = 16) {
+  return expect_peaks_linear_in_n([&](int64_t N) { return attention_peak_bytes(fn, N, 16); }, label,
+                                  fraction);
 }
 
 }  // namespace forge::testing

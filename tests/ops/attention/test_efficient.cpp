@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <functional>
-#include <iostream>
 #include <limits>
 #include <string>
 
@@ -19,7 +18,6 @@ namespace {
 
 using testing::AttentionGrads;
 using testing::error_of;
-using testing::expect_same_grads;
 using testing::forward_backward;
 using testing::IfNoError;
 using testing::padding_mask;
@@ -106,40 +104,25 @@ const RefCase kRefCases[] = {{"plain", 48, 48, false, false, 64},
 TEST(AttentionEfficient, MatchesNaiveCompositeF64) {
   for (const RefCase& c : kRefCases) {
     SCOPED_TRACE(c.name);
-    const Tensor q = uniform({2, 2, c.N, 8}, 1), k = uniform({2, 2, c.M, 8}, 2),
-                 v = uniform({2, 2, c.M, 12}, 3);
     const Tensor mask = c.masked ? padding_mask(2, c.M, {3, 17}) : Tensor();
-    expect_same_grads(forward_backward(op(mask, c.causal, c.bucket_size), q, k, v, DType::f64),
-                      forward_backward(naive(mask, c.causal, c.bucket_size), q, k, v, DType::f64),
-                      1e-10);
+    testing::expect_matches_reference_f64(op(mask, c.causal, c.bucket_size),
+                                          naive(mask, c.causal, c.bucket_size), c.N, c.M);
   }
 }
 
 TEST(AttentionEfficient, F32MatchesF64) {
   for (const RefCase& c : kRefCases) {
     SCOPED_TRACE(c.name);
-    const Tensor q = uniform({2, 2, c.N, 8}, 4), k = uniform({2, 2, c.M, 8}, 5),
-                 v = uniform({2, 2, c.M, 12}, 6);
     const Tensor mask = c.masked ? padding_mask(2, c.M, {3, 17}) : Tensor();
-    const AttentionGrads lo =
-        forward_backward(op(mask, c.causal, c.bucket_size), q, k, v, DType::f32);
-    EXPECT_EQ(lo.o.dtype(), DType::f32);
-    EXPECT_EQ(lo.dq.dtype(), DType::f32);
-    expect_same_grads(lo, forward_backward(op(mask, c.causal, c.bucket_size), q, k, v, DType::f64),
-                      1e-4);
+    testing::expect_f32_matches_f64(op(mask, c.causal, c.bucket_size), c.N, c.M);
   }
 }
 
 TEST(AttentionEfficient, CausalDoesNotLeak) {
-  const Tensor q = uniform({2, 2, 144, 8}, 7, DType::f64, -1, 1, false),
-               k = uniform({2, 2, 144, 8}, 8, DType::f64, -1, 1, false),
-               v = uniform({2, 2, 144, 6}, 9, DType::f64, -1, 1, false);
   for (int64_t s : {1, 4, 16, 72}) {
     SCOPED_TRACE("bucket_size " + std::to_string(s));
-    testing::expect_no_causal_leak(op(Tensor(), true, s), q, k, v);
-    testing::expect_no_causal_leak(op(padding_mask(2, 144, {0, 5}), true, s), q, k, v);
-    testing::expect_no_causal_leak(op(Tensor(), true, s), q.to(DType::f32), k.to(DType::f32),
-                                   v.to(DType::f32));
+    testing::expect_no_causal_leak_masked_and_f32(
+        [s](const Tensor& mask) { return op(mask, true, s); }, 144);
   }
 }
 
@@ -147,27 +130,18 @@ TEST(AttentionEfficient, MemoryGrowsLinearly) {
   for (int64_t s : {0, 1, 64}) {
     const bool causal = s > 0;
     SCOPED_TRACE(causal ? "causal, bucket_size " + std::to_string(s) : std::string("non-causal"));
-    const int64_t small =
-        testing::attention_peak_bytes(op(Tensor(), causal, causal ? s : 64), 2048, 16);
-    const int64_t large =
-        testing::attention_peak_bytes(op(Tensor(), causal, causal ? s : 64), 8192, 16);
-    std::cout << "[ efficient" << (causal ? " causal s=" + std::to_string(s) : std::string())
-              << " ] peak bytes N=2048: " << small << ", N=8192: " << large << "\n";
-    EXPECT_GT(small, 0);
-    EXPECT_LE(static_cast<double>(large) / static_cast<double>(small), 4.6);
-    EXPECT_LT(large, int64_t{8192} * 8192 * 4 / 16);
+    testing::expect_memory_linear_in_n(
+        op(Tensor(), causal, causal ? s : 64),
+        "efficient" + (causal ? " causal s=" + std::to_string(s) : std::string()));
   }
 }
 
 // Non-causal padding keys drop out: the masked op equals the op on the real keys alone.
 TEST(AttentionEfficient, MaskedKeysEqualDroppedKeys) {
-  const Tensor q = uniform({1, 2, 9, 4}, 10), k = uniform({1, 2, 12, 4}, 11),
-               v = uniform({1, 2, 12, 5}, 12);
-  NoGradGuard no_grad;
-  const Tensor masked = ops::attention::efficient(q, k, v, padding_mask(1, 12, {4}));
-  const Tensor dropped =
-      ops::attention::efficient(q, ops::narrow(k, 2, 0, 8), ops::narrow(v, 2, 0, 8));
-  testing::expect_close(masked, dropped, 1e-14);
+  testing::expect_masked_keys_equal_dropped(
+      [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+        return ops::attention::efficient(q, k, v, mask);
+      });
 }
 
 // Every key of batch 1 padded: each feature column of k' has no real key and
@@ -181,15 +155,11 @@ TEST(AttentionEfficient, FullyMaskedColumnsContributeZero) {
     const AttentionGrads r =
         forward_backward(op(padding_mask(2, 6, {0, 6}), causal, 1), q, k, v, DType::f64);
     const AttentionGrads open = forward_backward(op(Tensor(), causal, 1), q, k, v, DType::f64);
+    ASSERT_NO_FATAL_FAILURE(testing::expect_masked_batch_zero(r));
     const auto o = r.o.to_vector<double>(), o_open = open.o.to_vector<double>();
-    for (size_t i = 0; i < o.size(); ++i) ASSERT_TRUE(std::isfinite(o[i]));
     for (size_t i = 0; i < o.size() / 2; ++i) EXPECT_EQ(o[i], o_open[i]);
-    for (size_t i = o.size() / 2; i < o.size(); ++i) EXPECT_EQ(o[i], 0.0);
-    for (const Tensor* g : {&r.dq, &r.dk, &r.dv}) {
-      const auto x = g->to_vector<double>();
-      for (size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(std::isfinite(x[i]));
-      for (size_t i = x.size() / 2; i < x.size(); ++i) EXPECT_EQ(x[i], 0.0);
-    }
+    for (const Tensor* g : {&r.dq, &r.dk, &r.dv})
+      for (double x : g->to_vector<double>()) ASSERT_TRUE(std::isfinite(x));
   }
 }
 

@@ -111,6 +111,18 @@ Tensor naive_favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   return ops::div(ops::matmul(A, v), den);
 }
 
+// favor(q, k, v) and the naive composite with W, the mask and the options fixed.
+testing::QkvFn favor_fn(const Tensor& W, const Tensor& mask, const FavorOptions& opt) {
+  return [W, mask, opt](const Tensor& q, const Tensor& k, const Tensor& v) {
+    return ops::attention::favor(q, k, v, W, mask, opt);
+  };
+}
+testing::QkvFn naive_fn(const Tensor& W, const Tensor& mask, const FavorOptions& opt) {
+  return [W, mask, opt](const Tensor& q, const Tensor& k, const Tensor& v) {
+    return naive_favor(q, k, v, W, mask, opt);
+  };
+}
+
 struct Setting {
   const char* name;
   FavorOptions opt;
@@ -188,20 +200,12 @@ TEST(AttentionFavorReference, MatchesNaiveCompositeF64) {
     const Tensor mask = s.mask ? testing::padding_mask(B, s.M, {3, 0}) : Tensor();
     if (s.mask) mask.data<bool>()[s.M + 70] = false;  // a padded key inside the sequence
     const Tensor Wk = s.opt.kernel == FavorKernel::no_projection ? Tensor() : W;
-    const Tensor weights = uniform({B, H, N, dv}, 9, DType::f64, -1, 1, false);
-    Tensor q = uniform({B, H, N, d}, 1), k = growing_keys({B, H, s.M, d}, 2, DType::f64),
-           v = uniform({B, H, s.M, dv}, 3);
-    Tensor q2 = q.detach().clone().set_requires_grad(true),
-           k2 = k.detach().clone().set_requires_grad(true),
-           v2 = v.detach().clone().set_requires_grad(true);
-    const Tensor o = ops::attention::favor(q, k, v, Wk, mask, s.opt);
-    const Tensor ref = naive_favor(q2, k2, v2, Wk, mask, s.opt);
-    testing::expect_close(o, ref, 1e-10);
-    autograd::backward(ops::sum(ops::mul(o, weights)));
-    autograd::backward(ops::sum(ops::mul(ref, weights)));
-    testing::expect_close(q.grad(), q2.grad(), 1e-10);
-    testing::expect_close(k.grad(), k2.grad(), 1e-10);
-    testing::expect_close(v.grad(), v2.grad(), 1e-10);
+    const Tensor q = uniform({B, H, N, d}, 1), k = growing_keys({B, H, s.M, d}, 2, DType::f64),
+                 v = uniform({B, H, s.M, dv}, 3);
+    testing::expect_same_grads(
+        testing::forward_backward(favor_fn(Wk, mask, s.opt), q, k, v, DType::f64, /*w_seed=*/9),
+        testing::forward_backward(naive_fn(Wk, mask, s.opt), q, k, v, DType::f64, /*w_seed=*/9),
+        1e-10);
   }
 }
 
@@ -217,20 +221,12 @@ TEST(AttentionFavorReference, BlocksOfPaddedKeysMatchNaiveCompositeF64) {
   for (FavorKernel kernel : {FavorKernel::softmax, FavorKernel::relu}) {
     SCOPED_TRACE(kernel == FavorKernel::softmax ? "softmax" : "relu");
     const FavorOptions opt{kernel, false, FavorStabilizer::prefix};
-    const Tensor weights = uniform({B, H, N, dv}, 19, DType::f64, -1, 1, false);
-    Tensor q = uniform({B, H, N, d}, 11), k = growing_keys({B, H, M, d}, 12, DType::f64),
-           v = uniform({B, H, M, dv}, 13);
-    Tensor q2 = q.detach().clone().set_requires_grad(true),
-           k2 = k.detach().clone().set_requires_grad(true),
-           v2 = v.detach().clone().set_requires_grad(true);
-    const Tensor o = ops::attention::favor(q, k, v, W, mask, opt);
-    const Tensor ref = naive_favor(q2, k2, v2, W, mask, opt);
-    testing::expect_close(o, ref, 1e-10);
-    autograd::backward(ops::sum(ops::mul(o, weights)));
-    autograd::backward(ops::sum(ops::mul(ref, weights)));
-    testing::expect_close(q.grad(), q2.grad(), 1e-10);
-    testing::expect_close(k.grad(), k2.grad(), 1e-10);
-    testing::expect_close(v.grad(), v2.grad(), 1e-10);
+    const Tensor q = uniform({B, H, N, d}, 11), k = growing_keys({B, H, M, d}, 12, DType::f64),
+                 v = uniform({B, H, M, dv}, 13);
+    testing::expect_same_grads(
+        testing::forward_backward(favor_fn(W, mask, opt), q, k, v, DType::f64, /*w_seed=*/19),
+        testing::forward_backward(naive_fn(W, mask, opt), q, k, v, DType::f64, /*w_seed=*/19),
+        1e-10);
   }
 }
 
@@ -272,11 +268,7 @@ TEST(AttentionFavorCausal, NoLeakWithPrefixStabilizerAndOtherKernels) {
   for (FavorKernel kernel : {FavorKernel::softmax, FavorKernel::relu, FavorKernel::no_projection}) {
     const Tensor Wk = kernel == FavorKernel::no_projection ? Tensor() : W;
     const FavorOptions opt{kernel, true, FavorStabilizer::prefix};
-    testing::expect_no_causal_leak(
-        [&](const Tensor& a, const Tensor& b, const Tensor& c) {
-          return ops::attention::favor(a, b, c, Wk, Tensor(), opt);
-        },
-        q, k, v);
+    testing::expect_no_causal_leak(favor_fn(Wk, Tensor(), opt), q, k, v);
   }
 }
 
@@ -334,10 +326,8 @@ TEST(AttentionFavorMemory, LinearInSequenceLength) {
   const Tensor W = ops::attention::gaussian_orthogonal_random_matrix(m, d, 0, DType::f32, &gw);
   for (const bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "non-causal");
-    auto fn = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
-      return ops::attention::favor(q, k, v, W, Tensor(),
-                                   {FavorKernel::softmax, causal, FavorStabilizer::prefix});
-    };
+    const testing::QkvFn fn =
+        favor_fn(W, Tensor(), {FavorKernel::softmax, causal, FavorStabilizer::prefix});
     const int64_t p2 = testing::attention_peak_bytes(fn, 2048, d),
                   p8 = testing::attention_peak_bytes(fn, 8192, d);
     std::printf("favor %s peak bytes: N=2048 %lld, N=8192 %lld\n", causal ? "causal" : "non-causal",

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <functional>
-#include <iostream>
 #include <string>
 
 #include "ops/attention/attention.h"
@@ -14,9 +13,7 @@
 namespace forge {
 namespace {
 
-using testing::AttentionGrads;
 using testing::error_of;
-using testing::expect_same_grads;
 using testing::forward_backward;
 using testing::padding_mask;
 using testing::QkvFn;
@@ -70,69 +67,45 @@ struct RefCase {
   int64_t N, M;
   bool masked, causal;
 };
-const RefCase kRefCases[] = {{"plain", 48, 48, false, false},
-                             {"mask", 48, 48, true, false},
-                             {"cross+mask", 40, 56, true, false},
-                             {"blocks+mask", 600, 530, true, false},
-                             {"causal", 150, 150, false, true},
-                             {"causal+mask", 150, 150, true, true}};
+const RefCase kRefCases[] = {
+    {"plain", 48, 48, false, false},     {"mask", 48, 48, true, false},
+    {"cross+mask", 40, 56, true, false}, {"blocks+mask", 600, 530, true, false},
+    {"causal", 150, 150, false, true},   {"causal+mask", 150, 150, true, true}};
 
 TEST(AttentionLinear, MatchesNaiveCompositeF64) {
   for (const RefCase& c : kRefCases) {
     SCOPED_TRACE(c.name);
-    const Tensor q = uniform({2, 2, c.N, 8}, 1), k = uniform({2, 2, c.M, 8}, 2),
-                 v = uniform({2, 2, c.M, 12}, 3);
     const Tensor mask = c.masked ? padding_mask(2, c.M, {3, 17}) : Tensor();
-    expect_same_grads(forward_backward(op(mask, c.causal), q, k, v, DType::f64),
-                      forward_backward(naive(mask, c.causal), q, k, v, DType::f64), 1e-10);
+    testing::expect_matches_reference_f64(op(mask, c.causal), naive(mask, c.causal), c.N, c.M);
   }
 }
 
 TEST(AttentionLinear, F32MatchesF64) {
   for (const RefCase& c : kRefCases) {
     SCOPED_TRACE(c.name);
-    const Tensor q = uniform({2, 2, c.N, 8}, 4), k = uniform({2, 2, c.M, 8}, 5),
-                 v = uniform({2, 2, c.M, 12}, 6);
     const Tensor mask = c.masked ? padding_mask(2, c.M, {3, 17}) : Tensor();
-    const AttentionGrads lo = forward_backward(op(mask, c.causal), q, k, v, DType::f32);
-    EXPECT_EQ(lo.o.dtype(), DType::f32);
-    EXPECT_EQ(lo.dq.dtype(), DType::f32);
-    expect_same_grads(lo, forward_backward(op(mask, c.causal), q, k, v, DType::f64), 1e-4);
+    testing::expect_f32_matches_f64(op(mask, c.causal), c.N, c.M);
   }
 }
 
 TEST(AttentionLinear, CausalDoesNotLeak) {
-  const Tensor q = uniform({2, 2, 150, 8}, 7, DType::f64, -1, 1, false),
-               k = uniform({2, 2, 150, 8}, 8, DType::f64, -1, 1, false),
-               v = uniform({2, 2, 150, 6}, 9, DType::f64, -1, 1, false);
-  testing::expect_no_causal_leak(op(Tensor(), true), q, k, v);
-  testing::expect_no_causal_leak(op(padding_mask(2, 150, {0, 5}), true), q, k, v);
-  testing::expect_no_causal_leak(op(Tensor(), true), q.to(DType::f32), k.to(DType::f32),
-                                 v.to(DType::f32));
+  testing::expect_no_causal_leak_masked_and_f32([](const Tensor& mask) { return op(mask, true); },
+                                                150);
 }
 
 TEST(AttentionLinear, MemoryGrowsLinearly) {
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "non-causal");
-    const int64_t small = testing::attention_peak_bytes(op(Tensor(), causal), 2048, 16);
-    const int64_t large = testing::attention_peak_bytes(op(Tensor(), causal), 8192, 16);
-    std::cout << "[ linear" << (causal ? " causal" : "") << " ] peak bytes N=2048: " << small
-              << ", N=8192: " << large << "\n";
-    EXPECT_GT(small, 0);
-    EXPECT_LE(static_cast<double>(large) / static_cast<double>(small), 4.6);
-    EXPECT_LT(large, int64_t{8192} * 8192 * 4 / 16);
+    testing::expect_memory_linear_in_n(op(Tensor(), causal), causal ? "linear causal" : "linear");
   }
 }
 
 // Padding keys drop out: the masked op equals the op on the real keys alone.
 TEST(AttentionLinear, MaskedKeysEqualDroppedKeys) {
-  const Tensor q = uniform({1, 2, 9, 4}, 10), k = uniform({1, 2, 12, 4}, 11),
-               v = uniform({1, 2, 12, 5}, 12);
-  NoGradGuard no_grad;
-  const Tensor masked = ops::attention::linear(q, k, v, padding_mask(1, 12, {4}));
-  const Tensor dropped =
-      ops::attention::linear(q, ops::narrow(k, 2, 0, 8), ops::narrow(v, 2, 0, 8));
-  testing::expect_close(masked, dropped, 1e-14);
+  testing::expect_masked_keys_equal_dropped(
+      [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+        return ops::attention::linear(q, k, v, mask);
+      });
 }
 
 // A batch with every key padded gives 0 (num = 0, den = eps), not NaN, and zero gradients.
@@ -141,15 +114,8 @@ TEST(AttentionLinear, FullyMaskedBatchIsZero) {
     SCOPED_TRACE(causal ? "causal" : "non-causal");
     const Tensor q = uniform({2, 2, 6, 3}, 13), k = uniform({2, 2, 6, 3}, 14),
                  v = uniform({2, 2, 6, 4}, 15);
-    const AttentionGrads r =
-        forward_backward(op(padding_mask(2, 6, {0, 6}), causal), q, k, v, DType::f64);
-    const auto o = r.o.to_vector<double>(), dq = r.dq.to_vector<double>(),
-               dk = r.dk.to_vector<double>(), dv = r.dv.to_vector<double>();
-    for (size_t i = 0; i < o.size(); ++i) ASSERT_TRUE(std::isfinite(o[i]));
-    for (size_t i = o.size() / 2; i < o.size(); ++i) EXPECT_EQ(o[i], 0.0);
-    for (size_t i = dq.size() / 2; i < dq.size(); ++i) EXPECT_EQ(dq[i], 0.0);
-    for (size_t i = dk.size() / 2; i < dk.size(); ++i) EXPECT_EQ(dk[i], 0.0);
-    for (size_t i = dv.size() / 2; i < dv.size(); ++i) EXPECT_EQ(dv[i], 0.0);
+    ASSERT_NO_FATAL_FAILURE(testing::expect_masked_batch_zero(
+        forward_backward(op(padding_mask(2, 6, {0, 6}), causal), q, k, v, DType::f64)));
   }
 }
 

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -97,6 +96,15 @@ std::vector<Tensor> outputs_and_grads(const std::function<Tensor(const Inputs&)>
   return out;
 }
 
+// expect_close on each output/gradient got[i] and want[i], naming i.
+void expect_each_close(const std::vector<Tensor>& got, const std::vector<Tensor>& want,
+                       double tol) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE("output/gradient " + std::to_string(i));
+    testing::expect_close(got[i], want[i], tol);
+  }
+}
+
 struct Config {
   const char* name;
   int64_t N, M, Mmax, kdim;
@@ -121,10 +129,7 @@ TEST(AttentionLinformer, MatchesNaiveReference) {
         [&](const Inputs& in) { return naive_linformer(in, mask, c.dropout, rng); }, DType::f64,
         c.N, c.M, c.Mmax, c.kdim, c.bias);
     ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      SCOPED_TRACE("output/gradient " + std::to_string(i));
-      testing::expect_close(got[i], want[i], 1e-10);
-    }
+    expect_each_close(got, want, 1e-10);
   }
 }
 
@@ -143,10 +148,7 @@ TEST(AttentionLinformer, TileRunsAcrossThreadsMatchNaiveReference) {
       outputs_and_grads([&](const Inputs& in) { return naive_linformer(in, mask, 0.3, rng); },
                         DType::f64, 300, 290, 320, 24, true);
   ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    SCOPED_TRACE("output/gradient " + std::to_string(i));
-    testing::expect_close(got[i], want[i], 1e-10);
-  }
+  expect_each_close(got, want, 1e-10);
 }
 
 TEST(AttentionLinformer, Float32MatchesFloat64) {
@@ -155,10 +157,7 @@ TEST(AttentionLinformer, Float32MatchesFloat64) {
   auto fn = [&](const Inputs& in) { return run_op(in, mask, 0.1, rng); };
   const auto f32 = outputs_and_grads(fn, DType::f32, 200, 150, 160, 32, true);
   const auto f64 = outputs_and_grads(fn, DType::f64, 200, 150, 160, 32, true);
-  for (size_t i = 0; i < f32.size(); ++i) {
-    SCOPED_TRACE("output/gradient " + std::to_string(i));
-    testing::expect_close(f32[i], f64[i], 5e-5);
-  }
+  expect_each_close(f32, f64, 5e-5);
 }
 
 TEST(AttentionLinformer, ShortInputUsesTheFirstColumns) {
@@ -239,14 +238,9 @@ TEST(AttentionLinformer, MemoryGrowsLinearly) {
         },
         N, 16);
   };
-  const int64_t p2k = peak(2048), p8k = peak(8192);
-  RecordProperty("peak_bytes_2048", std::to_string(p2k));
-  RecordProperty("peak_bytes_8192", std::to_string(p8k));
-  std::printf("linformer peak bytes: N=2048 %lld, N=8192 %lld\n", static_cast<long long>(p2k),
-              static_cast<long long>(p8k));
-  EXPECT_GT(p2k, 0);
-  EXPECT_LE(static_cast<double>(p8k) / static_cast<double>(p2k), 4.6);
-  EXPECT_LT(p8k, int64_t{8192} * 8192 * 4 / 16);
+  const testing::PeakBytes p = testing::expect_peaks_linear_in_n(peak, "linformer");
+  RecordProperty("peak_bytes_2048", std::to_string(p.n2048));
+  RecordProperty("peak_bytes_8192", std::to_string(p.n8192));
 }
 
 }  // namespace

@@ -78,6 +78,17 @@ std::vector<Tensor> run_with_grads(const QkvFn& fn, const Tensor& q, const Tenso
   return {o.detach(), q2.grad(), k2.grad(), v2.grad()};
 }
 
+// q, k [2, 2, N, d] and v [2, 2, N, dv] (seeds seed, seed + 1, seed + 2,
+// requiring grad) and the output weight G [2, 2, N, dv] (seed + 3).
+struct Inputs {
+  Tensor q, k, v, G;
+};
+Inputs inputs(int64_t N, int64_t d, int64_t dv, uint64_t seed) {
+  return {testing::uniform({2, 2, N, d}, seed), testing::uniform({2, 2, N, d}, seed + 1),
+          testing::uniform({2, 2, N, dv}, seed + 2),
+          testing::uniform({2, 2, N, dv}, seed + 3, DType::f64, -1, 1, false)};
+}
+
 struct RefCase {
   const char* name;
   int64_t N, window, look_backward, look_forward;
@@ -125,10 +136,7 @@ QkvFn local_fn(const LocalOptions& o, const Tensor& kpm, uint64_t seed) {
 TEST(AttentionLocal, MatchesNaiveReferenceF64) {
   for (const RefCase& c : kRefCases) {
     SCOPED_TRACE(c.name);
-    const int64_t B = 2, H = 2, d = 8, dv = 12;
-    Tensor q = testing::uniform({B, H, c.N, d}, 1), k = testing::uniform({B, H, c.N, d}, 2),
-           v = testing::uniform({B, H, c.N, dv}, 3),
-           G = testing::uniform({B, H, c.N, dv}, 4, DType::f64, -1, 1, false);
+    const auto [q, k, v, G] = inputs(c.N, 8, 12, 1);
     const Tensor kpm = c.mask ? ref_mask(c.N) : Tensor();
     const LocalOptions o = options_of(c);
     const auto got = run_with_grads(local_fn(o, kpm, 9), q, k, v, G);
@@ -147,10 +155,7 @@ TEST(AttentionLocal, MatchesNaiveReferenceF64) {
 TEST(AttentionLocal, F32MatchesF64) {
   for (const RefCase& c : kRefCases) {
     SCOPED_TRACE(c.name);
-    const int64_t B = 2, H = 2, d = 8, dv = 12;
-    Tensor q = testing::uniform({B, H, c.N, d}, 5), k = testing::uniform({B, H, c.N, d}, 6),
-           v = testing::uniform({B, H, c.N, dv}, 7),
-           G = testing::uniform({B, H, c.N, dv}, 8, DType::f64, -1, 1, false);
+    const auto [q, k, v, G] = inputs(c.N, 8, 12, 5);
     const Tensor kpm = c.mask ? ref_mask(c.N) : Tensor();
     const QkvFn fn = local_fn(options_of(c), kpm, 3);
     const auto f64 = run_with_grads(fn, q, k, v, G);
@@ -176,10 +181,7 @@ TEST(AttentionLocal, Bf16AutocastOnTheCpuMultipliesInBf16) {
   };
   for (const RefCase& c : cases) {
     SCOPED_TRACE(c.name);
-    const int64_t B = 2, H = 2, d = 16, dv = 16;
-    const Tensor q = testing::uniform({B, H, c.N, d}, 11), k = testing::uniform({B, H, c.N, d}, 12),
-                 v = testing::uniform({B, H, c.N, dv}, 13),
-                 G = testing::uniform({B, H, c.N, dv}, 14, DType::f64, -1, 1, false);
+    const auto [q, k, v, G] = inputs(c.N, 16, 16, 11);
     const Tensor kpm = ref_mask(c.N);
     const QkvFn fn = local_fn(options_of(c), kpm, 5);
     const QkvFn autocast = [&](const Tensor& a, const Tensor& b, const Tensor& e) {
@@ -207,9 +209,7 @@ TEST(AttentionLocal, Bf16AutocastOnTheCpuMultipliesInBf16) {
 
 TEST(AttentionLocal, PaddedQueryRowsAreZeroWithZeroGradient) {
   const int64_t N = 20;
-  Tensor q = testing::uniform({2, 2, N, 4}, 1), k = testing::uniform({2, 2, N, 4}, 2),
-         v = testing::uniform({2, 2, N, 4}, 3),
-         G = testing::uniform({2, 2, N, 4}, 4, DType::f64, -1, 1, false);
+  const auto [q, k, v, G] = inputs(N, 4, 4, 1);
   const Tensor kpm = testing::padding_mask(2, N, {3, 0});
   LocalOptions o;
   o.window = 6;  // N = 20 is padded to 24 inside the op
@@ -259,13 +259,9 @@ TEST(AttentionLocal, PeakMemoryGrowsLinearly) {
   const QkvFn fn = [o](const Tensor& q, const Tensor& k, const Tensor& v) {
     return ops::attention::local(q, k, v, Tensor(), o);
   };
-  const int64_t p2k = testing::attention_peak_bytes(fn, 2048, 16);
-  const int64_t p8k = testing::attention_peak_bytes(fn, 8192, 16);
-  RecordProperty("peak_2048", std::to_string(p2k));
-  RecordProperty("peak_8192", std::to_string(p8k));
-  EXPECT_GT(p2k, 0);
-  EXPECT_LE(static_cast<double>(p8k) / static_cast<double>(p2k), 4.6) << p2k << " -> " << p8k;
-  EXPECT_LT(p8k, int64_t{8192} * 8192 * 4 / 16) << "peak " << p8k << " bytes at N = 8192";
+  const testing::PeakBytes p = testing::expect_memory_linear_in_n(fn, "local");
+  RecordProperty("peak_2048", std::to_string(p.n2048));
+  RecordProperty("peak_8192", std::to_string(p.n8192));
 }
 
 TEST(AttentionLocal, DropoutAdvancesTheStreamAndReplays) {

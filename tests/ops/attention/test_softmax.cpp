@@ -277,13 +277,7 @@ TEST(AttentionSoftmax, MemoryIsLinearInN) {
       options.causal = causal;
       return att::softmax(q, k, v, Tensor(), options);
     };
-    const int64_t p2048 = testing::attention_peak_bytes(fn, 2048, 16);
-    const int64_t p8192 = testing::attention_peak_bytes(fn, 8192, 16);
-    std::printf("softmax%s peak bytes: N=2048 %lld, N=8192 %lld\n", causal ? " causal" : "",
-                static_cast<long long>(p2048), static_cast<long long>(p8192));
-    EXPECT_GT(p2048, 0);
-    EXPECT_LE(static_cast<double>(p8192) / static_cast<double>(p2048), 4.6);
-    EXPECT_LT(p8192, int64_t{8192} * 8192 * 4 / 32);
+    testing::expect_memory_linear_in_n(fn, causal ? "softmax causal" : "softmax", 32);
   }
 }
 
