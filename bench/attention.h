@@ -1,5 +1,6 @@
 // The attention benchmark as a function, so that both its own program
-// (bench_attention) and `attnforge bench attention` run it.
+// (bench_attention) and the test that times every case of the list
+// (tests/ops/attention/test_cases.cpp) run it.
 #pragma once
 
 // argv[0] is the program name; see bench/attention.cpp for the options.

@@ -6,11 +6,12 @@
 // (FORGE_SOURCE_DIR), code only: comments and file names aside.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/test_util.h"
@@ -95,31 +96,64 @@ struct Findings {
   std::vector<std::string> errors;
 };
 
+// The string literals of `code` (comments already blanked): each one's text
+// and where its opening quote stands. Escapes are kept as written.
+std::vector<std::pair<std::string, size_t>> string_literals(const std::string& code) {
+  std::vector<std::pair<std::string, size_t>> out;
+  for (size_t i = 0; i < code.size(); ++i) {
+    if (code[i] == '\'') {  // a character literal: '"' is not a string
+      for (++i; i < code.size() && code[i] != '\''; ++i)
+        if (code[i] == '\\') ++i;
+      continue;
+    }
+    if (code[i] != '"') continue;
+    const size_t open = i;
+    for (++i; i < code.size() && code[i] != '"'; ++i)
+      if (code[i] == '\\') ++i;
+    out.emplace_back(code.substr(open + 1, i - open - 1), open);
+  }
+  return out;
+}
+
+// "model.attention.kind": a lower-case name, then one or more ".name" parts.
+bool looks_like_key(const std::string& s) {
+  const size_t dot = s.find('.');
+  if (dot == std::string::npos || dot == 0 || s.back() == '.') return false;
+  if (s.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != dot) return false;
+  return s.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_.") == std::string::npos &&
+         s.find("..") == std::string::npos;
+}
+
 // Checks one file's code (what = its name in errors).
 void check_code(const std::string& what, const std::string& text, Findings& f) {
   const Schema& s = schema();
   const std::string code = code_only(text);
-  static const std::regex literal(R"re("([a-z_]+(\.[a-z0-9_]+)+)")re");
   static const std::set<std::string> file_suffixes = {
       "safetensors", "py", "json", "yaml", "svg", "csv", "txt", "log", "tsv", "gz", "md", "jsonl"};
-  for (std::sregex_iterator it(code.begin(), code.end(), literal), end; it != end; ++it) {
-    const std::string name = (*it)[1];
-    if (!s.sections.count(name.substr(0, name.find('.')))) continue;
+  static const std::vector<std::string> getters = {
+      "integer", "number", "boolean", "string", "int_list", "number_list", "string_list"};
+  for (const auto& [name, at] : string_literals(code)) {
+    if (!looks_like_key(name) || !s.sections.count(name.substr(0, name.find('.')))) continue;
     if (file_suffixes.count(name.substr(name.rfind('.') + 1))) continue;  // "model.safetensors"
     ++f.keys_named;
-    if (!s.keys.count(name) && !s.groups.count(name))
+    if (!s.keys.count(name) && !s.groups.count(name)) {
       f.errors.push_back(what + ": \"" + name + "\" is no recipe key");
-  }
-  static const std::regex typed(
-      R"re(\.(integer|number|boolean|string|int_list|number_list|string_list)\(\s*"([^"]+)")re");
-  for (std::sregex_iterator it(code.begin(), code.end(), typed), end; it != end; ++it) {
-    const std::string getter = (*it)[1], name = (*it)[2];
-    const auto key = s.keys.find(name);
-    if (key == s.keys.end()) continue;  // named above, or not a recipe read
-    ++f.typed_reads;
-    if (!getter_reads(getter, key->second))
-      f.errors.push_back(what + ": " + getter + "(\"" + name + "\") reads a key of type " +
-                         key_type_name(key->second));
+      continue;
+    }
+    // A typed read: ".getter(" then white space before the literal.
+    size_t p = at;
+    while (p > 0 && std::isspace(static_cast<unsigned char>(code[p - 1]))) --p;
+    if (p == 0 || code[p - 1] != '(') continue;
+    for (const std::string& g : getters) {
+      const std::string call = "." + g + "(";
+      if (p < call.size() || code.compare(p - call.size(), call.size(), call) != 0) continue;
+      const auto key = s.keys.find(name);
+      if (key == s.keys.end()) break;  // a group: not a read
+      ++f.typed_reads;
+      if (!getter_reads(g, key->second))
+        f.errors.push_back(what + ": " + g + "(\"" + name + "\") reads a key of type " +
+                           key_type_name(key->second));
+    }
   }
 }
 
@@ -157,8 +191,8 @@ TEST(RecipeKeys, TheCheckCatchesAMisspeltKeyAndAWrongGetter) {
              f);
   ASSERT_EQ(f.errors.size(), 3u);
   EXPECT_EQ(f.errors[0], "x.cpp: \"model.dimm\" is no recipe key");
-  EXPECT_EQ(f.errors[1], "x.cpp: \"model.mlp_dimm\" is no recipe key");
-  EXPECT_EQ(f.errors[2], "x.cpp: number(\"model.dim\") reads a key of type integer");
+  EXPECT_EQ(f.errors[1], "x.cpp: number(\"model.dim\") reads a key of type integer");
+  EXPECT_EQ(f.errors[2], "x.cpp: \"model.mlp_dimm\" is no recipe key");
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -112,13 +111,27 @@ TEST(AttentionFiles, TheMapNamesEveryFileAndEveryMechanism) {
   std::string line;
   std::getline(lines, line);  // the header
   std::getline(lines, line);  // |---|
-  static const std::regex file(R"(`([a-z_0-9]+\.(cpp|h|cu|cuh))`)");
+  // A backticked file name of those folders: `name.cpp`, `.h`, `.cu` or `.cuh`.
+  const auto file_names = [](const std::string& row) {
+    std::vector<std::string> names;
+    for (size_t open = row.find('`'); open != std::string::npos; open = row.find('`', open + 1)) {
+      const size_t close = row.find('`', open + 1);
+      if (close == std::string::npos) break;
+      const std::string name = row.substr(open + 1, close - open - 1);
+      open = close;
+      const size_t dot = name.rfind('.');
+      const std::string ext = dot == std::string::npos ? "" : name.substr(dot);
+      if (ext != ".cpp" && ext != ".h" && ext != ".cu" && ext != ".cuh") continue;
+      if (name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != dot) continue;
+      names.push_back(name);
+    }
+    return names;
+  };
   while (std::getline(lines, line) && line.rfind("| ", 0) == 0) {
     const std::string mechanism = line.substr(2, line.find(" |", 2) - 2);
     rows.insert(mechanism);
     std::set<std::string> in_row;
-    for (std::sregex_iterator it(line.begin(), line.end(), file), end; it != end; ++it) {
-      const std::string name = (*it)[1];
+    for (const std::string& name : file_names(line)) {
       bool exists = false;
       for (const fs::path& f : folders) exists = exists || fs::exists(f / name);
       EXPECT_TRUE(exists) << mechanism << "'s row names " << name << ", which is not in "
