@@ -8,11 +8,7 @@
 // Python (double, no FMA): no contraction of a * b + c into one fused
 // multiply-add here, nor in the headers' inline code (Rng::uniform(lo, hi)),
 // which is why this comes before the includes.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "data/fp_contract_off.h"  // before any other include
 
 #include "data/augment.h"
 

@@ -7,11 +7,7 @@
 
 // Each float operation must round as it does in PIL's build (baseline x86-64,
 // no FMA): no contraction of a * b + c into one fused multiply-add here.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "data/fp_contract_off.h"  // before any other include
 
 #include "data/augment.h"
 

@@ -6,11 +6,7 @@
 
 // The reference level arithmetic below must round as the library's does (no
 // fused multiply-adds; see data/augment.cpp).
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "data/fp_contract_off.h"  // before any other include
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
