@@ -87,7 +87,7 @@ nn::StackConfig make_config(const Options& o, const std::string& kind, Mode mode
   a.seq_len = o.n;  // linformer: E/F project from N positions
   a.k = o.k;
   c.block.ff.mult = o.ff_mult;
-  c.sharing = nn::sharing_from_name(o.sharing);
+  c.sharing = enum_from_name(nn::kSharingNames, o.sharing);
   c.checkpoint = mode == Mode::C1   ? nn::CheckpointLevel::C1
                  : mode == Mode::C2 ? nn::CheckpointLevel::C2
                                     : nn::CheckpointLevel::C0;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/names.h"
 
 namespace forge {
 
@@ -29,26 +30,12 @@ size_t dtype_size(DType t) {
   FORGE_FAIL("unknown dtype code {}", static_cast<int>(t));
 }
 
+// The names in the enum's order (core/names.h).
+constexpr NameTable<DType, 8> kDTypeNames{
+    "dtype", {"f32", "f64", "i32", "i64", "u8", "bool", "bf16", "f16"}};
+
 const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "f32";
-    case DType::f64:
-      return "f64";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-    case DType::u8:
-      return "u8";
-    case DType::boolean:
-      return "bool";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
-  }
-  return "unknown";
+  return name_of(kDTypeNames, t);
 }
 
 bool is_floating(DType t) {

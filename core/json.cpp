@@ -6,25 +6,15 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/names.h"
 
 namespace forge::json {
 
+constexpr NameTable<Type, 6> kTypeNames{"JSON type",
+                                        {"null", "boolean", "number", "string", "array", "object"}};
+
 const char* type_name(Type t) {
-  switch (t) {
-    case Type::null:
-      return "null";
-    case Type::boolean:
-      return "boolean";
-    case Type::number:
-      return "number";
-    case Type::string:
-      return "string";
-    case Type::array:
-      return "array";
-    case Type::object:
-      return "object";
-  }
-  return "unknown";
+  return name_of(kTypeNames, t);
 }
 
 // ---- Value ----

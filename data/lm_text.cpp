@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/names.h"
 #include "data/file_bytes.h"
 
 namespace forge::data {
@@ -52,17 +53,9 @@ int64_t end_of(int64_t offset, double fraction, bool fractions, int64_t total) {
 
 }  // namespace
 
-const char* lm_split_name(LmSplit split) {
-  switch (split) {
-    case LmSplit::train:
-      return "train";
-    case LmSplit::valid:
-      return "valid";
-    case LmSplit::test:
-      return "test";
-  }
-  return "?";
-}
+constexpr NameTable<LmSplit, 3> kLmSplitNames{"split", {"train", "valid", "test"}};
+
+const char* lm_split_name(LmSplit split) { return name_of(kLmSplitNames, split); }
 
 LmRange lm_split_range(const LmSplitPoints& p, LmSplit split, int64_t total) {
   const int set =

@@ -103,7 +103,7 @@ struct LoaderOptions {
   // of each of its images (bar the edges). Copy c > 0 of dataset index i in
   // epoch e is built with Rng(Rng::mix({seed, e, i, 1, c})). 1: off.
   int64_t repeats = 1;
-  BatchTransform transform;  // optional; applied only when `augment`
+  BatchTransform transform{};  // optional; applied only when `augment`
   // Data parallelism: this process's slice of every batch. batch_size stays the
   // global batch (a multiple of shard_count); batches_per_epoch() and positions
   // count global batches, so a checkpoint resumes with another process count.

@@ -45,10 +45,6 @@ inline Mechanism mechanism_from_name(const std::string& name) {
 enum class LinformerSharing { none, headwise, kv, layerwise };
 inline constexpr NameTable<LinformerSharing, 4> kSharingNames{
     "linformer sharing", {"none", "headwise", "kv", "layerwise"}};
-inline const char* sharing_name(LinformerSharing s) { return name_of(kSharingNames, s); }
-inline LinformerSharing sharing_from_name(const std::string& name) {
-  return enum_from_name(kSharingNames, name);
-}
 
 // Where a layer's n_local_heads local heads sit among its H heads: first
 // (linear-attention-transformer's split_at_index) or last (performer-pytorch's
@@ -56,10 +52,6 @@ inline LinformerSharing sharing_from_name(const std::string& name) {
 enum class LocalHeadsAt { first, last };
 inline constexpr NameTable<LocalHeadsAt, 2> kLocalHeadsAtNames{"local heads position",
                                                                {"first", "last"}};
-inline const char* local_heads_at_name(LocalHeadsAt p) { return name_of(kLocalHeadsAtNames, p); }
-inline LocalHeadsAt local_heads_at_from_name(const std::string& name) {
-  return enum_from_name(kLocalHeadsAtNames, name);
-}
 
 // The per-head width d: head_dim, or dim / heads when head_dim is 0, which
 // heads must then divide. The one place that rule is written and checked: the

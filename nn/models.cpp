@@ -111,10 +111,10 @@ Positions make_positions(PositionalKind kind, int64_t n, int64_t dim, const Stac
         FORGE_CHECK(stack.layer_attention[i].resolved_head_dim() == d,
                     "{}.positional = {} needs one head dim in every layer: "
                     "stack.block.attention has {}, stack.layer_attention[{}] has {}",
-                    where, positional_name(kind), d, i,
+                    where, name_of(kPositionalNames, kind), d, i,
                     stack.layer_attention[i].resolved_head_dim());
       FORGE_CHECK(d % 2 == 0, "{}.positional = {} needs an even head dim, got {}", where,
-                  positional_name(kind), d);
+                  name_of(kPositionalNames, kind), d);
       p.rotary = std::make_shared<RotaryEmbedding>(n, d, dtype);
       if (kind == PositionalKind::rotary_only) break;
       FORGE_CHECK(dim % 2 == 0,

@@ -44,8 +44,6 @@ void for_each_module(Module& root, Fn&& fn, const std::string& prefix = "") {
 // over the real (unmasked) tokens. Mean-pooled models have no CLS token.
 enum class Pool { cls, mean };
 inline constexpr NameTable<Pool, 2> kPoolNames{"pool", {"cls", "mean"}};
-inline const char* pool_name(Pool p) { return name_of(kPoolNames, p); }
-inline Pool pool_from_name(const std::string& name) { return enum_from_name(kPoolNames, name); }
 
 // Positions added to the embedded input (learned, sinusoidal, axial), applied
 // to q and k inside every attention layer (rotary_only), or both: rotary is
@@ -55,10 +53,6 @@ inline Pool pool_from_name(const std::string& name) { return enum_from_name(kPoo
 enum class PositionalKind { none, learned, sinusoidal, rotary, rotary_only, axial };
 inline constexpr NameTable<PositionalKind, 6> kPositionalNames{
     "positional embedding", {"none", "learned", "sinusoidal", "rotary", "rotary_only", "axial"}};
-inline const char* positional_name(PositionalKind k) { return name_of(kPositionalNames, k); }
-inline PositionalKind positional_from_name(const std::string& name) {
-  return enum_from_name(kPositionalNames, name);
-}
 
 // The positional modules of a sequence model: one of learned, sinusoidal and
 // axial (registered as "pos_emb") for those kinds, sinusoidal and rotary
@@ -93,7 +87,7 @@ struct ViTConfig {
   bool qkv_bias = true;
   double norm_eps = 1e-6;  // every LayerNorm of the stack (timm's LayerNorm(eps=1e-6))
   // Mechanism and options; depth, heads, widths, qkv_bias and norm_eps come from above.
-  StackConfig stack;
+  StackConfig stack{};
   DType dtype = DType::f32;
 
   // The standard sizes "Ti", "S", "B": D 192 / 384 / 768, depth 12, heads 3 / 6 / 12.
@@ -143,13 +137,13 @@ struct SequenceClassifierConfig {
   int64_t classes = 2;
   Pool pool = Pool::cls;
   PositionalKind positional = PositionalKind::learned;
-  std::vector<int64_t> axial_shape;  // axial: product >= positions; empty: (ceil(n / 64), 64)
+  std::vector<int64_t> axial_shape{};  // axial: product >= positions; empty: (ceil(n / 64), 64)
   double emb_dropout = 0;
   bool dual_encoder = false;
   int64_t mlp_dim = 0;  // dual encoder: hidden width of the MLP head; 0: D
   // Every norm of the stack: TaylorShift's Transformer is a timm ViT (eps 1e-6).
   double norm_eps = 1e-6;
-  StackConfig stack;  // mechanism and options; dims, norm_eps and dtype come from above
+  StackConfig stack{};  // mechanism and options; dims, norm_eps and dtype come from above
   DType dtype = DType::f32;
 
   void validate() const;
@@ -197,7 +191,7 @@ struct LanguageModelConfig {
   bool tie_embedding = false;
   bool causal = true;  // false: bidirectional (MLM-style)
   PositionalKind positional = PositionalKind::learned;
-  std::vector<int64_t> axial_shape;  // axial: product >= max_len; empty: (ceil(max_len / w), w)
+  std::vector<int64_t> axial_shape{};  // axial: product >= max_len; empty: (ceil(max_len / w), w)
                                      // with w = stack.block.attention.local_window
   double emb_dropout = 0;
   // No output head: forward returns the final hidden states (B, N, D) (the
@@ -205,7 +199,8 @@ struct LanguageModelConfig {
   bool return_embeddings = false;
   // Every norm of the stack: torch.nn.LayerNorm's default, as both references.
   double norm_eps = 1e-5;
-  StackConfig stack;  // mechanism and options; dims, causality, norm_eps and dtype come from above
+  // Mechanism and options; dims, causality, norm_eps and dtype come from above.
+  StackConfig stack{};
   DType dtype = DType::f32;
 
   // `where` names the config in errors ("EncoderDecoderConfig.decoder.max_len ...").
@@ -292,8 +287,8 @@ class LanguageModel : public Module {
 // encoder.stack.block.attention, those of the decoder's context attention in
 // decoder.stack.block.cross (seq_len: the source max_len when 0).
 struct EncoderDecoderConfig {
-  LanguageModelConfig encoder;
-  LanguageModelConfig decoder;
+  LanguageModelConfig encoder{};
+  LanguageModelConfig decoder{};
   DType dtype = DType::f32;
 
   void validate() const;

@@ -29,8 +29,6 @@ namespace forge::nn {
 
 enum class NormKind { layer, scale, rezero };
 inline constexpr NameTable<NormKind, 3> kNormNames{"norm", {"layer", "scale", "rezero"}};
-inline const char* norm_name(NormKind k) { return name_of(kNormNames, k); }
-inline NormKind norm_from_name(const std::string& name) { return enum_from_name(kNormNames, name); }
 
 enum class CheckpointLevel { C0, C1, C2 };
 inline constexpr NameTable<CheckpointLevel, 3> kCheckpointLevelNames{"checkpoint level",
@@ -41,12 +39,6 @@ inline constexpr NameTable<CheckpointLevel, 3> kCheckpointLevelNames{"checkpoint
 enum class ReversibleOutput { sum, mean };
 inline constexpr NameTable<ReversibleOutput, 2> kReversibleOutputNames{"reversible output",
                                                                        {"sum", "mean"}};
-inline const char* reversible_output_name(ReversibleOutput o) {
-  return name_of(kReversibleOutputNames, o);
-}
-inline ReversibleOutput reversible_output_from_name(const std::string& name) {
-  return enum_from_name(kReversibleOutputNames, name);
-}
 
 // The norm after the last block: a LayerNorm whatever the blocks use
 // (performer-pytorch and linear-attention-transformer, whose models end in
@@ -55,16 +47,13 @@ inline ReversibleOutput reversible_output_from_name(const std::string& name) {
 enum class FinalNormKind { layer, block };
 inline constexpr NameTable<FinalNormKind, 2> kFinalNormKindNames{"final norm kind",
                                                                  {"layer", "block"}};
-inline const char* final_norm_kind_name(FinalNormKind k) { return name_of(kFinalNormKindNames, k); }
-inline FinalNormKind final_norm_kind_from_name(const std::string& name) {
-  return enum_from_name(kFinalNormKindNames, name);
-}
 
 struct BlockConfig {
-  AttentionConfig attention;  // self-attention; attention.dim is D
-  FeedForwardOptions ff;      // ff.dim is set to D
+  AttentionConfig attention{};  // self-attention; attention.dim is D
+  FeedForwardOptions ff{};      // ff.dim is set to D
   bool cross_attention = false;
-  AttentionConfig cross;    // cross-attention (non-causal; kind, heads, linformer seq_len / k, ...)
+  // cross-attention (non-causal; kind, heads, linformer seq_len / k, ...)
+  AttentionConfig cross{};
   int64_t context_dim = 0;  // 0: D
   NormKind norm = NormKind::layer;
   // eps of every LayerNorm (added to the variance) and ScaleNorm (the floor of
@@ -76,7 +65,7 @@ struct BlockConfig {
   // The shift of each feature segment (TokenShift); empty: linear-attention-
   // transformer's (1, 0) when causal, (1, 0, -1) otherwise. performer-pytorch's
   // are (0, 1) and (-1, 0, 1). Causal blocks take shifts of 0 and 1 only.
-  std::vector<int64_t> token_shifts;
+  std::vector<int64_t> token_shifts{};
   // linear-attention-transformer's attend_axially: after the block, a second
   // pair of branches whose attention runs on the sequence folded by
   // attention.local_window (positions i = r mod w form sequence r, so each
@@ -154,10 +143,10 @@ class Block : public Module {
 
 struct StackConfig {
   int64_t depth = 1;
-  BlockConfig block;
+  BlockConfig block{};
   // Optional per-layer self-attention configs (size depth) overriding
   // block.attention: a mechanism (and local-head mix) per layer.
-  std::vector<AttentionConfig> layer_attention;
+  std::vector<AttentionConfig> layer_attention{};
   CheckpointLevel checkpoint = CheckpointLevel::C0;
   bool reversible = false;  // pre-norm only; checkpoint levels do not apply
   ReversibleOutput reversible_output = ReversibleOutput::sum;

@@ -26,7 +26,7 @@ double progress(const ScheduleConfig& c, int64_t step) {
 }  // namespace
 
 void ScheduleConfig::validate() const {
-  const char* k = schedule_name(kind);
+  const char* k = name_of(kScheduleNames, kind);
   FORGE_CHECK(warmup_steps >= 0, "ScheduleConfig.warmup_steps: expected >= 0, got {}",
               warmup_steps);
   switch (kind) {

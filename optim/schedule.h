@@ -29,11 +29,6 @@ namespace forge::optim {
 enum class ScheduleKind { constant, linear_warmup, cosine, step, rsqrt, linear_decay };
 inline constexpr NameTable<ScheduleKind, 6> kScheduleNames{
     "schedule", {"constant", "linear_warmup", "cosine", "step", "rsqrt", "linear_decay"}};
-inline const char* schedule_name(ScheduleKind kind) { return name_of(kScheduleNames, kind); }
-// Throws a forge::Error listing the valid names on an unknown one.
-inline ScheduleKind schedule_from_name(const std::string& name) {
-  return enum_from_name(kScheduleNames, name);
-}
 
 struct ScheduleConfig {
   ScheduleKind kind = ScheduleKind::constant;

@@ -7,6 +7,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/names.h"
 #include "nn/models.h"
 #include "ops/blas_core.h"
 #include "ops/ops.h"
@@ -28,7 +29,8 @@ nn::AttentionConfig attention_config(const Recipe& r, const std::string& kind,
   a.output_dropout = r.number("model.dropout");
   a.scale = r.number("model.attention.scale");
   a.n_local_heads = local_heads;
-  a.local_heads_at = nn::local_heads_at_from_name(r.string("model.attention.local_heads_at"));
+  a.local_heads_at =
+      enum_from_name(nn::kLocalHeadsAtNames, r.string("model.attention.local_heads_at"));
   a.local_rotary = r.boolean("model.attention.local_rotary");
   a.local_window = r.integer("model.attention.local_window");
   a.local_look_backward = r.integer("model.attention.local_look_backward");
@@ -88,7 +90,7 @@ nn::StackConfig stack_config(const Recipe& r) {
   s.block.ff.glu = r.boolean("model.glu");
   s.block.ff.dropout = r.number("model.dropout");
   s.block.ff.chunks = r.integer("model.ff_chunks");
-  s.block.norm = nn::norm_from_name(r.string("model.norm"));
+  s.block.norm = enum_from_name(nn::kNormNames, r.string("model.norm"));
   s.block.post_norm = r.boolean("model.post_norm");
   s.block.shift_tokens = r.boolean("model.shift_tokens");
   s.block.token_shifts = r.int_list("model.token_shifts");
@@ -96,11 +98,12 @@ nn::StackConfig stack_config(const Recipe& r) {
   s.drop_path = r.number("model.drop_path");
   s.checkpoint = enum_from_name(nn::kCheckpointLevelNames, r.string("model.checkpoint"));
   s.reversible = r.boolean("model.reversible");
-  s.reversible_output = nn::reversible_output_from_name(r.string("model.reversible_output"));
-  s.sharing = nn::sharing_from_name(r.string("model.attention.sharing"));
+  s.reversible_output =
+      enum_from_name(nn::kReversibleOutputNames, r.string("model.reversible_output"));
+  s.sharing = enum_from_name(nn::kSharingNames, r.string("model.attention.sharing"));
   s.k_reduce_by_layer = r.integer("model.attention.k_reduce_by_layer");
   s.final_norm = r.boolean("model.final_norm");
-  s.final_norm_kind = nn::final_norm_kind_from_name(r.string("model.final_norm_kind"));
+  s.final_norm_kind = enum_from_name(nn::kFinalNormKindNames, r.string("model.final_norm_kind"));
   return s;
 }
 
@@ -130,25 +133,32 @@ std::vector<Tensor> collect_maps(nn::Stack& stack, const std::function<void()>& 
   return maps;
 }
 
-class VitTask : public TaskModel {
+// A task over one model of type M, built from its config: M owns the
+// parameters, the task says how a batch reaches it.
+template <typename M>
+class ModelTask : public TaskModel {
  public:
-  VitTask(const nn::ViTConfig& c, Generator* gen) : model_(std::make_shared<nn::ViT>(c, gen)) {}
+  template <typename Config>
+  ModelTask(const Config& c, Generator* gen) : model_(std::make_shared<M>(c, gen)) {}
   nn::Module& module() override { return *model_; }
+
+ protected:
+  std::shared_ptr<M> model_;
+};
+
+class VitTask : public ModelTask<nn::ViT> {
+ public:
+  using ModelTask::ModelTask;
   Tensor forward(const data::Batch& batch) override { return model_->forward(batch.input); }
   std::vector<Tensor> attention_maps(const data::Batch& batch) override {
     const Tensor one = ops::narrow(batch.input, 0, 0, 1);
     return collect_maps(model_->stack(), [&] { model_->forward(one); });
   }
-
- private:
-  std::shared_ptr<nn::ViT> model_;
 };
 
-class SequenceTask : public TaskModel {
+class SequenceTask : public ModelTask<nn::SequenceClassifier> {
  public:
-  SequenceTask(const nn::SequenceClassifierConfig& c, Generator* gen)
-      : model_(std::make_shared<nn::SequenceClassifier>(c, gen)) {}
-  nn::Module& module() override { return *model_; }
+  using ModelTask::ModelTask;
   Tensor forward(const data::Batch& b) override {
     if (model_->config.dual_encoder) {
       FORGE_CHECK(b.input2.defined(),
@@ -166,9 +176,6 @@ class SequenceTask : public TaskModel {
     const Tensor m = b.mask.defined() ? ops::narrow(b.mask, 0, 0, 1) : Tensor();
     return collect_maps(model_->stack(), [&] { model_->encode(x, m); });
   }
-
- private:
-  std::shared_ptr<nn::SequenceClassifier> model_;
 };
 
 // The input's mask when some position is padding, else undefined (a full mask
@@ -177,11 +184,9 @@ Tensor mask_if_padded(const data::Batch& b) {
   return b.padded ? b.mask : Tensor();
 }
 
-class LanguageModelTask : public TaskModel {
+class LanguageModelTask : public ModelTask<nn::LanguageModel> {
  public:
-  LanguageModelTask(const nn::LanguageModelConfig& c, Generator* gen)
-      : model_(std::make_shared<nn::LanguageModel>(c, gen)) {}
-  nn::Module& module() override { return *model_; }
+  using ModelTask::ModelTask;
   Tensor forward(const data::Batch& b) override {
     return model_->forward(b.input, model_->config.causal ? Tensor() : mask_if_padded(b));
   }
@@ -190,16 +195,11 @@ class LanguageModelTask : public TaskModel {
     return collect_maps(model_->stack(), [&] { model_->forward(x); });
   }
   nn::LanguageModel* language_model() override { return model_.get(); }
-
- private:
-  std::shared_ptr<nn::LanguageModel> model_;
 };
 
-class EncoderDecoderTask : public TaskModel {
+class EncoderDecoderTask : public ModelTask<nn::EncoderDecoder> {
  public:
-  EncoderDecoderTask(const nn::EncoderDecoderConfig& c, Generator* gen)
-      : model_(std::make_shared<nn::EncoderDecoder>(c, gen)) {}
-  nn::Module& module() override { return *model_; }
+  using ModelTask::ModelTask;
   Tensor forward(const data::Batch& b) override {
     FORGE_CHECK(b.input2.defined() && b.target.defined(),
                 "model.type encoder_decoder needs source / target pairs (data.dataset copy or "
@@ -214,9 +214,6 @@ class EncoderDecoderTask : public TaskModel {
     return collect_maps(model_->decoder_stack(), [&] { model_->forward(src, tgt, m); });
   }
   nn::EncoderDecoder* encoder_decoder() override { return model_.get(); }
-
- private:
-  std::shared_ptr<nn::EncoderDecoder> model_;
 };
 
 // model.* -> one LanguageModel config (the encoder or decoder of an
@@ -234,7 +231,7 @@ nn::LanguageModelConfig language_model_config(const Recipe& r, int64_t vocab_siz
               c.emb_dim, c.dim);
   c.tie_embedding = r.boolean("model.tie_embedding");
   c.causal = r.boolean("model.causal");
-  c.positional = nn::positional_from_name(r.string("model.positional"));
+  c.positional = enum_from_name(nn::kPositionalNames, r.string("model.positional"));
   c.axial_shape = r.int_list("model.axial_shape");
   c.emb_dropout = r.number("model.emb_dropout");
   c.stack = stack_config(r);
@@ -339,17 +336,10 @@ Placement placement(const Recipe& r, int local_rank) {
   return p;
 }
 
-const char* task_name(Task t) {
-  switch (t) {
-    case Task::classification:
-      return "classification";
-    case Task::language_model:
-      return "language modelling";
-    case Task::seq2seq:
-      return "sequence-to-sequence";
-  }
-  return "?";
-}
+constexpr NameTable<Task, 3> kTaskNames{
+    "task", {"classification", "language modelling", "sequence-to-sequence"}};
+
+const char* task_name(Task t) { return name_of(kTaskNames, t); }
 
 std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, DType dtype,
                                        Generator* gen) {
@@ -425,7 +415,7 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
     c.depth = r.integer("model.depth");
     c.heads = r.integer("model.heads");
     c.mlp_ratio = r.integer("model.mlp_ratio");
-    c.pool = nn::pool_from_name(r.string("model.pool"));
+    c.pool = enum_from_name(nn::kPoolNames, r.string("model.pool"));
     c.emb_dropout = r.number("model.emb_dropout");
     c.qkv_bias = r.boolean("model.qkv_bias");
     if (r.number("model.norm_eps") > 0) c.norm_eps = r.number("model.norm_eps");
@@ -450,8 +440,8 @@ std::unique_ptr<TaskModel> build_model(const Recipe& r, const DataShape& shape, 
               c.max_len, shape.max_length);
   c.dim = r.integer("model.dim");
   c.classes = classes;
-  c.pool = nn::pool_from_name(r.string("model.pool"));
-  c.positional = nn::positional_from_name(r.string("model.positional"));
+  c.pool = enum_from_name(nn::kPoolNames, r.string("model.pool"));
+  c.positional = enum_from_name(nn::kPositionalNames, r.string("model.positional"));
   c.axial_shape = r.int_list("model.axial_shape");
   c.emb_dropout = r.number("model.emb_dropout");
   c.dual_encoder = r.boolean("model.dual_encoder");

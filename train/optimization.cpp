@@ -82,7 +82,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Recipe& r, nn::Module& mo
 optim::ScheduleConfig make_schedule(const Recipe& r, int64_t total_steps, int64_t steps_per_epoch,
                                     std::vector<std::string>* notes) {
   optim::ScheduleConfig s;
-  s.kind = optim::schedule_from_name(r.string("schedule.kind"));
+  s.kind = enum_from_name(optim::kScheduleNames, r.string("schedule.kind"));
   s.warmup_steps = r.integer("schedule.warmup_steps");
   const char* warmup_key = "schedule.warmup_steps";
   if (s.warmup_steps == 0 && r.number("schedule.warmup_epochs") > 0) {

@@ -13,30 +13,16 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/names.h"
 
 namespace forge::train {
 
-const char* key_type_name(KeyType t) {
-  switch (t) {
-    case KeyType::integer:
-      return "integer";
-    case KeyType::number:
-      return "number";
-    case KeyType::boolean:
-      return "boolean";
-    case KeyType::string:
-      return "string";
-    case KeyType::choice:
-      return "choice";
-    case KeyType::int_list:
-      return "list of integers";
-    case KeyType::number_list:
-      return "list of numbers";
-    case KeyType::string_list:
-      return "list of strings";
-  }
-  return "?";
-}
+constexpr NameTable<KeyType, 8> kKeyTypeNames{
+    "key type",
+    {"integer", "number", "boolean", "string", "choice", "list of integers", "list of numbers",
+     "list of strings"}};
+
+const char* key_type_name(KeyType t) { return name_of(kKeyTypeNames, t); }
 
 namespace {
 

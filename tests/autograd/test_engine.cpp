@@ -13,8 +13,7 @@ namespace forge {
 namespace {
 
 using autograd::backward;
-using testing::expect_close;
-using testing::leaf64;
+using namespace testing;
 
 TEST(AutogradEngine, DiamondGraphSumsBothPaths) {
   Tensor x = leaf64({3}, 1);

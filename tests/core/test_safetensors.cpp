@@ -16,9 +16,7 @@ namespace forge::safetensors {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::bytes_of;
-using testing::read_file;
-using testing::write_file;
+using namespace testing;
 
 // A fresh directory per test, removed afterwards.
 class SafetensorsFiles : public ::testing::Test {

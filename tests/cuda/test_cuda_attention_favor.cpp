@@ -25,10 +25,7 @@ using ops::attention::favor;
 using ops::attention::FavorKernel;
 using ops::attention::FavorOptions;
 using ops::attention::FavorStabilizer;
-using testing::AttentionFn;
-using testing::error_of;
-using testing::gpu;
-using testing::uniform;
+using namespace testing;
 
 struct Config {
   const char* name;

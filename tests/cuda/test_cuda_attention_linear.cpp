@@ -26,11 +26,7 @@ using ops::attention::EfficientOptions;
 using ops::attention::linear;
 using ops::attention::LinearOptions;
 using ops::attention::taylor_linear;
-using testing::AttentionFn;
-using testing::bytes_of;
-using testing::gpu;
-using testing::QkvFn;
-using testing::uniform;
+using namespace testing;
 
 struct Config {
   const char* name;

@@ -20,13 +20,7 @@ namespace forge {
 namespace {
 
 using cuda::LinearEngine;
-using testing::AttentionFn;
-using testing::EngineScope;
-using testing::expect_cuda_matches_cpu;
-using testing::gpu;
-using testing::gpu_run;
-using testing::kOutputNames;
-using testing::uniform;
+using namespace testing;
 
 AttentionFn linear_fn(bool causal = false) {
   return [causal](const std::vector<Tensor>& in) {

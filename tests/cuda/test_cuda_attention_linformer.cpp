@@ -19,8 +19,7 @@ namespace {
 
 using ops::attention::linformer;
 using ops::attention::LinformerOptions;
-using testing::gpu;
-using testing::uniform;
+using namespace testing;
 
 struct Config {
   const char* name;

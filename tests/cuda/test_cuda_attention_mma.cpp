@@ -23,13 +23,7 @@ namespace {
 using cuda::FlashEngine;
 using ops::attention::LocalOptions;
 using ops::attention::SoftmaxOptions;
-using testing::AttentionFn;
-using testing::EngineScope;
-using testing::expect_cuda_matches_cpu;
-using testing::gpu;
-using testing::gpu_run;
-using testing::kOutputNames;
-using testing::uniform;
+using namespace testing;
 
 // q, k, v [B, H, len, d] in f64 on the CPU, then the mask when given.
 std::vector<Tensor> make_inputs(int64_t B, int64_t H, int64_t N, int64_t M, int64_t d,
@@ -50,11 +44,8 @@ AttentionFn softmax_fn(bool causal, double dropout = 0) {
 
 AttentionFn local_fn(int64_t window, int64_t back, int64_t forward, bool causal) {
   return [=](const std::vector<Tensor>& in) {
-    LocalOptions o;
-    o.window = window;
-    o.look_backward = back;
-    o.look_forward = forward;
-    o.causal = causal;
+    LocalOptions o{
+        .window = window, .look_backward = back, .look_forward = forward, .causal = causal};
     return ops::attention::local(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), o);
   };
 }

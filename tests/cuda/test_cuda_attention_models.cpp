@@ -18,6 +18,7 @@
 #include "ops/ops.h"
 #include "optim/adam.h"
 #include "tests/cuda/cuda_attention_test_util.h"
+#include "tests/nn/nn_test_util.h"
 
 namespace forge {
 namespace {
@@ -38,15 +39,7 @@ struct Task {
 // A ViT on 28x28 images with 7x7 patches: 16 patches + CLS = 17 tokens, 2
 // layers of 2 heads of d = 16.
 Task vit_task(Mechanism kind, int64_t n_local_heads, Device device) {
-  nn::ViTConfig c;
-  c.image_size = 28;
-  c.patch_size = 7;
-  c.channels = 1;
-  c.classes = 10;
-  c.dim = 32;
-  c.depth = 2;
-  c.heads = 2;
-  c.mlp_ratio = 2;
+  nn::ViTConfig c = testing::mnist_vit_config();
   nn::AttentionConfig& a = c.stack.block.attention;
   a.kind = kind;
   a.n_local_heads = n_local_heads;

@@ -23,12 +23,7 @@ namespace {
 
 using ops::attention::LocalOptions;
 using ops::attention::SoftmaxOptions;
-using testing::AttentionFn;
-using testing::expect_cuda_matches_cpu;
-using testing::gpu;
-using testing::key_mask;
-using testing::qkv_inputs;
-using testing::uniform;
+using namespace testing;
 
 // softmax with `o`; dropout draws from a generator seeded afresh on every call,
 // so the CPU and the GPU evaluation draw the same stream.
@@ -60,13 +55,11 @@ SoftmaxOptions softmax_options(bool causal, double dropout = 0, double scale = 0
 
 LocalOptions local_options(int64_t window, int64_t look_backward, int64_t look_forward, bool causal,
                            double dropout = 0) {
-  LocalOptions o;
-  o.window = window;
-  o.look_backward = look_backward;
-  o.look_forward = look_forward;
-  o.causal = causal;
-  o.dropout = dropout;
-  return o;
+  return LocalOptions{.window = window,
+                      .look_backward = look_backward,
+                      .look_forward = look_forward,
+                      .causal = causal,
+                      .dropout = dropout};
 }
 
 const DType kDtypes[] = {DType::f32, DType::f64, DType::bf16};

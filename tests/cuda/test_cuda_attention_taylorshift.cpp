@@ -19,8 +19,7 @@ namespace forge {
 namespace {
 
 using ops::attention::TaylorShiftOptions;
-using testing::error_of;
-using testing::gpu;
+using namespace testing;
 
 constexpr int64_t kForceDirect = int64_t{1} << 40;
 

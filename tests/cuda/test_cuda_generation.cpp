@@ -18,20 +18,16 @@ namespace {
 namespace att = ops::attention;
 
 LanguageModelConfig lm_config(Mechanism kind, const std::function<void(AttentionConfig&)>& set) {
-  AttentionConfig a;
-  a.kind = kind;
-  a.dim = 32;
-  a.heads = 4;
-  a.causal = true;
-  a.bucket_size = 1;
-  a.nb_features = 16;
-  a.dtype = DType::f64;
+  AttentionConfig a{.kind = kind,
+                    .dim = 32,
+                    .heads = 4,
+                    .causal = true,
+                    .bucket_size = 1,
+                    .nb_features = 16,
+                    .dtype = DType::f64};
   if (set) set(a);
-  LanguageModelConfig c;
-  c.vocab_size = 17;
-  c.max_len = 64;
-  c.dim = 32;
-  c.positional = PositionalKind::learned;
+  LanguageModelConfig c{
+      .vocab_size = 17, .max_len = 64, .dim = 32, .positional = PositionalKind::learned};
   c.stack.depth = 2;
   c.stack.block.attention = a;
   c.stack.block.ff.mult = 2;

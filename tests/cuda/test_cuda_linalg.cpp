@@ -19,9 +19,7 @@
 namespace forge {
 namespace {
 
-using testing::gpu;
-using testing::round_through;
-using testing::tolerance;
+using namespace testing;
 
 // |got - want| <= tol * max |want| everywhere (want on the CPU; got on any
 // device, any floating dtype), compared in f64.

@@ -17,11 +17,7 @@
 namespace forge {
 namespace {
 
-using testing::bytes_of;
-using testing::error_of;
-using testing::expect_error;
-using testing::gpu;
-using testing::tolerance;
+using namespace testing;
 using Ins = std::vector<Tensor>;
 
 const DType kFloatTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};

@@ -14,6 +14,7 @@
 #include "optim/adam.h"
 #include "optim/grad_scaler.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/nn/nn_test_util.h"
 #include "tests/train/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
@@ -23,28 +24,13 @@ namespace forge {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::fresh_dir;
-using testing::gpu;
-using testing::quiet;
-
-nn::ViTConfig small_vit() {
-  nn::ViTConfig c;
-  c.image_size = 28;
-  c.patch_size = 7;
-  c.channels = 1;
-  c.classes = 10;
-  c.dim = 32;
-  c.depth = 2;
-  c.heads = 2;
-  c.mlp_ratio = 2;
-  return c;
-}
+using namespace testing;
 
 // Losses of `steps` AdamW steps of the same ViT on the same batches, on
 // `device`, with autocast `precision` (f32: off) and loss scaling for f16.
 std::vector<double> train_losses(Device device, DType precision, int steps) {
   Generator gen(5);
-  nn::ViT model(small_vit(), &gen);
+  nn::ViT model(mnist_vit_config(), &gen);
   model.to(device);
   optim::AdamW opt(optim::param_groups(model, 0.05, true), 3e-3);
   optim::GradScaler scaler(optim::GradScalerOptions{.enabled = precision == DType::f16});
@@ -98,7 +84,7 @@ TEST(CudaTraining, MixedPrecisionStaysCloseToF32AndLearns) {
 TEST(CudaTraining, ModuleToMovesEveryTensorAndKeepsTies) {
   FORGE_REQUIRE_CUDA();
   Generator gen(1);
-  nn::ViT model(small_vit(), &gen);
+  nn::ViT model(mnist_vit_config(), &gen);
   const auto before = model.state_dict();
   model.to(gpu());
   EXPECT_EQ(model.device(), gpu());

@@ -25,9 +25,7 @@
 namespace forge::data {
 namespace {
 
-using forge::testing::TempDir;
-using forge::testing::write_file;
-using forge::testing::write_gz;
+using namespace forge::testing;
 
 constexpr long kMaxGrowthKb = 100 * 1024;  // 100 MB
 

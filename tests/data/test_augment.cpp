@@ -27,8 +27,7 @@
 namespace forge::data {
 namespace {
 
-using forge::testing::expect_error;
-using forge::testing::TempDir;
+using namespace forge::testing;
 
 constexpr std::array<uint8_t, 3> kTimmFill = {124, 116, 104};
 
@@ -62,18 +61,6 @@ Image noise_image(int64_t h, int64_t w, int64_t c, uint64_t seed) {
   Rng rng(seed);
   for (auto& v : im.pixels) v = static_cast<uint8_t>(rng.randint(256));
   return im;
-}
-
-const char* interp_name(Interpolation interp) {
-  switch (interp) {
-    case Interpolation::nearest:
-      return "nearest";
-    case Interpolation::bilinear:
-      return "bilinear";
-    case Interpolation::bicubic:
-      return "bicubic";
-  }
-  return "?";
 }
 
 // A shell command's combined output and exit status.
@@ -223,7 +210,7 @@ TEST(AugmentPil, AffineAndRotateMatchPilExactly) {
         const std::array<uint8_t, 3> fill =
             k % 4 == 3 ? std::array<uint8_t, 3>{0, 255, 7} : kTimmFill;
         cases.add(name, "affine",
-                  fmt::format("{} {} {}", interp_name(interp),
+                  fmt::format("{} {} {}", interpolation_name(interp),
                               fmt::join(std::vector<std::string>{num(m[0]), num(m[1]), num(m[2]),
                                                                  num(m[3]), num(m[4]), num(m[5])},
                                         " "),
@@ -231,9 +218,10 @@ TEST(AugmentPil, AffineAndRotateMatchPilExactly) {
                   affine(im, m, interp, fill));
       }
       for (double deg : angles)
-        cases.add(name, "rotate",
-                  fmt::format("{} {} {}", interp_name(interp), num(deg), fill_args(kTimmFill)),
-                  rotate(im, deg, interp, kTimmFill));
+        cases.add(
+            name, "rotate",
+            fmt::format("{} {} {}", interpolation_name(interp), num(deg), fill_args(kTimmFill)),
+            rotate(im, deg, interp, kTimmFill));
     }
   }
   expect_checker_passes(cases);
@@ -472,11 +460,7 @@ TEST(RandAugment, EveryOpIsReachableWithItsExactMagnitude) {
   // prob 1, mstd 0: each slot is the drawn op at exactly m (no noise draw).
   const Image image = test_image(37, 53, 3, 40, 250);
   for (bool increasing : {false, true}) {
-    RandAugmentOptions o;
-    o.increasing = increasing;
-    o.prob = 1;
-    o.magnitude_std = 0;
-    o.num_ops = 1;
+    RandAugmentOptions o{.num_ops = 1, .magnitude_std = 0, .prob = 1, .increasing = increasing};
     const auto names = rand_augment_ops(increasing);
     std::vector<int> hits(names.size(), 0);
     for (uint64_t seed = 0; seed < 600; ++seed) {

@@ -22,9 +22,7 @@ namespace forge::data {
 namespace {
 
 namespace fs = std::filesystem;
-using forge::testing::expect_error;
-using forge::testing::write_file;
-using forge::testing::write_gz;
+using namespace forge::testing;
 
 const char* kRealRoot = "/usr/share/datasets/fashion-mnist";
 

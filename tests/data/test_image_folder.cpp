@@ -18,8 +18,7 @@ namespace forge::data {
 namespace {
 
 namespace fs = std::filesystem;
-using forge::testing::expect_close;
-using forge::testing::expect_error;
+using namespace forge::testing;
 
 Image solid(int64_t h, int64_t w, int64_t c, uint8_t value) {
   Image im{h, w, c, std::vector<uint8_t>(static_cast<size_t>(h * w * c))};

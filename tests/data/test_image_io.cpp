@@ -29,9 +29,7 @@ namespace forge::data {
 namespace {
 
 namespace fs = std::filesystem;
-using forge::testing::expect_error;
-using forge::testing::pattern_image;
-using forge::testing::write_file;
+using namespace forge::testing;
 
 // A fresh directory per test, removed afterwards.
 class ImageIoTest : public testing::TempDirTest {};
@@ -53,9 +51,9 @@ struct RawPng {
   uint32_t width = 0, height = 0;
   int bit_depth = 8, color_type = PNG_COLOR_TYPE_GRAY;
   bool interlaced = false;
-  std::vector<uint8_t> rows;  // height rows of packed samples (16-bit big-endian)
-  std::vector<png_color> palette;
-  std::vector<uint8_t> trns_alpha;  // palette tRNS
+  std::vector<uint8_t> rows{};  // height rows of packed samples (16-bit big-endian)
+  std::vector<png_color> palette{};
+  std::vector<uint8_t> trns_alpha{};  // palette tRNS
   bool gray_trns = false;           // gray tRNS of value 0
 };
 
@@ -159,11 +157,7 @@ TEST_F(ImageIoTest, Png16BitIsScaledTo8Bits) {
   // v -> round(v * 255 / 65535)
   const std::vector<uint16_t> values = {0, 65535, 257 * 100, 1000, 40000, 128};
   const std::vector<uint8_t> expected = {0, 255, 100, 4, 156, 0};
-  RawPng p;
-  p.width = 3;
-  p.height = 2;
-  p.bit_depth = 16;
-  p.color_type = PNG_COLOR_TYPE_GRAY;
+  RawPng p{.width = 3, .height = 2, .bit_depth = 16, .color_type = PNG_COLOR_TYPE_GRAY};
   for (uint16_t v : values) p.rows.insert(p.rows.end(), {uint8_t(v >> 8), uint8_t(v & 0xff)});
   expect_pixels(decode_image(encode_raw_png(p), "gray16"), 2, 3, 1, expected);
 
@@ -195,11 +189,7 @@ TEST_F(ImageIoTest, PalettePngBecomesRgb) {
 }
 
 TEST_F(ImageIoTest, LowBitDepthGrayIsScaled) {
-  RawPng p;
-  p.width = 8;
-  p.height = 1;
-  p.bit_depth = 1;
-  p.rows = {0b10110001};
+  RawPng p{.width = 8, .height = 1, .bit_depth = 1, .rows = {0b10110001}};
   expect_pixels(decode_image(encode_raw_png(p), "gray1"), 1, 8, 1,
                 {255, 0, 255, 255, 0, 0, 0, 255});
   p.width = 4;
@@ -209,11 +199,10 @@ TEST_F(ImageIoTest, LowBitDepthGrayIsScaled) {
 }
 
 TEST_F(ImageIoTest, AlphaIsDropped) {
-  RawPng p;
-  p.width = 2;
-  p.height = 1;
-  p.color_type = PNG_COLOR_TYPE_RGBA;
-  p.rows = {1, 2, 3, 0, 200, 100, 50, 255};
+  RawPng p{.width = 2,
+           .height = 1,
+           .color_type = PNG_COLOR_TYPE_RGBA,
+           .rows = {1, 2, 3, 0, 200, 100, 50, 255}};
   expect_pixels(decode_image(encode_raw_png(p), "rgba"), 1, 2, 3, {1, 2, 3, 200, 100, 50});
 
   p.color_type = PNG_COLOR_TYPE_GRAY_ALPHA;
@@ -228,12 +217,11 @@ TEST_F(ImageIoTest, AlphaIsDropped) {
 
 TEST_F(ImageIoTest, InterlacedPngMatchesPlain) {
   const Image im = pattern_image(9, 11, 3);
-  RawPng p;
-  p.width = 11;
-  p.height = 9;
-  p.color_type = PNG_COLOR_TYPE_RGB;
-  p.interlaced = true;
-  p.rows = im.pixels;
+  RawPng p{.width = 11,
+           .height = 9,
+           .color_type = PNG_COLOR_TYPE_RGB,
+           .interlaced = true,
+           .rows = im.pixels};
   expect_pixels(decode_image(encode_raw_png(p), "adam7"), 9, 11, 3, im.pixels);
 }
 
@@ -526,18 +514,14 @@ TEST_F(ImageIoTest, HeaderMatchesTheDecode) {
       {"rgb.jpg", encode_jpeg(smooth_image(33, 21, 3))},
       {"gray.jpg", encode_jpeg(smooth_image(9, 40, 1))},
   };
-  RawPng palette;
-  palette.width = 4;
-  palette.height = 2;
-  palette.color_type = PNG_COLOR_TYPE_PALETTE;
-  palette.palette = {{255, 0, 0}, {0, 255, 0}};
-  palette.rows = {0, 1, 0, 1, 1, 0, 1, 0};
+  RawPng palette{.width = 4,
+                 .height = 2,
+                 .color_type = PNG_COLOR_TYPE_PALETTE,
+                 .rows = {0, 1, 0, 1, 1, 0, 1, 0},
+                 .palette = {{255, 0, 0}, {0, 255, 0}}};
   files.emplace_back("palette.png", encode_raw_png(palette));
-  RawPng gray_alpha;
-  gray_alpha.width = 2;
-  gray_alpha.height = 1;
-  gray_alpha.color_type = PNG_COLOR_TYPE_GRAY_ALPHA;
-  gray_alpha.rows = {7, 0, 250, 30};
+  RawPng gray_alpha{
+      .width = 2, .height = 1, .color_type = PNG_COLOR_TYPE_GRAY_ALPHA, .rows = {7, 0, 250, 30}};
   files.emplace_back("gray_alpha.png", encode_raw_png(gray_alpha));
   for (const auto& [name, bytes] : files) {
     const ImageHeader header = read_image_header(bytes, name);

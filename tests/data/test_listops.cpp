@@ -14,10 +14,7 @@
 namespace forge::data {
 namespace {
 
-using forge::testing::expect_error;
-using forge::testing::read_file;
-using forge::testing::TempDir;
-using forge::testing::write_file;
+using namespace forge::testing;
 namespace fs = std::filesystem;
 
 std::vector<uint8_t> ids(std::initializer_list<int> v) {

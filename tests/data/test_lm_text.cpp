@@ -19,11 +19,7 @@
 namespace forge::data {
 namespace {
 
-using forge::testing::expect_error;
-using forge::testing::read_file;
-using forge::testing::TempDir;
-using forge::testing::write_file;
-using forge::testing::write_gz;
+using namespace forge::testing;
 namespace fs = std::filesystem;
 
 // `n` bytes covering all 256 values in a scrambled order.

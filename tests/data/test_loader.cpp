@@ -20,11 +20,7 @@
 namespace forge::data {
 namespace {
 
-using forge::testing::counting_image;
-using forge::testing::counting_tokens;
-using forge::testing::CountingDataset;
-using forge::testing::expect_error;
-using forge::testing::same_tensor;
+using namespace forge::testing;
 
 // f32 [C, H, W] images, element k of image i = 1000 i + k; element 0 also
 // gets rng->uniform() so that the augmentation stream shows in the batch.

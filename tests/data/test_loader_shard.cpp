@@ -19,11 +19,7 @@
 namespace forge::data {
 namespace {
 
-using forge::testing::counting_image;
-using forge::testing::counting_tokens;
-using forge::testing::CountingDataset;
-using forge::testing::expect_error;
-using forge::testing::same_tensor;
+using namespace forge::testing;
 
 // f32 [C, H, W] images, element k of image i = 1000 i + k, plus rng->uniform()
 // on every element so that the augmentation stream shows in the batch.
@@ -194,12 +190,7 @@ int64_t expect_shards_match(const DatasetPtr& data, const LoaderOptions& options
 }
 
 LoaderOptions shard_options(int64_t batch_size, uint64_t seed) {
-  LoaderOptions o;
-  o.batch_size = batch_size;
-  o.seed = seed;
-  o.shuffle = true;
-  o.augment = true;
-  return o;
+  return LoaderOptions{.batch_size = batch_size, .shuffle = true, .seed = seed, .augment = true};
 }
 
 // shard_options with the mixup / cutmix transform of `m`.

@@ -17,10 +17,7 @@ namespace forge::data {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::expect_error;
-using testing::read_file;
-using testing::TempDir;
-using testing::write_file;
+using namespace testing;
 
 // lra_release.gz unpacks to lra_release/lra_release/listops-1000/basic_*.tsv.
 TEST(LraRelease, ListOpsIsFoundInTheUnpackedArchiveAndCopiedAsItIs) {

@@ -13,9 +13,7 @@
 namespace forge::data {
 namespace {
 
-using forge::testing::expect_error;
-using forge::testing::TempDir;
-using forge::testing::write_file;
+using namespace forge::testing;
 namespace fs = std::filesystem;
 
 // Component ids of the lit pixels, linking lit pixels within Chebyshev
@@ -141,15 +139,14 @@ TEST(Pathfinder, ImagesHaveTwoMarkersAndConnectivityMatchesLabel) {
 }
 
 TEST(Pathfinder, CustomConfig) {
-  PathfinderGenConfig c;
-  c.height = 40;
-  c.width = 48;
-  c.path_dashes = 5;
-  c.dash_length = 3;
-  c.gap_length = 2.5;
-  c.num_distractors = 4;
-  c.marker_radius = 2.0;
-  c.border = 2;
+  PathfinderGenConfig c{.height = 40,
+                        .width = 48,
+                        .path_dashes = 5,
+                        .dash_length = 3,
+                        .gap_length = 2.5,
+                        .num_distractors = 4,
+                        .marker_radius = 2.0,
+                        .border = 2};
   const int64_t R = pathfinder_link_radius(c);
   EXPECT_EQ(R, 3);
   const auto samples = generate_pathfinder(c, 40, 1);

@@ -14,10 +14,7 @@
 namespace forge::data {
 namespace {
 
-using forge::testing::expect_error;
-using forge::testing::TempDir;
-using forge::testing::write_file;
-using forge::testing::write_gz;
+using namespace forge::testing;
 
 std::vector<int64_t> values(const Tensor& t) {
   EXPECT_EQ(t.dtype(), DType::i64);

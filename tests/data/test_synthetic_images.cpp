@@ -24,21 +24,18 @@ namespace forge::data {
 namespace {
 
 namespace fs = std::filesystem;
-using forge::testing::expect_error;
-using forge::testing::read_file;
+using namespace forge::testing;
 
 // A fresh directory per test, removed afterwards.
 class SyntheticImagesTest : public testing::TempDirTest {};
 
 SyntheticImagesOptions small_options() {
-  SyntheticImagesOptions o;
-  o.classes = 3;
-  o.train_per_class = 4;
-  o.eval_per_class = 2;
-  o.min_side = 20;
-  o.max_side = 40;
-  o.seed = 7;
-  return o;
+  return SyntheticImagesOptions{.classes = 3,
+                                .train_per_class = 4,
+                                .eval_per_class = 2,
+                                .min_side = 20,
+                                .max_side = 40,
+                                .seed = 7};
 }
 
 std::vector<std::string> sorted_names(const fs::path& dir) {
@@ -147,13 +144,12 @@ std::array<double, 12> hue_histogram(const Image& im) {
 // distractors, the noise and the class's hue band spilling over a bin).
 // Measured: 0.94 (45 of 48) with these options.
 TEST_F(SyntheticImagesTest, ClassesDifferInColour) {
-  SyntheticImagesOptions o;
-  o.classes = 4;
-  o.train_per_class = 24;
-  o.eval_per_class = 12;
-  o.min_side = 48;
-  o.max_side = 96;
-  o.seed = 3;
+  SyntheticImagesOptions o{.classes = 4,
+                           .train_per_class = 24,
+                           .eval_per_class = 12,
+                           .min_side = 48,
+                           .max_side = 96,
+                           .seed = 3};
   write_synthetic_image_folder(dir_.string(), o);
   std::vector<std::array<double, 12>> centroid(4);
   for (int64_t c = 0; c < o.classes; ++c)

@@ -15,10 +15,7 @@
 namespace forge::data {
 namespace {
 
-using forge::testing::expect_close;
-using forge::testing::expect_error;
-using forge::testing::expect_values;
-using forge::testing::pattern_image;
+using namespace forge::testing;
 
 // f32 [1, H, W] with value 10 * y + x.
 Tensor grid(int64_t h, int64_t w) {

@@ -213,14 +213,13 @@ void tsv_seeds() {
         "( ( ( [SM ( ( ( [MIN 4 ) 7 ) ] ) ) 8 ) ] )\t2\r\n\r\n5\t5\n");
   write("corpus/listops", "med.tsv", "Source\tTarget\n( ( ( ( [MED 1 ) 5 ) 2 ) ] )\t2\n");
   write("corpus/listops", "header_only.tsv", "Source\tTarget\n");
-  data::ListOpsGenConfig c;
-  c.max_depth = 4;
-  c.max_args = 4;
-  c.min_length = 3;
-  c.max_length = 60;
-  c.num_train = 6;
-  c.num_val = 0;
-  c.num_test = 0;
+  data::ListOpsGenConfig c{.max_depth = 4,
+                           .max_args = 4,
+                           .min_length = 3,
+                           .max_length = 60,
+                           .num_train = 6,
+                           .num_val = 0,
+                           .num_test = 0};
   const data::ListOpsSplits s = data::generate_listops(c, 1);
   const fs::path generated = g_root / "corpus/listops/generated.tsv";
   data::write_listops_tsv(generated.string(), s.train);

@@ -18,25 +18,19 @@ namespace forge::nn {
 namespace {
 
 namespace att = ops::attention;
-using forge::testing::error_of;
-using forge::testing::expect_close;
-using forge::testing::leaf64;
-using forge::testing::max_abs_diff;
-using forge::testing::padded_mask;
+using namespace forge::testing;
 
 AttentionConfig config(Mechanism kind, int64_t D = 12, int64_t H = 3, bool causal = false) {
-  AttentionConfig c;
-  c.kind = kind;
-  c.dim = D;
-  c.heads = H;
-  c.causal = causal;
-  c.dtype = DType::f64;
-  c.local_window = 4;
-  c.bucket_size = 1;
-  c.seq_len = 16;
-  c.k = 5;
-  c.nb_features = 8;
-  return c;
+  return AttentionConfig{.kind = kind,
+                         .dim = D,
+                         .heads = H,
+                         .causal = causal,
+                         .local_window = 4,
+                         .bucket_size = 1,
+                         .nb_features = 8,
+                         .seq_len = 16,
+                         .k = 5,
+                         .dtype = DType::f64};
 }
 
 // (B, N, H d) -> (B, H, N, d) with the module's projection of heads [h0, h1).
@@ -103,9 +97,9 @@ TEST(AttentionModule, LocalHeadsLastWithLocalRotaryEqualTheOpsOnTheirSlices) {
       EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return m.forward(in[0]); }, inputs);
     }
   }
-  EXPECT_EQ(local_heads_at_from_name("last"), LocalHeadsAt::last);
-  EXPECT_STREQ(local_heads_at_name(LocalHeadsAt::first), "first");
-  EXPECT_THROW(local_heads_at_from_name("middle"), Error);
+  EXPECT_EQ(enum_from_name(kLocalHeadsAtNames, "last"), LocalHeadsAt::last);
+  EXPECT_STREQ(name_of(kLocalHeadsAtNames, LocalHeadsAt::first), "first");
+  EXPECT_THROW(enum_from_name(kLocalHeadsAtNames, "middle"), Error);
   AttentionConfig odd = config(Mechanism::favor, 12, 4);
   odd.head_dim = 3;
   odd.n_local_heads = 1;
@@ -194,7 +188,7 @@ TEST(AttentionModule, SharingModesCreateTheStatedNumberOfMatrices) {
                                                         {LinformerSharing::kv, 12},
                                                         {LinformerSharing::layerwise, 1}};
   for (auto [sharing, expected] : cases) {
-    SCOPED_TRACE(sharing_name(sharing));
+    SCOPED_TRACE(name_of(kSharingNames, sharing));
     StackConfig sc;
     sc.depth = 12;
     sc.block.attention = config(Mechanism::linformer, 24, 12);
@@ -403,11 +397,7 @@ TEST(AttentionModule, ClearErrors) {
 // out_bias = false (performer-pytorch's attn_out_bias default): no bias on
 // the output projection, and the output is the plain product.
 TEST(AttentionModule, OutputProjectionWithoutBias) {
-  AttentionConfig c;
-  c.dim = 8;
-  c.heads = 2;
-  c.dtype = DType::f64;
-  c.out_bias = false;
+  AttentionConfig c{.dim = 8, .heads = 2, .out_bias = false, .dtype = DType::f64};
   Generator g(3);
   MultiHeadAttention m(c, false, 0, nullptr, 0, &g);
   for (const auto& [name, t] : m.named_parameters()) EXPECT_NE(name, "to_out.bias");

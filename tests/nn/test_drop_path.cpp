@@ -17,12 +17,7 @@
 namespace forge::nn {
 namespace {
 
-using forge::testing::expect_all_close;
-using forge::testing::expect_close;
-using forge::testing::expect_error;
-using forge::testing::leaf64;
-using forge::testing::max_abs_diff;
-using forge::testing::padded_mask;
+using namespace forge::testing;
 
 TEST(DropPath, KeepsWholeSamplesScaledOrDropsThemAsTheDrawsSay) {
   // p = 0.75: 1 / (1 - p) = 4, so a kept sample is exactly x / (1 - p).

@@ -14,10 +14,7 @@
 namespace forge::nn {
 namespace {
 
-using forge::testing::expect_close;
-using forge::testing::expect_error;
-using forge::testing::expect_values;
-using forge::testing::leaf64;
+using namespace forge::testing;
 
 std::vector<std::string> names(const std::map<std::string, Tensor>& state) {
   std::vector<std::string> out;

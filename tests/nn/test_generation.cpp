@@ -20,25 +20,20 @@
 namespace forge::nn {
 namespace {
 
-using forge::testing::expect_close;
-using forge::testing::leaf64;
-using forge::testing::max_abs_diff;
-using forge::testing::random_ids;
+using namespace forge::testing;
 
 namespace att = ops::attention;
 
 // Causal self-attention, D = 16, H = 4 (d = 4), windows of 3.
 AttentionConfig causal(Mechanism kind, DType dtype = DType::f64) {
-  AttentionConfig a;
-  a.kind = kind;
-  a.dim = 16;
-  a.heads = 4;
-  a.causal = true;
-  a.local_window = 3;
-  a.bucket_size = 1;
-  a.nb_features = 8;
-  a.dtype = dtype;
-  return a;
+  return AttentionConfig{.kind = kind,
+                         .dim = 16,
+                         .heads = 4,
+                         .causal = true,
+                         .local_window = 3,
+                         .bucket_size = 1,
+                         .nb_features = 8,
+                         .dtype = dtype};
 }
 
 // Every causal mechanism (taylor_linear, linformer and taylorshift have no
@@ -192,11 +187,7 @@ TEST(Generation, StackStepEqualsTheForward) {
 // A causal language model of `attention` (D = 16, depth 2, vocabulary 13).
 LanguageModelConfig lm_config(const AttentionConfig& attention, PositionalKind positional,
                               DType dtype) {
-  LanguageModelConfig c;
-  c.vocab_size = 13;
-  c.max_len = 24;
-  c.dim = 16;
-  c.positional = positional;
+  LanguageModelConfig c{.vocab_size = 13, .max_len = 24, .dim = 16, .positional = positional};
   c.stack.depth = 2;
   c.stack.block.attention = attention;
   c.stack.block.ff.mult = 2;
@@ -229,7 +220,7 @@ TEST(Generation, LanguageModelLogitsEqualTheForwardAtEveryPosition) {
   for (const auto& [name, c] : causal_cases()) {
     for (PositionalKind pos :
          {PositionalKind::learned, PositionalKind::rotary, PositionalKind::rotary_only}) {
-      SCOPED_TRACE(name + " / " + positional_name(pos));
+      SCOPED_TRACE(name + " / " + name_of(kPositionalNames, pos));
       Generator g(7);
       LanguageModel lm(lm_config(c, pos, DType::f64), &g);
       lm.fix_projections();
@@ -273,8 +264,8 @@ TEST(Generation, PastTheWindowTheStateIsRebuiltFromTheLastTokens) {
   for (const auto& [name, c] : causal_cases()) {
     for (PositionalKind pos : {PositionalKind::learned, PositionalKind::rotary}) {
       for (const auto& [P, keep] : {std::pair<int64_t, int64_t>{3, 0}, {15, 0}, {5, 9}}) {
-        SCOPED_TRACE(
-            fmt::format("{} / {}, prime {}, keep {}", name, positional_name(pos), P, keep));
+        SCOPED_TRACE(fmt::format("{} / {}, prime {}, keep {}", name, name_of(kPositionalNames, pos),
+                                 P, keep));
         LanguageModelConfig lc = lm_config(c, pos, DType::f64);
         lc.max_len = 12;
         Generator g(21);

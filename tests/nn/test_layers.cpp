@@ -13,9 +13,7 @@
 namespace forge::nn {
 namespace {
 
-using forge::testing::expect_close;
-using forge::testing::leaf64;
-using forge::testing::max_abs_diff;
+using namespace forge::testing;
 
 struct Moments {
   double mean = 0, std = 0, min = 1e300, max = -1e300;
@@ -185,15 +183,13 @@ TEST(NnLayers, DropoutModes) {
 }
 
 FeedForwardOptions ff_options(bool glu, Activation act, int64_t chunks, double dropout = 0.0) {
-  FeedForwardOptions o;
-  o.dim = 4;
-  o.mult = 2;
-  o.activation = act;
-  o.glu = glu;
-  o.dropout = dropout;
-  o.chunks = chunks;
-  o.dtype = DType::f64;
-  return o;
+  return FeedForwardOptions{.dim = 4,
+                            .mult = 2,
+                            .activation = act,
+                            .glu = glu,
+                            .dropout = dropout,
+                            .chunks = chunks,
+                            .dtype = DType::f64};
 }
 
 TEST(NnLayers, FeedForwardValue) {

@@ -21,12 +21,7 @@
 namespace forge::nn {
 namespace {
 
-using forge::testing::expect_close;
-using forge::testing::expect_error;
-using forge::testing::leaf64;
-using forge::testing::max_abs_diff;
-using forge::testing::random_ids;
-using forge::testing::tiny_vit_config;
+using namespace forge::testing;
 
 constexpr int64_t kLen = 8;  // the sequence length (and max_len) of the tiny models
 
@@ -38,21 +33,9 @@ enum class ModelKind {
   encoder_decoder
 };
 
-const char* kind_name(ModelKind k) {
-  switch (k) {
-    case ModelKind::vit:
-      return "vit";
-    case ModelKind::classifier_tokens:
-      return "classifier_tokens";
-    case ModelKind::classifier_vectors:
-      return "classifier_vectors";
-    case ModelKind::language_model:
-      return "language_model";
-    case ModelKind::encoder_decoder:
-      return "encoder_decoder";
-  }
-  return "?";
-}
+constexpr NameTable<ModelKind, 5> kModelKindNames{
+    "model kind",
+    {"vit", "classifier_tokens", "classifier_vectors", "language_model", "encoder_decoder"}};
 
 bool has_causal_form(Mechanism m) {
   return m == Mechanism::softmax || m == Mechanism::local || m == Mechanism::efficient ||
@@ -61,14 +44,8 @@ bool has_causal_form(Mechanism m) {
 
 // Two heads of d = 4 on D = 8, options small enough for length kLen.
 AttentionConfig tiny_attention(Mechanism kind) {
-  AttentionConfig a;
-  a.kind = kind;
-  a.heads = 2;
-  a.local_window = 4;
-  a.bucket_size = 2;
-  a.k = 4;
-  a.nb_features = 8;
-  return a;
+  return AttentionConfig{
+      .kind = kind, .heads = 2, .local_window = 4, .bucket_size = 2, .nb_features = 8, .k = 4};
 }
 
 StackConfig tiny_stack(Mechanism kind) {
@@ -80,23 +57,13 @@ StackConfig tiny_stack(Mechanism kind) {
 }
 
 LanguageModelConfig tiny_lm(Mechanism kind, DType dtype = DType::f32) {
-  LanguageModelConfig c;
-  c.vocab_size = 11;
-  c.max_len = kLen;
-  c.dim = 8;
-  c.stack = tiny_stack(kind);
-  c.dtype = dtype;
-  return c;
+  return LanguageModelConfig{
+      .vocab_size = 11, .max_len = kLen, .dim = 8, .stack = tiny_stack(kind), .dtype = dtype};
 }
 
 SequenceClassifierConfig tiny_classifier(Mechanism kind) {
-  SequenceClassifierConfig c;
-  c.vocab_size = 11;
-  c.max_len = kLen;
-  c.dim = 8;
-  c.classes = 3;
-  c.stack = tiny_stack(kind);
-  return c;
+  return SequenceClassifierConfig{
+      .vocab_size = 11, .max_len = kLen, .dim = 8, .classes = 3, .stack = tiny_stack(kind)};
 }
 
 // (B, N) u8: row b has lengths[b] real tokens, then padding.
@@ -201,7 +168,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          ModelKind::encoder_decoder)),
     [](const ::testing::TestParamInfo<MechanismAndModel>& info) {
       return std::string(mechanism_name(std::get<0>(info.param))) + "_" +
-             kind_name(std::get<1>(info.param));
+             name_of(kModelKindNames, std::get<1>(info.param));
     });
 
 // ---- causality and generation ----
@@ -369,14 +336,13 @@ TEST(ModelsStateDict, SafetensorsRoundTripGivesTheSameOutputs) {
   const Tensor ids = random_ids(2, kLen, 11, 14);
   expect_round_trip<LanguageModel>(lm, "forge_models_lm.safetensors",
                                    [&](LanguageModel& m) { return m.forward(ids); });
-  ViTConfig vit;
-  vit.image_size = 8;
-  vit.patch_size = 4;
-  vit.channels = 1;
-  vit.classes = 2;
-  vit.dim = 8;
-  vit.depth = 1;
-  vit.heads = 2;
+  ViTConfig vit{.image_size = 8,
+                .patch_size = 4,
+                .channels = 1,
+                .classes = 2,
+                .dim = 8,
+                .depth = 1,
+                .heads = 2};
   Generator g(15);
   const Tensor images = Tensor::randn({2, 1, 8, 8}, DType::f32, &g);
   expect_round_trip<ViT>(vit, "forge_models_vit.safetensors",
@@ -407,15 +373,14 @@ TEST(ModelsViT, ParameterCountsMatchTimm) {
 }
 
 TEST(ModelsViT, MeanPoolingHasNoClsTokenAndTimmInit) {
-  ViTConfig c;
-  c.image_size = 8;
-  c.patch_size = 2;
-  c.channels = 1;
-  c.classes = 4;
-  c.dim = 64;
-  c.depth = 1;
-  c.heads = 4;
-  c.pool = Pool::mean;
+  ViTConfig c{.image_size = 8,
+              .patch_size = 2,
+              .channels = 1,
+              .classes = 4,
+              .dim = 64,
+              .depth = 1,
+              .heads = 4,
+              .pool = Pool::mean};
   Generator g(3);
   ViT vit(c, &g);
   EXPECT_FALSE(vit.cls_token.defined());
@@ -477,8 +442,8 @@ TEST(ModelsLanguageModel, FactorizedEmbeddingShapes) {
   // Non-causal (MLM-style) and the other positional kinds build and run.
   for (PositionalKind p : {PositionalKind::none, PositionalKind::sinusoidal, PositionalKind::rotary,
                            PositionalKind::rotary_only, PositionalKind::axial}) {
-    SCOPED_TRACE(positional_name(p));
-    EXPECT_EQ(positional_from_name(positional_name(p)), p);
+    SCOPED_TRACE(name_of(kPositionalNames, p));
+    EXPECT_EQ(enum_from_name(kPositionalNames, name_of(kPositionalNames, p)), p);
     LanguageModelConfig m = tiny_lm(Mechanism::taylor_linear);
     m.causal = false;
     m.positional = p;
@@ -593,12 +558,7 @@ TEST(ModelsConfig, BadConfigsGiveClearErrors) {
   ViTConfig vit = ViTConfig::preset("Ti", 30, 16, 10);
   expect_error([&] { vit.validate(); }, {"ViTConfig.image_size 30 is not divisible"});
   expect_error([] { ViTConfig::preset("L"); }, {"expected Ti, S or B"});
-  ViTConfig small;
-  small.image_size = 8;
-  small.patch_size = 4;
-  small.dim = 8;
-  small.depth = 1;
-  small.heads = 2;
+  ViTConfig small{.image_size = 8, .patch_size = 4, .dim = 8, .depth = 1, .heads = 2};
   ViT ok(small);
   const Tensor wrong_size = Tensor::zeros({1, 3, 12, 12});
   expect_error([&] { ok.forward(wrong_size); }, {"expected images (B, 3, 8, 8)"});

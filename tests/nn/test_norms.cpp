@@ -13,10 +13,7 @@
 namespace forge::nn {
 namespace {
 
-using forge::testing::expect_error;
-using forge::testing::expect_values;
-using forge::testing::leaf64;
-using forge::testing::naive_token_shift;
+using namespace forge::testing;
 
 TEST(NormsScaleNorm, ValuesAndGrad) {
   ScaleNorm norm(1e-2, DType::f64);

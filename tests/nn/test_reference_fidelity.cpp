@@ -23,11 +23,7 @@
 namespace forge::nn {
 namespace {
 
-using forge::testing::expect_close;
-using forge::testing::leaf64;
-using forge::testing::max_abs_diff;
-using forge::testing::random_ids;
-using forge::testing::tiny_vit_config;
+using namespace forge::testing;
 
 constexpr double kTol = 1e-10;
 
@@ -255,12 +251,8 @@ Tensor performer_lm_ref(LanguageModel& lm, const Tensor& ids, const Reference& r
 
 // A small f64 PerformerLM-like model: D 16, 2 layers, feed-forward x2.
 LanguageModelConfig small_lm(bool causal, int64_t heads, int64_t head_dim) {
-  LanguageModelConfig c;
-  c.vocab_size = 11;
-  c.max_len = 12;
-  c.dim = 16;
-  c.causal = causal;
-  c.dtype = DType::f64;
+  LanguageModelConfig c{
+      .vocab_size = 11, .max_len = 12, .dim = 16, .causal = causal, .dtype = DType::f64};
   c.stack.depth = 2;
   c.stack.block.ff.mult = 2;
   c.stack.block.attention.heads = heads;
@@ -316,7 +308,7 @@ TEST(ReferenceFidelity, ReversibleOutputIsTheMeanOrTheSumOfTheHalves) {
   const Tensor x = leaf64({2, 6, 8}, 3);
   std::vector<Tensor> outputs;
   for (ReversibleOutput output : {ReversibleOutput::mean, ReversibleOutput::sum}) {
-    SCOPED_TRACE(reversible_output_name(output));
+    SCOPED_TRACE(name_of(kReversibleOutputNames, output));
     sc.reversible_output = output;
     Generator g(4);
     Stack stack(sc, &g);
@@ -443,7 +435,7 @@ TEST(ReferenceFidelity, PerformerLocalHeadsComeLastWithLocalAttentionsRotary) {
       Generator g2(8);
       LanguageModel other(c, &g2);
       EXPECT_GT(max_abs_diff(other.forward(ids), want), 1e-6)
-          << local_heads_at_name(at) << (rel ? " with" : " without") << " local rotary";
+          << name_of(kLocalHeadsAtNames, at) << (rel ? " with" : " without") << " local rotary";
     }
   }
 }
@@ -455,7 +447,7 @@ TEST(ReferenceFidelity, ScaleNormAndReZeroModelsEndInALayerNorm) {
   // 1e-5) or ReZero around every branch, and self.norm = nn.LayerNorm(dim).
   const Tensor ids = random_ids(2, 9, 11, 9);
   for (NormKind norm : {NormKind::scale, NormKind::rezero}) {
-    SCOPED_TRACE(norm_name(norm));
+    SCOPED_TRACE(name_of(kNormNames, norm));
     LanguageModelConfig c = small_lm(true, 2, 8);
     c.positional = PositionalKind::rotary;
     c.stack.block.norm = norm;

@@ -17,11 +17,7 @@ namespace forge::nn {
 namespace {
 
 namespace att = ops::attention;
-using forge::testing::error_of;
-using forge::testing::expect_all_close;
-using forge::testing::expect_close;
-using forge::testing::leaf64;
-using forge::testing::padded_mask;
+using namespace forge::testing;
 
 StackConfig stack_config(Mechanism kind, int64_t depth, DType dtype = DType::f64, int64_t D = 12,
                          int64_t H = 3) {
@@ -199,7 +195,7 @@ TEST(Transformer, ReversiblePeakDoesNotGrowWithDepth) {
 
 TEST(Transformer, StackStepEqualsTheCausalForward) {
   for (NormKind norm : {NormKind::layer, NormKind::scale, NormKind::rezero}) {
-    SCOPED_TRACE(norm_name(norm));
+    SCOPED_TRACE(name_of(kNormNames, norm));
     StackConfig sc = stack_config(Mechanism::favor, 2, DType::f64);
     sc.block.attention.causal = true;
     sc.block.norm = norm;
@@ -320,14 +316,14 @@ TEST(Transformer, ReversibleMeanIsHalfTheSum) {
   expect_close(mean.forward(x), sum.forward(x) * 0.5, 1e-14);
   EXPECT_GRADCHECK([&](const std::vector<Tensor>& in) { return mean.forward(in[0]); },
                    {leaf64({1, 4, 12}, 32), mean.blocks[1]->ff->w2->bias});
-  EXPECT_STREQ(reversible_output_name(ReversibleOutput::mean), "mean");
+  EXPECT_STREQ(name_of(kReversibleOutputNames, ReversibleOutput::mean), "mean");
 }
 
 TEST(Transformer, EveryNormTakesNormEpsAndTheFinalNormItsKind) {
   for (NormKind norm : {NormKind::layer, NormKind::scale}) {
     for (FinalNormKind final_kind : {FinalNormKind::layer, FinalNormKind::block}) {
-      SCOPED_TRACE(std::string(norm_name(norm)) + " blocks, final " +
-                   final_norm_kind_name(final_kind));
+      SCOPED_TRACE(std::string(name_of(kNormNames, norm)) + " blocks, final " +
+                   name_of(kFinalNormKindNames, final_kind));
       StackConfig sc = stack_config(Mechanism::efficient, 2);
       sc.block.norm = norm;
       sc.block.norm_eps = 1e-3;
@@ -369,9 +365,9 @@ TEST(Transformer, ConfigErrorsNameTheField) {
   sc = stack_config(Mechanism::softmax, 2);
   sc.block.norm_eps = 0;
   EXPECT_NE(message(sc).find("block.norm_eps must be > 0"), std::string::npos);
-  EXPECT_THROW(norm_from_name("batch"), Error);
-  EXPECT_THROW(reversible_output_from_name("max"), Error);
-  EXPECT_THROW(final_norm_kind_from_name("scale"), Error);
+  EXPECT_THROW(enum_from_name(kNormNames, "batch"), Error);
+  EXPECT_THROW(enum_from_name(kReversibleOutputNames, "max"), Error);
+  EXPECT_THROW(enum_from_name(kFinalNormKindNames, "scale"), Error);
 }
 
 }  // namespace

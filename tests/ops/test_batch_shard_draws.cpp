@@ -23,9 +23,7 @@
 namespace forge {
 namespace {
 
-using testing::leaf64;
-using testing::max_abs_diff;
-using testing::uniform;
+using namespace testing;
 
 // ---- the generator ----
 
@@ -238,11 +236,7 @@ TEST(BatchShardDraws, LocalAttention) {
   // N = 7, window 3, one window back and forward: a band of 9, 126 draws per batch row.
   const auto make = [](bool causal) -> ShardedOp {
     return [causal](const std::vector<Tensor>& in, Generator& gen) {
-      ops::attention::LocalOptions o;
-      o.window = 3;
-      o.causal = causal;
-      o.dropout = 0.3;
-      o.gen = &gen;
+      ops::attention::LocalOptions o{.window = 3, .causal = causal, .dropout = 0.3, .gen = &gen};
       return ops::attention::local(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), o);
     };
   };

@@ -21,10 +21,7 @@ namespace forge {
 namespace {
 
 using autograd::backward;
-using testing::expect_close;
-using testing::expect_error;
-using testing::expect_values;
-using testing::leaf64;
+using namespace testing;
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
 const DType kFloatTypes[] = {DType::f32, DType::f64};

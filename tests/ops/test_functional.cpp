@@ -19,10 +19,7 @@ namespace {
 
 using ops::CrossEntropyOptions;
 using ops::Reduction;
-using testing::error_of;
-using testing::expect_close;
-using testing::expect_values;
-using testing::leaf64;
+using namespace testing;
 
 #define EXPECT_ERROR_HAS(stmt, text)                       \
   do {                                                     \

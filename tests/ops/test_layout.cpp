@@ -12,9 +12,7 @@
 namespace forge {
 namespace {
 
-using testing::expect_error;
-using testing::expect_values;
-using testing::leaf64;
+using namespace testing;
 using Ins = std::vector<Tensor>;
 
 // 0, 1, 2, ... in `shape` and `dtype`.

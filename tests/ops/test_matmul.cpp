@@ -12,8 +12,7 @@
 namespace forge {
 namespace {
 
-using testing::bf16_rounded;
-using testing::leaf64;
+using namespace testing;
 
 // Naive reference on f64: c[..., i, j] = sum_p op(a)[i, p] op(b)[p, j], batch
 // dims broadcast (right-aligned).

@@ -17,10 +17,7 @@
 namespace forge {
 namespace {
 
-using testing::error_of;
-using testing::expect_close;
-using testing::expect_values;
-using testing::leaf64;
+using namespace testing;
 
 enum class Kind { sum, mean, max, logsumexp };
 

@@ -12,9 +12,7 @@
 namespace forge::optim {
 namespace {
 
-using testing::expect_near_all;
-using testing::Problem;
-using testing::reference_run;
+using namespace testing;
 
 // PyTorch's documented Adam / AdamW update, element by element in doubles.
 testing::ReferenceStep adam_reference(const AdamOptions& o, bool decoupled) {

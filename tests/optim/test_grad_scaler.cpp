@@ -17,8 +17,7 @@
 namespace forge::optim {
 namespace {
 
-using forge::testing::expect_error;
-using forge::testing::expect_values;
+using namespace forge::testing;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();

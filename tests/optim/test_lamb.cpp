@@ -12,9 +12,7 @@
 namespace forge::optim {
 namespace {
 
-using testing::expect_near_all;
-using testing::Problem;
-using testing::reference_run;
+using namespace testing;
 
 testing::ReferenceStep lamb_reference(const LambOptions& o) {
   auto m = std::make_shared<std::vector<double>[]>(2);

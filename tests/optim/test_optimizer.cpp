@@ -64,11 +64,7 @@ TEST(OptimParamGroups, TinyViT) {
 }
 
 TEST(OptimParamGroups, SequenceClassifierEmbeddings) {
-  nn::SequenceClassifierConfig c;
-  c.vocab_size = 11;
-  c.max_len = 6;
-  c.dim = 8;
-  c.classes = 3;
+  nn::SequenceClassifierConfig c{.vocab_size = 11, .max_len = 6, .dim = 8, .classes = 3};
   for (auto positional : {nn::PositionalKind::learned, nn::PositionalKind::axial}) {
     c.positional = positional;
     nn::SequenceClassifier clf(c);

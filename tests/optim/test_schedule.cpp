@@ -13,17 +13,14 @@ namespace {
 using forge::testing::expect_error;
 
 ScheduleConfig config(ScheduleKind kind, int64_t warmup, int64_t total = 0, double min_ratio = 0) {
-  ScheduleConfig c;
-  c.kind = kind;
-  c.warmup_steps = warmup;
-  c.total_steps = total;
-  c.min_lr_ratio = min_ratio;
-  return c;
+  return ScheduleConfig{
+      .kind = kind, .warmup_steps = warmup, .total_steps = total, .min_lr_ratio = min_ratio};
 }
 
 void expect_factors(const ScheduleConfig& c, const std::vector<std::pair<int64_t, double>>& want) {
   for (const auto& [step, factor] : want)
-    EXPECT_NEAR(lr_factor(c, step), factor, 1e-15) << schedule_name(c.kind) << " at step " << step;
+    EXPECT_NEAR(lr_factor(c, step), factor, 1e-15)
+        << name_of(kScheduleNames, c.kind) << " at step " << step;
 }
 
 TEST(OptimSchedule, ConstantAndLinearWarmup) {
@@ -81,10 +78,10 @@ TEST(OptimSchedule, RsqrtIsLongRangeArenas) {
 TEST(OptimSchedule, NamesRoundTrip) {
   for (ScheduleKind k : {ScheduleKind::constant, ScheduleKind::linear_warmup, ScheduleKind::cosine,
                          ScheduleKind::step, ScheduleKind::rsqrt, ScheduleKind::linear_decay})
-    EXPECT_EQ(schedule_from_name(schedule_name(k)), k);
-  EXPECT_STREQ(schedule_name(ScheduleKind::rsqrt), "rsqrt");
+    EXPECT_EQ(enum_from_name(kScheduleNames, name_of(kScheduleNames, k)), k);
+  EXPECT_STREQ(name_of(kScheduleNames, ScheduleKind::rsqrt), "rsqrt");
   expect_error(
-      [] { schedule_from_name("cosine_annealing"); },
+      [] { enum_from_name(kScheduleNames, "cosine_annealing"); },
       {"'cosine_annealing'", "constant, linear_warmup, cosine, step, rsqrt, linear_decay"});
 }
 

@@ -9,9 +9,7 @@
 namespace forge::optim {
 namespace {
 
-using testing::expect_near_all;
-using testing::Problem;
-using testing::reference_run;
+using namespace testing;
 
 // torch.optim.SGD's update, element by element in doubles.
 testing::ReferenceStep sgd_reference(const SGDOptions& o) {

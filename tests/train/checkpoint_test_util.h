@@ -21,13 +21,7 @@
 namespace forge::train::checkpoint_testing {
 
 namespace fs = std::filesystem;
-using forge::testing::bytes_of;
-using forge::testing::error_of;
-using forge::testing::expect_error;
-using forge::testing::IfNoError;
-using forge::testing::read_file;
-using forge::testing::snapshot;
-using forge::testing::write_file;
+using namespace forge::testing;
 
 inline std::set<std::string> names_in(const fs::path& dir) {
   std::set<std::string> out;

@@ -22,8 +22,7 @@ namespace forge::train {
 namespace {
 
 namespace fs = std::filesystem;
-using forge::testing::expect_error;
-using forge::testing::TempDir;
+using namespace forge::testing;
 
 // An uncompressed IDX u8 file: magic 00 00 08 ndims, big-endian dims, data.
 void write_idx(const fs::path& path, const std::vector<uint32_t>& dims) {

@@ -17,16 +17,14 @@ namespace forge::train {
 namespace {
 
 nn::ViTConfig small_vit(int64_t image_size, int64_t classes) {
-  nn::ViTConfig c;
-  c.image_size = image_size;
-  c.patch_size = 7;
-  c.channels = 1;
-  c.classes = classes;
-  c.dim = 8;
-  c.depth = 2;
-  c.heads = 2;
-  c.mlp_ratio = 2;
-  return c;
+  return nn::ViTConfig{.image_size = image_size,
+                       .patch_size = 7,
+                       .channels = 1,
+                       .classes = classes,
+                       .dim = 8,
+                       .depth = 2,
+                       .heads = 2,
+                       .mlp_ratio = 2};
 }
 
 void expect_equal(const Tensor& a, const Tensor& b, const std::string& what) {

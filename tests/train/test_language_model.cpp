@@ -25,8 +25,7 @@ namespace forge::train {
 namespace {
 
 namespace fs = std::filesystem;
-using forge::testing::fresh_dir;
-using forge::testing::quiet;
+using namespace forge::testing;
 
 // A corpus with structure a small model picks up in a few hundred steps:
 // repeated words in a fixed order, with counters.

@@ -15,9 +15,7 @@ namespace forge::train {
 namespace {
 
 namespace fs = std::filesystem;
-using forge::testing::expect_error;
-using forge::testing::read_file;
-using forge::testing::write_file;
+using namespace forge::testing;
 
 class MetricsLogTest : public ::testing::Test {
  protected:

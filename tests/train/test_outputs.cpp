@@ -13,8 +13,7 @@ namespace forge::train {
 namespace {
 
 namespace fs = std::filesystem;
-using forge::testing::expect_error;
-using forge::testing::write_file;
+using namespace forge::testing;
 
 // run/checkpoints/{latest, step-00000002/{model.safetensors, state.json}}
 fs::path make_run(const fs::path& root) {

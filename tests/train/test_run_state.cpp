@@ -14,12 +14,7 @@ using forge::testing::expect_error;
 
 // A run of 100 steps, 10 batches per epoch, one batch per step, at step 23.
 RunStateExpect expect_at_23() {
-  RunStateExpect e;
-  e.step = 23;
-  e.total_steps = 100;
-  e.batches_per_epoch = 10;
-  e.accumulation = 1;
-  return e;
+  return RunStateExpect{.step = 23, .total_steps = 100, .batches_per_epoch = 10, .accumulation = 1};
 }
 
 RunState state_at_23() {

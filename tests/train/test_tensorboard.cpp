@@ -21,10 +21,7 @@ namespace forge::train {
 namespace {
 
 namespace fs = std::filesystem;
-using forge::testing::expect_error;
-using forge::testing::read_file;
-using forge::testing::TempDir;
-using forge::testing::write_file;
+using namespace forge::testing;
 
 // Debian's Python: the one on PATH may be a pyenv build without python3-protobuf.
 constexpr const char* kPython = "/usr/bin/python3";

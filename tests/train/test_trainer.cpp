@@ -33,9 +33,7 @@ namespace forge::train {
 namespace {
 
 namespace fs = std::filesystem;
-using forge::testing::fresh_dir;
-using forge::testing::quiet;
-using forge::testing::snapshot;
+using namespace forge::testing;
 
 // A small ViT on a slice of Fashion-MNIST; every stochastic part switched on
 // (dropout, augmentation, mixup, loader workers, Performer redraws) so resume

@@ -16,13 +16,7 @@
 namespace forge {
 namespace {
 
-using testing::AttentionGrads;
-using testing::error_of;
-using testing::forward_backward;
-using testing::IfNoError;
-using testing::padding_mask;
-using testing::QkvFn;
-using testing::uniform;
+using namespace testing;
 
 // [B, 1, M, 1] bool: true for a padding key.
 Tensor padding_positions(const Tensor& mask) {

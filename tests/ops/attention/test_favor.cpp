@@ -21,8 +21,7 @@ namespace {
 using ops::attention::FavorKernel;
 using ops::attention::FavorOptions;
 using ops::attention::FavorStabilizer;
-using testing::error_of;
-using testing::uniform;
+using namespace testing;
 
 // A constant f64 tensor of `shape` from a function of the flat index.
 template <typename Fn>

@@ -13,11 +13,7 @@
 namespace forge {
 namespace {
 
-using testing::error_of;
-using testing::forward_backward;
-using testing::padding_mask;
-using testing::QkvFn;
-using testing::uniform;
+using namespace testing;
 
 // [B, 1, M, 1] f64: 1 for a real key, 0 for padding.
 Tensor keep_factor(const Tensor& mask) {

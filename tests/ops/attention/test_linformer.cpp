@@ -16,8 +16,7 @@ namespace {
 
 using ops::attention::linformer;
 using ops::attention::LinformerOptions;
-using testing::error_of;
-using testing::uniform;
+using namespace testing;
 
 struct Inputs {
   Tensor q, k, v, E, F, bE, bF;  // bE, bF undefined for "no bias"

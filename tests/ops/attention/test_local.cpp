@@ -15,8 +15,7 @@ namespace forge {
 namespace {
 
 using ops::attention::LocalOptions;
-using testing::error_of;
-using testing::QkvFn;
+using namespace testing;
 
 // The contract of ATTENTION.md "local", written with the primitive ops on the
 // full [N, N] scores (fine for a test): the band, causality and the key padding
@@ -108,13 +107,11 @@ const RefCase kRefCases[] = {
 };
 
 LocalOptions options_of(const RefCase& c) {
-  LocalOptions o;
-  o.window = c.window;
-  o.look_backward = c.look_backward;
-  o.look_forward = c.look_forward;
-  o.causal = c.causal;
-  o.dropout = c.dropout;
-  return o;
+  return LocalOptions{.window = c.window,
+                      .look_backward = c.look_backward,
+                      .look_forward = c.look_forward,
+                      .causal = c.causal,
+                      .dropout = c.dropout};
 }
 
 // Batch 0: the last 5 positions padded; batch 1: one padded key in the middle.

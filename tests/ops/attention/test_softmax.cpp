@@ -19,10 +19,7 @@ namespace forge {
 namespace {
 
 namespace att = ops::attention;
-using testing::error_of;
-using testing::expect_close;
-using testing::padding_mask;
-using testing::uniform;
+using namespace testing;
 
 // The dropout factors the op must use: Z [B, H, N, M] = 1/(1-p) where draw
 // ((b H + h) N + i) M + j of the stream at `offset` is >= p, else 0.
@@ -106,11 +103,8 @@ void expect_matches_reference(int64_t B, int64_t H, const RefCase& c, uint64_t s
   const Tensor kpm = c.pad.empty() ? Tensor() : padding_mask(B, c.M, c.pad);
   Generator gen(seed);
   const uint64_t offset = gen.offset();
-  att::SoftmaxOptions options;
-  options.causal = c.causal;
-  options.scale = c.scale;
-  options.dropout = c.dropout;
-  options.gen = &gen;
+  att::SoftmaxOptions options{
+      .scale = c.scale, .causal = c.causal, .dropout = c.dropout, .gen = &gen};
   const Inputs a = fresh(base, DType::f64), r = fresh(base, DType::f64);
   const Tensor o = att::softmax(a.q, a.k, a.v, kpm, options);
   const Tensor Z =

@@ -13,11 +13,7 @@ namespace forge {
 namespace {
 
 using ops::attention::taylor_linear;
-using testing::AttentionGrads;
-using testing::error_of;
-using testing::expect_same_grads;
-using testing::QkvFn;
-using testing::uniform;
+using namespace testing;
 
 // The contract written out with an explicit [B, H, N, M] score matrix:
 // A = 1 + q' k'^T (masked keys zeroed), o = A v / (rowsum(A) + eps sum_c q'_c),
