@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
 #include "core/fault.h"
@@ -22,19 +23,15 @@ void check_mpi(int code, const char* call) {
   FORGE_FAIL("{} failed: {}", call, std::string(text, static_cast<size_t>(len)));
 }
 
+// The MPI type of each DType the all-reduce sums.
+const std::pair<DType, MPI_Datatype> kMpiTypes[] = {
+    {DType::f32, MPI_FLOAT}, {DType::f64, MPI_DOUBLE},
+    {DType::i64, MPI_INT64_T}, {DType::i32, MPI_INT32_T}};
+
 MPI_Datatype mpi_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return MPI_FLOAT;
-    case DType::f64:
-      return MPI_DOUBLE;
-    case DType::i64:
-      return MPI_INT64_T;
-    case DType::i32:
-      return MPI_INT32_T;
-    default:
-      FORGE_FAIL("distributed: no MPI sum for {} buffers", dtype_name(dtype));
-  }
+  for (const auto& [d, t] : kMpiTypes)
+    if (d == dtype) return t;
+  FORGE_FAIL("distributed: no MPI sum for {} buffers", dtype_name(dtype));
 }
 
 // Waits (bounded, see Group::wait_until) for a non-blocking request.

@@ -2,6 +2,7 @@
 // its own, ordered after the compute stream by events, so the all-reduce of
 // one bucket runs while the backward keeps computing the next.
 #include <map>
+#include <utility>
 
 #include "core/error.h"
 #include "dist/transport.h"
@@ -25,19 +26,16 @@ namespace {
                 ncclGetErrorString(forge_nccl_));                                             \
   } while (0)
 
+// The NCCL type of each DType the all-reduce sums.
+constexpr std::pair<DType, ncclDataType_t> kNcclTypes[] = {{DType::f32, ncclFloat32},
+                                                           {DType::f64, ncclFloat64},
+                                                           {DType::bf16, ncclBfloat16},
+                                                           {DType::f16, ncclFloat16}};
+
 ncclDataType_t nccl_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return ncclFloat32;
-    case DType::f64:
-      return ncclFloat64;
-    case DType::bf16:
-      return ncclBfloat16;
-    case DType::f16:
-      return ncclFloat16;
-    default:
-      FORGE_FAIL("distributed: no NCCL all-reduce for {} buffers", dtype_name(dtype));
-  }
+  for (const auto& [d, t] : kNcclTypes)
+    if (d == dtype) return t;
+  FORGE_FAIL("distributed: no NCCL all-reduce for {} buffers", dtype_name(dtype));
 }
 
 class NcclTransport final : public Transport {

@@ -51,4 +51,11 @@ Tensor case_padding_mask(const CaseDims& s, const std::vector<int64_t>& pad) {
   });
 }
 
+std::vector<Tensor> case_qkv_padded(const CaseDims& s, uint64_t seed,
+                                    const std::vector<int64_t>& pad) {
+  std::vector<Tensor> in = case_qkv(s, seed);
+  if (!pad.empty()) in.push_back(case_padding_mask(s, pad));
+  return in;
+}
+
 }  // namespace forge::ops::attention

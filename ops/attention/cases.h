@@ -71,6 +71,14 @@ const AttentionCase* find_attention_case(const std::string& name);
 // q [B, H, N, d], k [B, H, M, d], v [B, H, M, dv]: f64 uniform in [-1, 1)
 // from seeds seed, seed + 1, seed + 2, requiring grad.
 std::vector<Tensor> case_qkv(const CaseDims& s, uint64_t seed);
+// case_qkv, then case_padding_mask(s, pad) as a fourth input when pad is not
+// empty.
+std::vector<Tensor> case_qkv_padded(const CaseDims& s, uint64_t seed,
+                                    const std::vector<int64_t>& pad);
+// A case's optional input: in[i], or an undefined tensor when in has no i.
+inline Tensor case_input(const std::vector<Tensor>& in, size_t i) {
+  return i < in.size() ? in[i] : Tensor();
+}
 // A f64 tensor uniform in [lo, hi) from its own generator, requiring grad.
 Tensor case_leaf(const Shape& shape, uint64_t seed, double lo = -1, double hi = 1);
 // A [B, M] bool key padding mask: key j of batch b is masked where

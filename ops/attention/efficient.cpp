@@ -540,15 +540,13 @@ AttentionCase efficient_case(const std::string& name, int64_t N, int64_t M, bool
   c.dims.N = N;
   c.dims.M = M;
   c.make_inputs = [=](const CaseDims& s) {
-    std::vector<Tensor> in = case_qkv(s, 21);
-    if (masked) in.push_back(case_padding_mask(s, {1, 3}));
-    return in;
+    return case_qkv_padded(s, 21, masked ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{});
   };
   c.fn = [=](const std::vector<Tensor>& in) {
     EfficientOptions options;
     options.causal = causal;
     options.bucket_size = bucket_size;
-    return efficient(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), options);
+    return efficient(in[0], in[1], in[2], case_input(in, 3), options);
   };
   c.bench = bench;
   if (causal) c.length_multiple = bucket_size;

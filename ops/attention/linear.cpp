@@ -420,14 +420,12 @@ AttentionCase linear_case(const std::string& name, int64_t N, int64_t M, bool ma
   c.dims.N = N;
   c.dims.M = M;
   c.make_inputs = [=](const CaseDims& s) {
-    std::vector<Tensor> in = case_qkv(s, 11);
-    if (masked) in.push_back(case_padding_mask(s, {1, 3}));
-    return in;
+    return case_qkv_padded(s, 11, masked ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{});
   };
   c.fn = [=](const std::vector<Tensor>& in) {
     LinearOptions options;
     options.causal = causal;
-    return linear(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), options);
+    return linear(in[0], in[1], in[2], case_input(in, 3), options);
   };
   c.bench = bench;
   return c;

@@ -405,7 +405,7 @@ std::vector<AttentionCase> local_cases() {
       // A fresh generator per call: every evaluation draws the same dropout mask.
       Generator g(5);
       o.gen = &g;
-      return local(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), o);
+      return local(in[0], in[1], in[2], case_input(in, 3), o);
     };
     c.bench = sp.bench;
     cases.push_back(std::move(c));

@@ -460,18 +460,14 @@ AttentionCase softmax_case(const std::string& name, int64_t N, int64_t M, std::v
   c.name = "softmax/" + name;
   c.dims.N = N;
   c.dims.M = M;
-  c.make_inputs = [=](const CaseDims& s) {
-    std::vector<Tensor> in = case_qkv(s, seed);
-    if (!pad.empty()) in.push_back(case_padding_mask(s, pad));
-    return in;
-  };
+  c.make_inputs = [=](const CaseDims& s) { return case_qkv_padded(s, seed, pad); };
   // Dropout draws from a generator seeded afresh on every call, so each
   // evaluation of fn sees the same dropout mask.
   c.fn = [=](const std::vector<Tensor>& in) {
     Generator gen(seed + 3);
     SoftmaxOptions o = options;
     o.gen = &gen;
-    return softmax(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor(), o);
+    return softmax(in[0], in[1], in[2], case_input(in, 3), o);
   };
   c.bench = bench;
   return c;

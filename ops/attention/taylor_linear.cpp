@@ -325,14 +325,12 @@ std::vector<AttentionCase> taylor_linear_cases() {
     c.name = std::string("taylor_linear/") + x.name;
     c.dims.N = x.N;
     c.dims.M = x.M;
+    // Batch 0: the last key padded; batch 1: the last three.
     c.make_inputs = [x](const CaseDims& s) {
-      std::vector<Tensor> in = case_qkv(s, 11);
-      // Batch 0: the last key padded; batch 1: the last three.
-      if (x.mask) in.push_back(case_padding_mask(s, {1, 3}));
-      return in;
+      return case_qkv_padded(s, 11, x.mask ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{});
     };
     c.fn = [](const std::vector<Tensor>& in) {
-      return taylor_linear(in[0], in[1], in[2], in.size() > 3 ? in[3] : Tensor());
+      return taylor_linear(in[0], in[1], in[2], case_input(in, 3));
     };
     c.bench = x.bench;
     cases.push_back(std::move(c));

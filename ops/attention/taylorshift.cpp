@@ -632,7 +632,7 @@ std::vector<AttentionCase> taylorshift_cases() {
       return in;
     };
     c.fn = [x](const std::vector<Tensor>& in) {
-      return taylorshift(in[0], in[1], in[2], in[3], in.size() > 4 ? in[4] : Tensor(), x.options);
+      return taylorshift(in[0], in[1], in[2], in[3], case_input(in, 4), x.options);
     };
     c.bench = x.bench;
     cases.push_back(std::move(c));

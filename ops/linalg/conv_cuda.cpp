@@ -11,9 +11,11 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "core/names.h"
 #include "core/tensor.h"
 #include "ops/linalg/handles_cuda.h"
 
@@ -23,31 +25,21 @@ namespace {
 
 enum class Pass { forward, backward_data, backward_filter };
 
+constexpr NameTable<Pass, 3> kPassNames{"pass", {"forward", "backward data", "backward filter"}};
 const char* pass_name(Pass pass) {
-  switch (pass) {
-    case Pass::forward:
-      return "forward";
-    case Pass::backward_data:
-      return "backward data";
-    case Pass::backward_filter:
-      return "backward filter";
-  }
-  return "?";
+  return name_of(kPassNames, pass);
 }
 
+// cuDNN's type of each DType the patch convolution takes.
+constexpr std::pair<DType, cudnnDataType_t> kCudnnTypes[] = {{DType::f32, CUDNN_DATA_FLOAT},
+                                                             {DType::f64, CUDNN_DATA_DOUBLE},
+                                                             {DType::bf16, CUDNN_DATA_BFLOAT16},
+                                                             {DType::f16, CUDNN_DATA_HALF}};
+
 cudnnDataType_t cudnn_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return CUDNN_DATA_FLOAT;
-    case DType::f64:
-      return CUDNN_DATA_DOUBLE;
-    case DType::bf16:
-      return CUDNN_DATA_BFLOAT16;
-    case DType::f16:
-      return CUDNN_DATA_HALF;
-    default:
-      fail_dtype("patch_embed", t);
-  }
+  for (const auto& [d, c] : kCudnnTypes)
+    if (d == t) return c;
+  fail_dtype("patch_embed", t);
 }
 
 // The math the descriptor asks for: tensor cores for bf16 / f16; for f32 plain

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 
 #include <climits>
+#include <utility>
 
 #include "core/error.h"
 #include "ops/linalg/handles_cuda.h"
@@ -14,19 +15,16 @@ namespace forge::cuda {
 
 namespace {
 
+// cuBLAS's type of each DType a product takes.
+constexpr std::pair<DType, cudaDataType_t> kCudaTypes[] = {{DType::f32, CUDA_R_32F},
+                                                           {DType::f64, CUDA_R_64F},
+                                                           {DType::bf16, CUDA_R_16BF},
+                                                           {DType::f16, CUDA_R_16F}};
+
 cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return CUDA_R_32F;
-    case DType::f64:
-      return CUDA_R_64F;
-    case DType::bf16:
-      return CUDA_R_16BF;
-    case DType::f16:
-      return CUDA_R_16F;
-    default:
-      fail_dtype("matmul", t);
-  }
+  for (const auto& [d, c] : kCudaTypes)
+    if (d == t) return c;
+  fail_dtype("matmul", t);
 }
 
 // cuBLAS's sizes are 32-bit ints.
