@@ -25,10 +25,10 @@
 // O(L^2) primes; --depth 2 halves it.
 #include <chrono>
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "core/allocator.h"
 #include "core/threading.h"
 #include "nn/models.h"
@@ -45,14 +45,6 @@ struct Options {
   forge::Device device = forge::Device::cpu();
   bool state_on_gpu = false;
 };
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 nn::LanguageModelConfig make_config(const Options& o, const std::string& mechanism) {
   nn::LanguageModelConfig c;
@@ -97,41 +89,23 @@ Result measure(nn::LanguageModel& lm, const Options& o, int64_t L) {
 
 int run(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      FORGE_CHECK(i + 1 < argc, "{} needs a value", a);
-      return argv[++i];
-    };
-    if (a == "--max-len")
-      o.max_len = std::stoll(value());
-    else if (a == "--mechanisms")
-      o.mechanisms = split(value());
-    else if (a == "--new-tokens")
-      o.new_tokens = std::stoll(value());
-    else if (a == "--threads")
-      o.threads = std::stoi(value());
-    else if (a == "--depth")
-      o.depth = std::stoll(value());
-    else if (a == "--dim")
-      o.dim = std::stoll(value());
-    else if (a == "--heads")
-      o.heads = std::stoll(value());
-    else if (a == "--device") {
-      const std::string d = value();
-      FORGE_CHECK(d == "cpu" || d == "cuda", "--device must be cpu or cuda, got {}", d);
-      FORGE_CHECK(d == "cpu" || forge::cuda_device_count() > 0,
-                  "--device cuda, but no CUDA device is visible");
-      o.device = d == "cpu" ? forge::Device::cpu() : forge::Device::cuda(0);
-    } else if (a == "--state-on-gpu")
-      o.state_on_gpu = true;
-    else
-      FORGE_FAIL(
-          "unknown argument {} (see the options at the top of bench/bench_generate.cpp: "
-          "--max-len, --mechanisms, --new-tokens, --threads, --depth, --dim, --heads, --device, "
-          "--state-on-gpu)",
-          a);
-  }
+  forge::bench::parse_bench_args(
+      argc, argv,
+      {{"--max-len", &o.max_len},
+       {"--mechanisms", &o.mechanisms},
+       {"--new-tokens", &o.new_tokens},
+       {"--threads", &o.threads},
+       {"--depth", &o.depth},
+       {"--dim", &o.dim},
+       {"--heads", &o.heads},
+       {"--device",
+        [&](const std::string& d) {
+          FORGE_CHECK(d == "cpu" || d == "cuda", "--device must be cpu or cuda, got {}", d);
+          FORGE_CHECK(d == "cpu" || forge::cuda_device_count() > 0,
+                      "--device cuda, but no CUDA device is visible");
+          o.device = d == "cpu" ? forge::Device::cpu() : forge::Device::cuda(0);
+        }},
+       {"--state-on-gpu", &o.state_on_gpu}});
   FORGE_CHECK(o.max_len >= 1024, "--max-len must be >= 1024 (the first context), got {}",
               o.max_len);
   FORGE_CHECK(o.new_tokens >= 1, "--new-tokens must be >= 1, got {}", o.new_tokens);
@@ -169,10 +143,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_generate: error: %s\n", e.what());
-    return 1;
-  }
+  return forge::bench::bench_main("bench_generate", argc, argv, run);
 }

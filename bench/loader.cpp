@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "data/synthetic_images.h"
@@ -77,42 +78,30 @@ int64_t positive(const std::string& option, const std::string& v) {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string opt = argv[i];
-    if (opt == "--print-root") {
-      a.print_root = true;
-      --i;
-      continue;
-    }
-    if (i + 1 >= argc) usage(opt + " needs a value");
-    const std::string v = argv[i + 1];
-    if (opt == "--recipe") {
-      a.recipe = v;
-    } else if (opt == "--root") {
-      a.root = v;
-    } else if (opt == "--out") {
-      a.out = v;
-    } else if (opt == "--images") {
-      a.images = positive(opt, v);
-    } else if (opt == "--batches") {
-      a.batches = positive(opt, v);
-    } else if (opt == "--batch-size") {
-      a.batch_size = positive(opt, v);
-    } else if (opt == "--set") {
-      a.sets.push_back(v);
-    } else if (opt == "--workers") {
-      a.workers.clear();
-      size_t start = 0;
-      while (start <= v.size()) {
-        const size_t comma = std::min(v.find(',', start), v.size());
-        const std::string item = v.substr(start, comma - start);
-        a.workers.push_back(item == "0" ? 0 : static_cast<int>(positive(opt, item)));
-        start = comma + 1;
-      }
-    } else {
-      usage("unknown option " + opt);
-    }
-  }
+  const auto positive_into = [](int64_t& to, const char* option) {
+    return [&to, option](const std::string& v) { to = positive(option, v); };
+  };
+  bench::parse_bench_args(
+      argc, argv,
+      {{"--recipe", &a.recipe},
+       {"--root", &a.root},
+       {"--out", &a.out},
+       {"--images", positive_into(a.images, "--images")},
+       {"--batches", positive_into(a.batches, "--batches")},
+       {"--batch-size", positive_into(a.batch_size, "--batch-size")},
+       {"--set", [&](const std::string& v) { a.sets.push_back(v); }},
+       {"--workers",
+        [&](const std::string& v) {
+          a.workers.clear();
+          size_t start = 0;
+          while (start <= v.size()) {
+            const size_t comma = std::min(v.find(',', start), v.size());
+            const std::string item = v.substr(start, comma - start);
+            a.workers.push_back(item == "0" ? 0 : static_cast<int>(positive("--workers", item)));
+            start = comma + 1;
+          }
+        }},
+       {"--print-root", &a.print_root}});
   return a;
 }
 
@@ -182,8 +171,8 @@ Measure time_loader(data::DataLoader& loader, int workers, int64_t batches) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args a = parse(argc, argv);
   try {
+    const Args a = parse(argc, argv);
     const std::string root = a.root.empty() ? synthetic_root(a.images) : a.root;
     if (a.print_root) {
       std::printf("%s\n", root.c_str());

@@ -25,11 +25,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "autograd/engine.h"
+#include "bench/bench_args.h"
 #include "core/allocator.h"
 #include "core/threading.h"
 #include "nn/transformer.h"
@@ -68,14 +68,6 @@ struct Options {
   bool frozen_input = false;  // x without requires_grad (pixels into a frozen stem)
   bool csv = false;
 };
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 nn::StackConfig make_config(const Options& o, const std::string& kind, Mode mode) {
   nn::StackConfig c;
@@ -209,47 +201,26 @@ double mib(int64_t bytes) {
 
 int run(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      FORGE_CHECK(i + 1 < argc, "{} needs a value", a);
-      return argv[++i];
-    };
-    if (a == "--n")
-      o.n = std::stoll(value());
-    else if (a == "--depth")
-      o.depth = std::stoll(value());
-    else if (a == "--dim")
-      o.dim = std::stoll(value());
-    else if (a == "--heads")
-      o.heads = std::stoll(value());
-    else if (a == "--ff-mult")
-      o.ff_mult = std::stoll(value());
-    else if (a == "--k")
-      o.k = std::stoll(value());
-    else if (a == "--kind")
-      o.kinds = split(value());
-    else if (a == "--modes") {
-      o.modes.clear();
-      for (const std::string& m : split(value())) o.modes.push_back(mode_from_name(m));
-    } else if (a == "--sharing")
-      o.sharing = value();
-    else if (a == "--loss")
-      o.loss = value();
-    else if (a == "--runs")
-      o.runs = std::stoi(value());
-    else if (a == "--threads")
-      o.threads = std::stoi(value());
-    else if (a == "--frozen-input")
-      o.frozen_input = true;
-    else if (a == "--csv")
-      o.csv = true;
-    else
-      FORGE_FAIL(
-          "unknown argument {} (see the options at the top of bench/stack.cpp: --n, "
-          "--depth, --dim, --heads, --kind, --modes, --csv, ...)",
-          a);
-  }
+  forge::bench::parse_bench_args(argc, argv,
+                                 {{"--n", &o.n},
+                                  {"--depth", &o.depth},
+                                  {"--dim", &o.dim},
+                                  {"--heads", &o.heads},
+                                  {"--ff-mult", &o.ff_mult},
+                                  {"--k", &o.k},
+                                  {"--kind", &o.kinds},
+                                  {"--modes",
+                                   [&](const std::string& v) {
+                                     o.modes.clear();
+                                     for (const std::string& m : forge::bench::split_list(v))
+                                       o.modes.push_back(mode_from_name(m));
+                                   }},
+                                  {"--sharing", &o.sharing},
+                                  {"--loss", &o.loss},
+                                  {"--runs", &o.runs},
+                                  {"--threads", &o.threads},
+                                  {"--frozen-input", &o.frozen_input},
+                                  {"--csv", &o.csv}});
   FORGE_CHECK(o.loss == "mse" || o.loss == "sum", "--loss must be mse or sum, got {}", o.loss);
   // Each reference (C0, rev-plain) runs before the modes checked against it.
   std::vector<Mode> order;
@@ -359,10 +330,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_stack: error: %s\n", e.what());
-    return 1;
-  }
+  return forge::bench::bench_main("bench_stack", argc, argv, run);
 }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "autograd/engine.h"
+#include "bench/bench_args.h"
 #include "core/allocator.h"
 #include "nn/models.h"
 #include "ops/attention/attention.h"
@@ -37,36 +38,32 @@
 
 using namespace forge;
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   int64_t B = 128, steps = 30, warmup = 5;
   std::string model_name = "tiny", device_name = "cpu", precision = "fp32", attention = "softmax";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--batch")
-      B = std::atoll(v.c_str());
-    else if (a == "--steps")
-      steps = std::atoll(v.c_str());
-    else if (a == "--warmup")
-      warmup = std::atoll(v.c_str());
-    else if (a == "--model")
-      model_name = v;
-    else if (a == "--device")
-      device_name = v;
-    else if (a == "--precision")
-      precision = v;
-    else if (a == "--attention")
-      attention = v;
-    else if (a == "--flash-engine" && (v == "tiled" || v == "mma" || v == "cudnn"))
-      ops::attention::set_flash_engine(v == "tiled" ? cuda::FlashEngine::tiled
-                                       : v == "mma" ? cuda::FlashEngine::mma
-                                                    : cuda::FlashEngine::cudnn);
-    else if (a == "--multi-tensor" && (v == "on" || v == "off"))
-      optim::set_multi_tensor(v == "on");
-    else {
-      std::fprintf(stderr, "bench_train_step: unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
+  bench::parse_bench_args(
+      argc, argv,
+      {{"--batch", &B},
+       {"--steps", &steps},
+       {"--warmup", &warmup},
+       {"--model", &model_name},
+       {"--device", &device_name},
+       {"--precision", &precision},
+       {"--attention", &attention},
+       {"--flash-engine",
+        [](const std::string& v) {
+          FORGE_CHECK(v == "tiled" || v == "mma" || v == "cudnn",
+                      "--flash-engine must be tiled, mma or cudnn, got {}", v);
+          ops::attention::set_flash_engine(v == "tiled" ? cuda::FlashEngine::tiled
+                                           : v == "mma" ? cuda::FlashEngine::mma
+                                                        : cuda::FlashEngine::cudnn);
+        }},
+       {"--multi-tensor", [](const std::string& v) {
+          FORGE_CHECK(v == "on" || v == "off", "--multi-tensor must be on or off, got {}", v);
+          optim::set_multi_tensor(v == "on");
+        }}});
   if ((model_name != "tiny" && model_name != "p4" && model_name != "s16" &&
        model_name != "listops") ||
       (attention != "softmax" && attention != "favor" && attention != "taylorshift") ||
@@ -171,4 +168,10 @@ int main(int argc, char** argv) {
               1000.0 * static_cast<double>(B) / median,
               static_cast<double>(memory_stats(device).peak - base) / (1 << 20));
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return bench::bench_main("bench_train_step", argc, argv, run);
 }
