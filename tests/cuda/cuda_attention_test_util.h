@@ -225,4 +225,21 @@ std::vector<Tensor> gpu_run(const AttentionFn& fn, const std::vector<Tensor>& in
 }
 inline const char* const kOutputNames[] = {"o", "dq", "dk", "dv"};
 
+// Two runs `a` and `b` of an engine under test ({o, dq, dk, dv} of gpu_run)
+// against a reference engine's `ref`: every output within the dtype's
+// tolerance, and the first `repeated` outputs bit-identical between the runs.
+inline void expect_engine_agrees_and_repeats(const std::vector<Tensor>& ref,
+                                             const std::vector<Tensor>& a,
+                                             const std::vector<Tensor>& b, DType dtype,
+                                             const std::string& what, size_t repeated = 4) {
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_LE(scaled_diff(a[i], ref[i]), attention_tolerance(dtype))
+        << what << ": " << kOutputNames[i];
+    if (i < repeated) {
+      EXPECT_EQ(host_f32(a[i]).to_vector<float>(), host_f32(b[i]).to_vector<float>())
+          << what << ": " << kOutputNames[i] << " differs between two runs";
+    }
+  }
+}
+
 }  // namespace forge::testing

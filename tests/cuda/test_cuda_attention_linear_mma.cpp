@@ -104,13 +104,7 @@ TEST(CudaLinearMma, AgreesWithTheFmaCoreAndRepeatsBitIdentically) {
         const auto fma = gpu_run(c.fn, c.in, dt, LinearEngine::fma);
         const auto a = gpu_run(c.fn, c.in, dt, LinearEngine::mma);
         const auto b = gpu_run(c.fn, c.in, dt, LinearEngine::mma);
-        for (size_t i = 0; i < 4; ++i) {
-          EXPECT_LE(testing::scaled_diff(a[i], fma[i]), testing::attention_tolerance(dt))
-              << what << ": " << kOutputNames[i];
-          EXPECT_EQ(testing::host_f32(a[i]).to_vector<float>(),
-                    testing::host_f32(b[i]).to_vector<float>())
-              << what << ": " << kOutputNames[i] << " differs between two runs";
-        }
+        expect_engine_agrees_and_repeats(fma, a, b, dt, what);
       }
 }
 

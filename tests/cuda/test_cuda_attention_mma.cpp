@@ -98,13 +98,7 @@ TEST(CudaFlashMma, AgreesWithTheTiledKernelsAndRepeatsBitIdentically) {
         const auto tiled = gpu_run(c.fn, c.in, dt, FlashEngine::tiled);
         const auto a = gpu_run(c.fn, c.in, dt, FlashEngine::mma);
         const auto b = gpu_run(c.fn, c.in, dt, FlashEngine::mma);
-        for (size_t i = 0; i < 4; ++i) {
-          EXPECT_LE(testing::scaled_diff(a[i], tiled[i]), testing::attention_tolerance(dt))
-              << what << ": " << kOutputNames[i];
-          EXPECT_EQ(testing::host_f32(a[i]).to_vector<float>(),
-                    testing::host_f32(b[i]).to_vector<float>())
-              << what << ": " << kOutputNames[i] << " differs between two runs";
-        }
+        expect_engine_agrees_and_repeats(tiled, a, b, dt, what);
       }
 }
 
@@ -167,12 +161,7 @@ TEST(CudaFlashCudnn, AgreesWithTheTiledKernelsAndRepeatsItsForward) {
         const auto tiled = gpu_run(c.fn, c.in, dt, FlashEngine::tiled);
         const auto a = gpu_run(c.fn, c.in, dt, FlashEngine::cudnn);
         const auto b = gpu_run(c.fn, c.in, dt, FlashEngine::cudnn);
-        for (size_t i = 0; i < 4; ++i)
-          EXPECT_LE(testing::scaled_diff(a[i], tiled[i]), testing::attention_tolerance(dt))
-              << what << ": " << kOutputNames[i];
-        EXPECT_EQ(testing::host_f32(a[0]).to_vector<float>(),
-                  testing::host_f32(b[0]).to_vector<float>())
-            << what << ": o differs between two runs";
+        expect_engine_agrees_and_repeats(tiled, a, b, dt, what, /*repeated=*/1);
       }
 }
 
