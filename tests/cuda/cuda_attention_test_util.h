@@ -225,6 +225,27 @@ std::vector<Tensor> gpu_run(const AttentionFn& fn, const std::vector<Tensor>& in
 }
 inline const char* const kOutputNames[] = {"o", "dq", "dk", "dv"};
 
+// A case an engine does not take (its dtype, causality, dims, options): the
+// engine switch must change nothing there.
+struct EngineFallbackCase {
+  std::string what;
+  AttentionFn fn;
+  std::vector<Tensor> in;
+  DType dtype;
+};
+
+// Every case's output and gradients are bit-identical under engines a and b.
+template <typename E>
+void expect_engines_identical(const std::vector<EngineFallbackCase>& cases, E a, E b) {
+  for (const EngineFallbackCase& c : cases) {
+    const std::vector<Tensor> ra = gpu_run(c.fn, c.in, c.dtype, a);
+    const std::vector<Tensor> rb = gpu_run(c.fn, c.in, c.dtype, b);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_EQ(host_f32(ra[i]).to_vector<float>(), host_f32(rb[i]).to_vector<float>())
+          << c.what << ": " << kOutputNames[i];
+  }
+}
+
 // Two runs `a` and `b` of an engine under test ({o, dq, dk, dv} of gpu_run)
 // against a reference engine's `ref`: every output within the dtype's
 // tolerance, and the first `repeated` outputs bit-identical between the runs.

@@ -112,30 +112,18 @@ TEST(CudaLinearMma, AgreesWithTheFmaCoreAndRepeatsBitIdentically) {
 // fma core: the engine switch changes nothing there, forward or backward.
 TEST(CudaLinearMma, CasesItDoesNotTakeRunTheFmaCore) {
   FORGE_REQUIRE_CUDA();
-  struct Other {
-    std::string what;
-    AttentionFn fn;
-    std::vector<Tensor> in;
-    DType dtype;
-  };
-  const std::vector<Other> cases = {
-      {"linear f32 d 64", linear_fn(), inputs(2, 2, 100, 100, 64, 64, 61), DType::f32},
-      {"linear bf16 causal", linear_fn(true), inputs(2, 2, 100, 100, 64, 64, 62), DType::bf16},
-      {"efficient bf16 causal", efficient_fn(true), inputs(2, 2, 100, 100, 64, 64, 63),
-       DType::bf16},
-      {"linear bf16 d 96", linear_fn(), inputs(2, 2, 100, 100, 96, 96, 64), DType::bf16},
-      {"linear bf16 d 64, dv 32", linear_fn(), inputs(2, 2, 100, 100, 64, 32, 65), DType::bf16},
-      {"taylor_linear bf16 d 64", taylor_linear_fn(), inputs(2, 2, 100, 100, 64, 64, 66),
-       DType::bf16},
-  };
-  for (const Other& c : cases) {
-    const auto fma = gpu_run(c.fn, c.in, c.dtype, LinearEngine::fma);
-    const auto mma = gpu_run(c.fn, c.in, c.dtype, LinearEngine::mma);
-    for (size_t i = 0; i < 4; ++i)
-      EXPECT_EQ(testing::host_f32(fma[i]).to_vector<float>(),
-                testing::host_f32(mma[i]).to_vector<float>())
-          << c.what << ": " << kOutputNames[i];
-  }
+  expect_engines_identical<LinearEngine>(
+      {
+          {"linear f32 d 64", linear_fn(), inputs(2, 2, 100, 100, 64, 64, 61), DType::f32},
+          {"linear bf16 causal", linear_fn(true), inputs(2, 2, 100, 100, 64, 64, 62), DType::bf16},
+          {"efficient bf16 causal", efficient_fn(true), inputs(2, 2, 100, 100, 64, 64, 63),
+           DType::bf16},
+          {"linear bf16 d 96", linear_fn(), inputs(2, 2, 100, 100, 96, 96, 64), DType::bf16},
+          {"linear bf16 d 64, dv 32", linear_fn(), inputs(2, 2, 100, 100, 64, 32, 65), DType::bf16},
+          {"taylor_linear bf16 d 64", taylor_linear_fn(), inputs(2, 2, 100, 100, 64, 64, 66),
+           DType::bf16},
+      },
+      LinearEngine::fma, LinearEngine::mma);
 }
 
 // The fused linear forward + backward holds no feature tensor: at N = 16384

@@ -106,29 +106,18 @@ TEST(CudaFlashMma, AgreesWithTheTiledKernelsAndRepeatsBitIdentically) {
 // kernels: the engine switch changes nothing there, forward or backward.
 TEST(CudaFlashMma, CasesItDoesNotTakeRunTheTiledKernels) {
   FORGE_REQUIRE_CUDA();
-  struct Other {
-    std::string what;
-    AttentionFn fn;
-    std::vector<Tensor> in;
-    DType dtype;
-  };
-  const std::vector<Other> cases = {
-      {"f32 d 64", softmax_fn(false), make_inputs(2, 2, 100, 100, 64, 61), DType::f32},
-      {"bf16 d 96", softmax_fn(false), make_inputs(2, 2, 100, 100, 96, 62), DType::bf16},
-      {"bf16 d 64, dv 128",
-       softmax_fn(false),
-       {uniform({1, 2, 90, 64}, 63), uniform({1, 2, 90, 64}, 64), uniform({1, 2, 90, 128}, 65)},
-       DType::bf16},
-      {"bf16 dropout", softmax_fn(false, 0.2), make_inputs(2, 2, 100, 100, 64, 66), DType::bf16},
-  };
-  for (const Other& c : cases) {
-    const auto tiled = gpu_run(c.fn, c.in, c.dtype, FlashEngine::tiled);
-    const auto mma = gpu_run(c.fn, c.in, c.dtype, FlashEngine::mma);
-    for (size_t i = 0; i < 4; ++i)
-      EXPECT_EQ(testing::host_f32(tiled[i]).to_vector<float>(),
-                testing::host_f32(mma[i]).to_vector<float>())
-          << c.what << ": " << kOutputNames[i];
-  }
+  expect_engines_identical<FlashEngine>(
+      {
+          {"f32 d 64", softmax_fn(false), make_inputs(2, 2, 100, 100, 64, 61), DType::f32},
+          {"bf16 d 96", softmax_fn(false), make_inputs(2, 2, 100, 100, 96, 62), DType::bf16},
+          {"bf16 d 64, dv 128",
+           softmax_fn(false),
+           {uniform({1, 2, 90, 64}, 63), uniform({1, 2, 90, 64}, 64), uniform({1, 2, 90, 128}, 65)},
+           DType::bf16},
+          {"bf16 dropout", softmax_fn(false, 0.2), make_inputs(2, 2, 100, 100, 64, 66),
+           DType::bf16},
+      },
+      FlashEngine::tiled, FlashEngine::mma);
 }
 
 // ---- FlashEngine::cudnn: cuDNN's fused attention where it takes the case ----
