@@ -11,10 +11,10 @@
 //   int main(int argc, char** argv) { return bench_main("bench_stack", argc, argv, run); }
 //
 // A bool target is a flag (no value); an integer or double target takes a
-// number; a string list takes comma-separated items; a function gets the value
-// as written. An unknown option, a missing value or a malformed number throws,
-// naming the option (an unknown one with the list of options); bench_main prints
-// "PROGRAM: error: ..." and exits 1.
+// number (all of the value: "12x" is an error); a string list takes comma-separated items; a
+// function gets the value as written. An unknown option, a missing value or a malformed number
+// throws, naming the option (an unknown one with the list of options); bench_main prints "PROGRAM:
+// error: ..." and exits 1.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -37,6 +38,25 @@ inline std::vector<std::string> split_list(const std::string& s) {
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
+}
+
+// v as a T, all of it, or an error naming the option.
+template <typename T>
+T parse_number(const std::string& option, const std::string& v) {
+  size_t used = 0;
+  T x{};
+  try {
+    if constexpr (std::is_same_v<T, int>)
+      x = std::stoi(v, &used);
+    else if constexpr (std::is_same_v<T, int64_t>)
+      x = std::stoll(v, &used);
+    else
+      x = std::stod(v, &used);
+  } catch (const std::logic_error&) {  // invalid_argument, out_of_range
+    used = 0;
+  }
+  FORGE_CHECK(!v.empty() && used == v.size(), "{} takes a number, got '{}'", option, v);
+  return x;
 }
 
 struct BenchOption {
@@ -61,27 +81,21 @@ inline void parse_bench_args(int argc, char** argv, const std::vector<BenchOptio
     }
     FORGE_CHECK(i + 1 < argc, "{} needs a value", a);
     const std::string v = argv[++i];
-    try {
-      std::visit(
-          [&](const auto& t) {
-            using T = std::decay_t<decltype(t)>;
-            if constexpr (std::is_same_v<T, int*>)
-              *t = std::stoi(v);
-            else if constexpr (std::is_same_v<T, int64_t*>)
-              *t = std::stoll(v);
-            else if constexpr (std::is_same_v<T, double*>)
-              *t = std::stod(v);
-            else if constexpr (std::is_same_v<T, std::string*>)
-              *t = v;
-            else if constexpr (std::is_same_v<T, std::vector<std::string>*>)
-              *t = split_list(v);
-            else if constexpr (std::is_same_v<T, std::function<void(const std::string&)>>)
-              t(v);
-          },
-          option->target);
-    } catch (const std::logic_error&) {  // std::stoi's invalid_argument / out_of_range
-      FORGE_FAIL("{} takes a number, got '{}'", a, v);
-    }
+    std::visit(
+        [&](const auto& t) {
+          using T = std::decay_t<decltype(t)>;
+          if constexpr (std::is_same_v<T, bool*>)
+            *t = true;  // (flags are set above)
+          else if constexpr (std::is_same_v<T, std::string*>)
+            *t = v;
+          else if constexpr (std::is_same_v<T, std::vector<std::string>*>)
+            *t = split_list(v);
+          else if constexpr (std::is_same_v<T, std::function<void(const std::string&)>>)
+            t(v);
+          else
+            *t = parse_number<std::remove_pointer_t<T>>(a, v);
+        },
+        option->target);
   }
 }
 

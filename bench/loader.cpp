@@ -59,49 +59,40 @@ struct Args {
   bool print_root = false;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "bench_loader: %s\nusage: bench_loader [--recipe FILE] [--root DIR] [--images N] "
-               "[--workers 1,2] [--batches K] [--batch-size B] [--set key=value ...] [--out FILE]\n"
-               "       bench_loader --print-root [--images N]\n",
-               why.c_str());
-  std::exit(2);
-}
-
-int64_t positive(const std::string& option, const std::string& v) {
+// A worker count of --workers: 0 or a positive whole number.
+int worker_count(const std::string& item) {
   char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n < 1)
-    usage(option + " expects a positive integer, got '" + v + "'");
-  return n;
+  const long long n = std::strtoll(item.c_str(), &end, 10);
+  FORGE_CHECK(!item.empty() && *end == '\0' && n >= 0 && n <= 4096,
+              "--workers expects worker counts (0 or more, comma-separated), got '{}'", item);
+  return static_cast<int>(n);
 }
 
 Args parse(int argc, char** argv) {
   Args a;
-  const auto positive_into = [](int64_t& to, const char* option) {
-    return [&to, option](const std::string& v) { to = positive(option, v); };
-  };
-  bench::parse_bench_args(
-      argc, argv,
-      {{"--recipe", &a.recipe},
-       {"--root", &a.root},
-       {"--out", &a.out},
-       {"--images", positive_into(a.images, "--images")},
-       {"--batches", positive_into(a.batches, "--batches")},
-       {"--batch-size", positive_into(a.batch_size, "--batch-size")},
-       {"--set", [&](const std::string& v) { a.sets.push_back(v); }},
-       {"--workers",
-        [&](const std::string& v) {
-          a.workers.clear();
-          size_t start = 0;
-          while (start <= v.size()) {
-            const size_t comma = std::min(v.find(',', start), v.size());
-            const std::string item = v.substr(start, comma - start);
-            a.workers.push_back(item == "0" ? 0 : static_cast<int>(positive("--workers", item)));
-            start = comma + 1;
-          }
-        }},
-       {"--print-root", &a.print_root}});
+  bench::parse_bench_args(argc, argv,
+                          {{"--recipe", &a.recipe},
+                           {"--root", &a.root},
+                           {"--out", &a.out},
+                           {"--images", &a.images},
+                           {"--batches", &a.batches},
+                           {"--batch-size", &a.batch_size},
+                           {"--set", [&](const std::string& v) { a.sets.push_back(v); }},
+                           {"--workers",
+                            [&](const std::string& v) {
+                              a.workers.clear();
+                              size_t start = 0;
+                              while (start <= v.size()) {
+                                const size_t comma = std::min(v.find(',', start), v.size());
+                                a.workers.push_back(worker_count(v.substr(start, comma - start)));
+                                start = comma + 1;
+                              }
+                            }},
+                           {"--print-root", &a.print_root}});
+  for (const auto& [option, n] :
+       {std::pair{"--images", a.images}, std::pair{"--batches", a.batches},
+        std::pair{"--batch-size", a.batch_size}})
+    FORGE_CHECK(n >= 1, "{} expects a positive integer, got {}", option, n);
   return a;
 }
 

@@ -65,6 +65,7 @@ TEST(BenchArgs, ErrorsNameTheOption) {
             "unknown argument --m (options: --n, --csv)");
   EXPECT_EQ(message_of([&] { parse({"--csv", "--n"}, options); }), "--n needs a value");
   EXPECT_EQ(message_of([&] { parse({"--n", "many"}, options); }), "--n takes a number, got 'many'");
+  EXPECT_EQ(message_of([&] { parse({"--n", "12x"}, options); }), "--n takes a number, got '12x'");
   EXPECT_EQ(message_of([&] {
               parse({"--n", "99999999999999999999"}, options);
             }),
