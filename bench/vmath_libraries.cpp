@@ -63,51 +63,30 @@ void measure(const char* library, const char* name, F f, double (*ref)(double), 
               s / reps / static_cast<double>(x.size()) * 1e9, worst);
 }
 
-double exp_(double v) {
-  return std::exp(v);
-}
-double expm1_(double v) {
-  return std::expm1(v);
-}
-double log_(double v) {
-  return std::log(v);
-}
-double tanh_(double v) {
-  return std::tanh(v);
-}
-double erf_(double v) {
-  return std::erf(v);
-}
-double erfc_(double v) {
-  return std::erfc(v);
-}
-
 }  // namespace
 
 int main() {
   std::printf(
       "| function | dtype | library | ns / element | max error (ULP) |\n|---|---|---|---|---|\n");
-#define FORGE_F32(NAME, SLEEF, MVEC, REF, LO, HI)                     \
-  measure<float, __m512>(                                             \
-      "SLEEF", NAME, [](__m512 v) { return SLEEF(v); }, REF, LO, HI); \
-  measure<float, __m512>(                                             \
-      "libmvec", NAME, [](__m512 v) { return MVEC(v); }, REF, LO, HI);
-#define FORGE_F64(NAME, SLEEF, MVEC, REF, LO, HI)                      \
-  measure<double, __m512d>(                                            \
-      "SLEEF", NAME, [](__m512d v) { return SLEEF(v); }, REF, LO, HI); \
-  measure<double, __m512d>(                                            \
-      "libmvec", NAME, [](__m512d v) { return MVEC(v); }, REF, LO, HI);
-  FORGE_F32("exp", Sleef_expf16_u10avx512f, _ZGVeN16v_expf, exp_, -20, 20)
-  FORGE_F32("expm1", Sleef_expm1f16_u10avx512f, _ZGVeN16v_expm1f, expm1_, -8, 8)
-  FORGE_F32("log", Sleef_logf16_u10avx512f, _ZGVeN16v_logf, log_, 1e-3, 100)
-  FORGE_F32("tanh", Sleef_tanhf16_u10avx512f, _ZGVeN16v_tanhf, tanh_, -6, 6)
-  FORGE_F32("erf", Sleef_erff16_u10avx512f, _ZGVeN16v_erff, erf_, -6, 6)
-  FORGE_F32("erfc", Sleef_erfcf16_u15avx512f, _ZGVeN16v_erfcf, erfc_, -6, 9)
-  FORGE_F64("exp", Sleef_expd8_u10avx512f, _ZGVeN8v_exp, exp_, -20, 20)
-  FORGE_F64("expm1", Sleef_expm1d8_u10avx512f, _ZGVeN8v_expm1, expm1_, -8, 8)
-  FORGE_F64("log", Sleef_logd8_u10avx512f, _ZGVeN8v_log, log_, 1e-3, 100)
-  FORGE_F64("tanh", Sleef_tanhd8_u10avx512f, _ZGVeN8v_tanh, tanh_, -6, 6)
-  FORGE_F64("erf", Sleef_erfd8_u10avx512f, _ZGVeN8v_erf, erf_, -6, 6)
-  FORGE_F64("erfc", Sleef_erfcd8_u15avx512f, _ZGVeN8v_erfc, erfc_, -6, 25)
+// NAME is also libm's function, the reference.
+#define FORGE_MEASURE(T, V, NAME, SLEEF, MVEC, LO, HI)                                          \
+  measure<T, V>(                                                                                \
+      "SLEEF", #NAME, [](V v) { return SLEEF(v); }, [](double v) { return std::NAME(v); }, LO,  \
+      HI);                                                                                      \
+  measure<T, V>(                                                                                \
+      "libmvec", #NAME, [](V v) { return MVEC(v); }, [](double v) { return std::NAME(v); }, LO, \
+      HI);
+// Each function in f32 and f64 by its SLEEF (ULP: its accuracy suffix) and
+// libmvec names; inputs in [LO, HI32) and [LO, HI64).
+#define FORGE_FUNCTION(NAME, ULP, LO, HI32, HI64)                                               \
+  FORGE_MEASURE(float, __m512, NAME, Sleef_##NAME##f16_##ULP##avx512f, _ZGVeN16v_##NAME##f, LO, \
+                HI32)                                                                           \
+  FORGE_MEASURE(double, __m512d, NAME, Sleef_##NAME##d8_##ULP##avx512f, _ZGVeN8v_##NAME, LO, HI64)
+  FORGE_FUNCTION(exp, u10, -20, 20, 20)
+  FORGE_FUNCTION(expm1, u10, -8, 8, 8)
+  FORGE_FUNCTION(log, u10, 1e-3, 100, 100)
+  FORGE_FUNCTION(tanh, u10, -6, 6, 6)
+  FORGE_FUNCTION(erf, u10, -6, 6, 6)
+  FORGE_FUNCTION(erfc, u15, -6, 9, 25)
   return 0;
 }

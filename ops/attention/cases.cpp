@@ -51,11 +51,18 @@ Tensor case_padding_mask(const CaseDims& s, const std::vector<int64_t>& pad) {
   });
 }
 
-std::vector<Tensor> case_qkv_padded(const CaseDims& s, uint64_t seed,
-                                    const std::vector<int64_t>& pad) {
-  std::vector<Tensor> in = case_qkv(s, seed);
-  if (!pad.empty()) in.push_back(case_padding_mask(s, pad));
-  return in;
+AttentionCase qkv_case(std::string name, int64_t N, int64_t M, uint64_t seed,
+                       std::vector<int64_t> pad) {
+  AttentionCase c;
+  c.name = std::move(name);
+  c.dims.N = N;
+  c.dims.M = M;
+  c.make_inputs = [seed, pad = std::move(pad)](const CaseDims& s) {
+    std::vector<Tensor> in = case_qkv(s, seed);
+    if (!pad.empty()) in.push_back(case_padding_mask(s, pad));
+    return in;
+  };
+  return c;
 }
 
 }  // namespace forge::ops::attention

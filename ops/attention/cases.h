@@ -71,10 +71,13 @@ const AttentionCase* find_attention_case(const std::string& name);
 // q [B, H, N, d], k [B, H, M, d], v [B, H, M, dv]: f64 uniform in [-1, 1)
 // from seeds seed, seed + 1, seed + 2, requiring grad.
 std::vector<Tensor> case_qkv(const CaseDims& s, uint64_t seed);
-// case_qkv, then case_padding_mask(s, pad) as a fourth input when pad is not
-// empty.
-std::vector<Tensor> case_qkv_padded(const CaseDims& s, uint64_t seed,
-                                    const std::vector<int64_t>& pad);
+// A case on case_qkv(s, seed) and, when pad is not empty,
+// case_padding_mask(s, pad) as a fourth input, at N x M: name, dims and
+// make_inputs set, fn (and the rest) left to the caller.
+AttentionCase qkv_case(std::string name, int64_t N, int64_t M, uint64_t seed,
+                       std::vector<int64_t> pad = {});
+// The pad of the masked qkv_cases: batch 0's last key, batch 1's last three.
+inline const std::vector<int64_t> kCasePad = {1, 3};
 // A case's optional input: in[i], or an undefined tensor when in has no i.
 inline Tensor case_input(const std::vector<Tensor>& in, size_t i) {
   return i < in.size() ? in[i] : Tensor();

@@ -141,4 +141,41 @@ Dims4 check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
 // The mask's bytes (1 = real token), or null when there is no mask.
 const uint8_t* mask_bytes(const Tensor& key_padding_mask);
 
+// Batch-head bh's slices of a CPU kernel's operands, T their element type:
+// q [N, d], k [M, d], v [M, dv] of q [B, H, N, d], k [B, H, M, d],
+// v [B, H, M, dv], and keep, the row [M] of the key padding mask [B, M]
+// (null: no mask).
+template <typename T>
+struct Head {
+  const T *q, *k, *v;
+  const uint8_t* keep;
+};
+template <typename T>
+Head<T> head(const Dims4& s, int64_t bh, const Tensor& q, const Tensor& k, const Tensor& v,
+             const Tensor& key_padding_mask) {
+  const uint8_t* mask = mask_bytes(key_padding_mask);
+  return {q.data<T>() + bh * s.N * s.d, k.data<T>() + bh * s.M * s.d, v.data<T>() + bh * s.M * s.dv,
+          mask ? mask + bh / s.H * s.M : nullptr};
+}
+
+// The backward's: dq, dk, dv, uninitialised, shaped as q, k, v in `dtype`
+// (what the backward returns), and batch-head bh's slices of them and of
+// g = dL/do [B, H, N, dv].
+inline std::vector<Tensor> empty_grads(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       DType dtype) {
+  return {Tensor::empty(q.shape(), dtype), Tensor::empty(k.shape(), dtype),
+          Tensor::empty(v.shape(), dtype)};
+}
+template <typename T>
+struct HeadGrads {
+  const T* g;
+  T *dq, *dk, *dv;
+};
+template <typename T>
+HeadGrads<T> head_grads(const Dims4& s, int64_t bh, const Tensor& g,
+                        const std::vector<Tensor>& grads) {
+  return {g.data<T>() + bh * s.N * s.dv, grads[0].data<T>() + bh * s.N * s.d,
+          grads[1].data<T>() + bh * s.M * s.d, grads[2].data<T>() + bh * s.M * s.dv};
+}
+
 }  // namespace forge::ops::attention

@@ -398,13 +398,7 @@ void causal_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
 // o = q' (k'^T v) non-causal; causal, (q'_i C) / max(q'_i . z, 1e-3) over the
 // keys of earlier buckets (j <= i for buckets of 1).
 cuda::LinearCoreArgs core_args(const Dims4& dims, DType dtype, const EfficientOptions& options) {
-  cuda::LinearCoreArgs a;
-  a.BH = dims.B * dims.H;
-  a.N = dims.N;
-  a.M = dims.M;
-  a.F = dims.d;
-  a.dv = dims.dv;
-  a.dtype = dtype;
+  cuda::LinearCoreArgs a = core_sizes(dims, dims.d, dtype);
   a.causal = options.causal;
   a.bucket = options.causal ? options.bucket_size : 1;
   a.normalise = options.causal;
@@ -472,38 +466,27 @@ Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   // Non-causal: each head's C and key-softmax statistics [BH, state_size] for the backward.
   Tensor state = s.causal ? Tensor() : Tensor::empty({BH, state_size(s)}, q.dtype());
   FORGE_DISPATCH_FLOAT(q.dtype(), "attention::efficient", [&] {
-    const scalar_t *qp = q.data<scalar_t>(), *kp = k.data<scalar_t>(), *vp = v.data<scalar_t>();
-    const uint8_t* mask = mask_bytes(key_padding_mask);
     scalar_t* op = o.data<scalar_t>();
     scalar_t* sp = s.causal ? nullptr : state.data<scalar_t>();
     parallel_for(BH, cost, [&](int64_t b0, int64_t b1) {
       Scratch<scalar_t> w(s);
       for (int64_t bh = b0; bh < b1; ++bh) {
-        const uint8_t* keep = mask ? mask + bh / dims.H * s.M : nullptr;
-        const scalar_t *qb = qp + bh * s.N * s.d, *kb = kp + bh * s.M * s.d,
-                       *vb = vp + bh * s.M * s.dv;
+        const auto h = head<scalar_t>(dims, bh, q, k, v, key_padding_mask);
         if (s.causal)
-          causal_forward_bh(qb, kb, vb, keep, s, w, op + bh * s.N * s.dv);
+          causal_forward_bh(h.q, h.k, h.v, h.keep, s, w, op + bh * s.N * s.dv);
         else
-          noncausal_forward_bh(qb, kb, vb, keep, s, w, sp + bh * state_size(s),
+          noncausal_forward_bh(h.q, h.k, h.v, h.keep, s, w, sp + bh * state_size(s),
                                op + bh * s.N * s.dv);
       }
     });
   });
   return autograd::record(
       "attention::efficient", {q, k, v}, o,
-      [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, state, s,
-       H = dims.H, BH, cost](const std::vector<Tensor>& grads) {
+      [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, state, s, dims, BH,
+       cost](const std::vector<Tensor>& grads) {
         const Tensor& g = grads[0];
-        Tensor dq = Tensor::empty(qs.shape(), g.dtype()), dk = Tensor::empty(ks.shape(), g.dtype()),
-               dv = Tensor::empty(vs.shape(), g.dtype());
+        std::vector<Tensor> out = empty_grads(qs, ks, vs, g.dtype());
         FORGE_DISPATCH_FLOAT(g.dtype(), "attention::efficient backward", [&] {
-          const scalar_t *qp = qs.data<scalar_t>(), *kp = ks.data<scalar_t>(),
-                         *vp = vs.data<scalar_t>();
-          const scalar_t* gp = g.data<scalar_t>();
-          const uint8_t* mask = mask_bytes(ms);
-          scalar_t *dqp = dq.data<scalar_t>(), *dkp = dk.data<scalar_t>(),
-                   *dvp = dv.data<scalar_t>();
           // Causal: the floored denominator and gx of every row, [BH, 2, N], from pass 1 for
           // pass 2.
           Tensor rows = s.causal ? Tensor::empty({BH, 2, s.N}, g.dtype()) : Tensor();
@@ -511,23 +494,19 @@ Tensor efficient(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
           parallel_for(BH, 2 * cost, [&](int64_t b0, int64_t b1) {
             Scratch<scalar_t> w(s);
             for (int64_t bh = b0; bh < b1; ++bh) {
-              const uint8_t* keep = mask ? mask + bh / H * s.M : nullptr;
-              const scalar_t *qb = qp + bh * s.N * s.d, *kb = kp + bh * s.M * s.d,
-                             *vb = vp + bh * s.M * s.dv;
-              const scalar_t* gb = gp + bh * s.N * s.dv;
-              scalar_t *dqb = dqp + bh * s.N * s.d, *dkb = dkp + bh * s.M * s.d,
-                       *dvb = dvp + bh * s.M * s.dv;
+              const auto h = head<scalar_t>(dims, bh, qs, ks, vs, ms);
+              const auto gh = head_grads<scalar_t>(dims, bh, g, out);
               if (s.causal)
-                causal_backward_bh(qb, kb, vb, keep, gb, s, w, rp + bh * 2 * s.N,
-                                   rp + (bh * 2 + 1) * s.N, dqb, dkb, dvb);
+                causal_backward_bh(h.q, h.k, h.v, h.keep, gh.g, s, w, rp + bh * 2 * s.N,
+                                   rp + (bh * 2 + 1) * s.N, gh.dq, gh.dk, gh.dv);
               else
-                noncausal_backward_bh(qb, kb, vb, keep, gb,
-                                      state.data<scalar_t>() + bh * state_size(s), s, w, dqb, dkb,
-                                      dvb);
+                noncausal_backward_bh(h.q, h.k, h.v, h.keep, gh.g,
+                                      state.data<scalar_t>() + bh * state_size(s), s, w, gh.dq,
+                                      gh.dk, gh.dv);
             }
           });
         });
-        return std::vector<Tensor>{dq, dk, dv};
+        return out;
       });
 }
 
@@ -535,13 +514,8 @@ namespace {
 
 AttentionCase efficient_case(const std::string& name, int64_t N, int64_t M, bool masked,
                              bool causal, int64_t bucket_size, bool bench = false) {
-  AttentionCase c;
-  c.name = "efficient/" + name;
-  c.dims.N = N;
-  c.dims.M = M;
-  c.make_inputs = [=](const CaseDims& s) {
-    return case_qkv_padded(s, 21, masked ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{});
-  };
+  AttentionCase c =
+      qkv_case("efficient/" + name, N, M, 21, masked ? kCasePad : std::vector<int64_t>{});
   c.fn = [=](const std::vector<Tensor>& in) {
     EfficientOptions options;
     options.causal = causal;

@@ -550,7 +550,6 @@ Tensor favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
   }
   FORGE_IF_CUDA(q) return favor_cuda(q, k, v, W, key_padding_mask, f);
   const Dims4& s = f.s;
-  const uint8_t* mask = mask_bytes(key_padding_mask);
   Tensor out = Tensor::empty({s.B, s.H, s.N, s.dv}, q.dtype());
   Tensor den = Tensor::empty({s.B, s.H, s.N}, q.dtype());
   // Blocked kernels: each (b, h)'s S, z and key stabiliser for the backward.
@@ -562,17 +561,14 @@ Tensor favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
     parallel_for(s.B * s.H, cost, [&](int64_t b0, int64_t b1) {
       Scratch<scalar_t> w(f, false);
       for (int64_t bh = b0; bh < b1; ++bh) {
-        const scalar_t *qb = q.data<scalar_t>() + bh * s.N * s.d,
-                       *kb = k.data<scalar_t>() + bh * s.M * s.d,
-                       *vb = v.data<scalar_t>() + bh * s.M * s.dv;
-        const uint8_t* mb = mask ? mask + (bh / s.H) * s.M : nullptr;
+        const auto h = head<scalar_t>(s, bh, q, k, v, key_padding_mask);
         scalar_t *ob = out.data<scalar_t>() + bh * s.N * s.dv,
                  *db = den.data<scalar_t>() + bh * s.N;
         if (blocked(f))
-          blocked_forward_bh<scalar_t>(f, qb, kb, vb, pw, mb, ob, db,
+          blocked_forward_bh<scalar_t>(f, h.q, h.k, h.v, pw, h.keep, ob, db,
                                        state.data<scalar_t>() + bh * blocked_state_size(f), w);
         else
-          favor_forward_bh<scalar_t>(f, qb, kb, vb, pw, mb, ob, db, w);
+          favor_forward_bh<scalar_t>(f, h.q, h.k, h.v, pw, h.keep, ob, db, w);
       }
     });
   });
@@ -583,36 +579,28 @@ Tensor favor(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W,
       [f, qd, kd, vd, Wd, od, den, state, key_padding_mask](const std::vector<Tensor>& g) {
         const Dims4& s = f.s;
         const Tensor go = g[0];
-        Tensor gq = Tensor::empty(qd.shape(), qd.dtype()),
-               gk = Tensor::empty(kd.shape(), kd.dtype()),
-               gv = Tensor::empty(vd.shape(), vd.dtype());
-        const uint8_t* mask = mask_bytes(key_padding_mask);
+        std::vector<Tensor> out = empty_grads(qd, kd, vd, qd.dtype());
         const int64_t cost = (s.N + s.M) * f.F * (s.d + s.dv) * 3;
         FORGE_DISPATCH_FLOAT(qd.dtype(), "attention::favor backward", [&] {
           const scalar_t* pw = Wd.defined() ? Wd.data<scalar_t>() : nullptr;
           parallel_for(s.B * s.H, cost, [&](int64_t b0, int64_t b1) {
             Scratch<scalar_t> w(f, true);
             for (int64_t bh = b0; bh < b1; ++bh) {
-              const scalar_t *qb = qd.data<scalar_t>() + bh * s.N * s.d,
-                             *kb = kd.data<scalar_t>() + bh * s.M * s.d,
-                             *vb = vd.data<scalar_t>() + bh * s.M * s.dv,
-                             *ob = od.data<scalar_t>() + bh * s.N * s.dv,
-                             *db = den.data<scalar_t>() + bh * s.N,
-                             *gb = go.data<scalar_t>() + bh * s.N * s.dv;
-              const uint8_t* mb = mask ? mask + (bh / s.H) * s.M : nullptr;
-              scalar_t *gqb = gq.data<scalar_t>() + bh * s.N * s.d,
-                       *gkb = gk.data<scalar_t>() + bh * s.M * s.d,
-                       *gvb = gv.data<scalar_t>() + bh * s.M * s.dv;
+              const auto h = head<scalar_t>(s, bh, qd, kd, vd, key_padding_mask);
+              const auto gh = head_grads<scalar_t>(s, bh, go, out);
+              const scalar_t *ob = od.data<scalar_t>() + bh * s.N * s.dv,
+                             *db = den.data<scalar_t>() + bh * s.N;
               if (blocked(f))
-                blocked_backward_bh<scalar_t>(f, qb, kb, vb, pw, mb, ob, db,
+                blocked_backward_bh<scalar_t>(f, h.q, h.k, h.v, pw, h.keep, ob, db,
                                               state.data<scalar_t>() + bh * blocked_state_size(f),
-                                              gb, gqb, gkb, gvb, w);
+                                              gh.g, gh.dq, gh.dk, gh.dv, w);
               else
-                favor_backward_bh<scalar_t>(f, qb, kb, vb, pw, mb, ob, db, gb, gqb, gkb, gvb, w);
+                favor_backward_bh<scalar_t>(f, h.q, h.k, h.v, pw, h.keep, ob, db, gh.g, gh.dq,
+                                            gh.dk, gh.dv, w);
             }
           });
         });
-        return std::vector<Tensor>{gq, gk, gv};
+        return out;
       });
 }
 

@@ -16,6 +16,7 @@
 #include "core/device.h"
 #include "core/tensor.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/common.h"
 #include "ops/attention/linear_core_cuda.h"
 #include "ops/attention/linear_features_cuda.h"
 
@@ -24,6 +25,19 @@ namespace forge::ops::attention {
 // The accumulation type of feature maps, states and normalisers.
 inline DType feature_dtype(DType dtype) {
   return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
+
+// The core's sizes for q [B, H, N, d], k [B, H, M, d] mapped to F features
+// a row and v [B, H, M, dv] of `dtype`; the mechanism sets the rest.
+inline cuda::LinearCoreArgs core_sizes(const Dims4& s, int64_t F, DType dtype) {
+  cuda::LinearCoreArgs a;
+  a.BH = s.B * s.H;
+  a.N = s.N;
+  a.M = s.M;
+  a.F = F;
+  a.dv = s.dv;
+  a.dtype = dtype;
+  return a;
 }
 
 // The rows of x [B, H, len, d] for the feature kernels; mask [B, len] or undefined.

@@ -123,6 +123,36 @@ int64_t state_size(const Sizes& s) {
   return s.d * s.dv + s.d;
 }
 
+// One chunk [i0, i0 + c) of the causal scan, with (w.S, w.z) the states of
+// the chunks before it: phi(q), phi(k) of the chunk into w.qp, w.kp,
+// A = tril(phi(q) phi(k)^T) [c, c] (j <= i inside the chunk) into w.a,
+// num = phi(q) S + A v into num [c, dv] and den = phi(q) . z + rowsum(A) + eps
+// into w.den. The forward and the backward's rebuild both run it.
+template <typename T>
+void causal_chunk(const T* q, const T* k, const T* v, const uint8_t* keep, int64_t i0, int64_t c,
+                  const Sizes& s, Scratch<T>& w, T* num) {
+  const T* vc = v + i0 * s.dv;
+  feature_map(q + i0 * s.d, c, s.d, nullptr, w.qp.data());
+  feature_map(k + i0 * s.d, c, s.d, keep ? keep + i0 : nullptr, w.kp.data());
+  gemm(false, true, c, c, s.d, T(1), w.qp.data(), s.d, w.kp.data(), s.d, T(0), w.a.data(), c);
+  keep_lower(w.a.data(), c);
+  gemm(false, false, c, s.dv, s.d, T(1), w.qp.data(), s.d, w.S.data(), s.dv, T(0), num, s.dv);
+  gemm(false, false, c, s.dv, c, T(1), w.a.data(), c, vc, s.dv, T(1), num, s.dv);
+  for (int64_t i = 0; i < c; ++i) {
+    T den = dot(w.qp.data() + i * s.d, w.z.data(), s.d) + static_cast<T>(s.eps);
+    for (int64_t j = 0; j <= i; ++j) den += w.a[i * c + j];
+    w.den[i] = den;
+  }
+}
+
+// After causal_chunk: the chunk's keys join the states, S += phi(k)^T v, z += colsum phi(k).
+template <typename T>
+void add_chunk_to_states(const T* v, int64_t i0, int64_t c, const Sizes& s, Scratch<T>& w) {
+  gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, v + i0 * s.dv, s.dv, T(1), w.S.data(),
+       s.dv);
+  add_colsum(w.kp.data(), c, s.d, w.z.data());
+}
+
 // One batch-head of the forward. q [N, d], k [M, d], v [M, dv] -> o [N, dv];
 // non-causal, S and z into state (state_size).
 template <typename T>
@@ -149,22 +179,11 @@ void linear_forward_bh(const T* q, const T* k, const T* v, const uint8_t* keep, 
   std::fill(w.z.begin(), w.z.end(), T(0));
   for (int64_t i0 = 0; i0 < s.N; i0 += kChunk) {
     const int64_t c = std::min(kChunk, s.N - i0);
-    const T* vc = v + i0 * s.dv;
     T* oc = o + i0 * s.dv;
-    feature_map(q + i0 * s.d, c, s.d, nullptr, w.qp.data());
-    feature_map(k + i0 * s.d, c, s.d, keep ? keep + i0 : nullptr, w.kp.data());
-    // A = phi(q) phi(k)^T [c, c], j <= i inside the chunk.
-    gemm(false, true, c, c, s.d, T(1), w.qp.data(), s.d, w.kp.data(), s.d, T(0), w.a.data(), c);
-    keep_lower(w.a.data(), c);
-    gemm(false, false, c, s.dv, s.d, T(1), w.qp.data(), s.d, w.S.data(), s.dv, T(0), oc, s.dv);
-    gemm(false, false, c, s.dv, c, T(1), w.a.data(), c, vc, s.dv, T(1), oc, s.dv);
-    for (int64_t i = 0; i < c; ++i) {
-      T den = dot(w.qp.data() + i * s.d, w.z.data(), s.d) + eps;
-      for (int64_t j = 0; j <= i; ++j) den += w.a[i * c + j];
-      for (int64_t e = 0; e < s.dv; ++e) oc[i * s.dv + e] /= den;
-    }
-    gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, vc, s.dv, T(1), w.S.data(), s.dv);
-    add_colsum(w.kp.data(), c, s.d, w.z.data());
+    causal_chunk(q, k, v, keep, i0, c, s, w, oc);
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t e = 0; e < s.dv; ++e) oc[i * s.dv + e] /= w.den[i];
+    add_chunk_to_states(v, i0, c, s, w);
   }
 }
 
@@ -245,18 +264,7 @@ void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
   for (int64_t i0 = 0; i0 < s.N; i0 += kChunk) {
     const int64_t c = std::min(kChunk, s.N - i0);
     const T* vc = v + i0 * s.dv;
-    feature_map(q + i0 * s.d, c, s.d, nullptr, w.qp.data());
-    feature_map(k + i0 * s.d, c, s.d, keep ? keep + i0 : nullptr, w.kp.data());
-    gemm(false, true, c, c, s.d, T(1), w.qp.data(), s.d, w.kp.data(), s.d, T(0), w.a.data(), c);
-    keep_lower(w.a.data(), c);
-    gemm(false, false, c, s.dv, s.d, T(1), w.qp.data(), s.d, w.S.data(), s.dv, T(0), w.num.data(),
-         s.dv);
-    gemm(false, false, c, s.dv, c, T(1), w.a.data(), c, vc, s.dv, T(1), w.num.data(), s.dv);
-    for (int64_t i = 0; i < c; ++i) {
-      T den = dot(w.qp.data() + i * s.d, w.z.data(), s.d) + eps;
-      for (int64_t j = 0; j <= i; ++j) den += w.a[i * c + j];
-      w.den[i] = den;
-    }
+    causal_chunk(q, k, v, keep, i0, c, s, w, w.num.data());
     output_backward(g + i0 * s.dv, c, s, w);
     for (int64_t i = 0; i < c; ++i) {
       den_all[i0 + i] = w.den[i];
@@ -272,8 +280,7 @@ void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
     for (int64_t i = 0; i < c; ++i)
       for (int64_t f = 0; f < s.d; ++f) dqc[i * s.d + f] += w.gd[i] * w.z[f];
     feature_map_backward(q + i0 * s.d, w.qp.data(), c, s.d, dqc);
-    gemm(true, false, s.d, s.dv, c, T(1), w.kp.data(), s.d, vc, s.dv, T(1), w.S.data(), s.dv);
-    add_colsum(w.kp.data(), c, s.d, w.z.data());
+    add_chunk_to_states(v, i0, c, s, w);
   }
   // Pass 2 (reverse scan): (R, r) = the gradients of the states, summed over the
   // queries of later chunks: R = sum phi(q_i) gn_i^T, r = sum gd_i phi(q_i).
@@ -317,13 +324,7 @@ void linear_backward_bh(const T* q, const T* k, const T* v, const uint8_t* keep,
 // ---- arguments of the GPU path (launched under FORGE_IF_CUDA in linear()) ----
 
 cuda::LinearCoreArgs core_args(const Dims4& dims, DType dtype, const LinearOptions& options) {
-  cuda::LinearCoreArgs a;
-  a.BH = dims.B * dims.H;
-  a.N = dims.N;
-  a.M = dims.M;
-  a.F = dims.d;
-  a.dv = dims.dv;
-  a.dtype = dtype;
+  cuda::LinearCoreArgs a = core_sizes(dims, dims.d, dtype);
   a.causal = options.causal;
   a.eps = options.eps;
   return a;
@@ -364,33 +365,25 @@ Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k
   // Non-causal: each batch-head's S and z [BH, state_size] for the backward.
   Tensor state = causal ? Tensor() : Tensor::empty({BH, state_size(s)}, q.dtype());
   FORGE_DISPATCH_FLOAT(q.dtype(), "attention::linear", [&] {
-    const scalar_t *qp = q.data<scalar_t>(), *kp = k.data<scalar_t>(), *vp = v.data<scalar_t>();
-    const uint8_t* mask = mask_bytes(key_padding_mask);
     scalar_t* op = o.data<scalar_t>();
     scalar_t* sp = causal ? nullptr : state.data<scalar_t>();
     parallel_for(BH, cost, [&](int64_t b0, int64_t b1) {
       Scratch<scalar_t> w(s);
-      for (int64_t bh = b0; bh < b1; ++bh)
-        linear_forward_bh(qp + bh * s.N * s.d, kp + bh * s.M * s.d, vp + bh * s.M * s.dv,
-                          mask ? mask + bh / dims.H * s.M : nullptr, causal, s, w,
+      for (int64_t bh = b0; bh < b1; ++bh) {
+        const auto h = head<scalar_t>(dims, bh, q, k, v, key_padding_mask);
+        linear_forward_bh(h.q, h.k, h.v, h.keep, causal, s, w,
                           sp ? sp + bh * state_size(s) : nullptr, op + bh * s.N * s.dv);
+      }
     });
   });
   return autograd::record(
       "attention::linear", {q, k, v}, o,
       [qs = q.detach(), ks = k.detach(), vs = v.detach(), ms = key_padding_mask, state,
-       os = causal ? Tensor() : o.detach(), s, H = dims.H, BH, causal,
+       os = causal ? Tensor() : o.detach(), s, dims, BH, causal,
        cost](const std::vector<Tensor>& grads) {
         const Tensor& g = grads[0];
-        Tensor dq = Tensor::empty(qs.shape(), g.dtype()), dk = Tensor::empty(ks.shape(), g.dtype()),
-               dv = Tensor::empty(vs.shape(), g.dtype());
+        std::vector<Tensor> out = empty_grads(qs, ks, vs, g.dtype());
         FORGE_DISPATCH_FLOAT(g.dtype(), "attention::linear backward", [&] {
-          const scalar_t *qp = qs.data<scalar_t>(), *kp = ks.data<scalar_t>(),
-                         *vp = vs.data<scalar_t>();
-          const scalar_t* gp = g.data<scalar_t>();
-          const uint8_t* mask = mask_bytes(ms);
-          scalar_t *dqp = dq.data<scalar_t>(), *dkp = dk.data<scalar_t>(),
-                   *dvp = dv.data<scalar_t>();
           // Causal: the denominator and gd of every row, [BH, 2, N], from pass 1 for pass 2.
           Tensor rows = causal ? Tensor::empty({BH, 2, s.N}, g.dtype()) : Tensor();
           scalar_t* rp = causal ? rows.data<scalar_t>() : nullptr;
@@ -398,16 +391,17 @@ Tensor linear(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k
           const scalar_t* op = causal ? nullptr : os.data<scalar_t>();
           parallel_for(BH, 2 * cost, [&](int64_t b0, int64_t b1) {
             Scratch<scalar_t> w(s);
-            for (int64_t bh = b0; bh < b1; ++bh)
+            for (int64_t bh = b0; bh < b1; ++bh) {
+              const auto h = head<scalar_t>(dims, bh, qs, ks, vs, ms);
+              const auto gh = head_grads<scalar_t>(dims, bh, g, out);
               linear_backward_bh(
-                  qp + bh * s.N * s.d, kp + bh * s.M * s.d, vp + bh * s.M * s.dv,
-                  mask ? mask + bh / H * s.M : nullptr, gp + bh * s.N * s.dv, causal, s, w,
-                  sp ? sp + bh * state_size(s) : nullptr, op ? op + bh * s.N * s.dv : nullptr,
-                  causal ? rp + bh * 2 * s.N : nullptr, causal ? rp + (bh * 2 + 1) * s.N : nullptr,
-                  dqp + bh * s.N * s.d, dkp + bh * s.M * s.d, dvp + bh * s.M * s.dv);
+                  h.q, h.k, h.v, h.keep, gh.g, causal, s, w, sp ? sp + bh * state_size(s) : nullptr,
+                  op ? op + bh * s.N * s.dv : nullptr, causal ? rp + bh * 2 * s.N : nullptr,
+                  causal ? rp + (bh * 2 + 1) * s.N : nullptr, gh.dq, gh.dk, gh.dv);
+            }
           });
         });
-        return std::vector<Tensor>{dq, dk, dv};
+        return out;
       });
 }
 
@@ -415,13 +409,8 @@ namespace {
 
 AttentionCase linear_case(const std::string& name, int64_t N, int64_t M, bool masked, bool causal,
                           bool bench = false) {
-  AttentionCase c;
-  c.name = "linear/" + name;
-  c.dims.N = N;
-  c.dims.M = M;
-  c.make_inputs = [=](const CaseDims& s) {
-    return case_qkv_padded(s, 11, masked ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{});
-  };
+  AttentionCase c =
+      qkv_case("linear/" + name, N, M, 11, masked ? kCasePad : std::vector<int64_t>{});
   c.fn = [=](const std::vector<Tensor>& in) {
     LinearOptions options;
     options.causal = causal;

@@ -456,11 +456,7 @@ namespace {
 // the last pad[b] keys of batch b masked.
 AttentionCase softmax_case(const std::string& name, int64_t N, int64_t M, std::vector<int64_t> pad,
                            SoftmaxOptions options, uint64_t seed, bool bench = false) {
-  AttentionCase c;
-  c.name = "softmax/" + name;
-  c.dims.N = N;
-  c.dims.M = M;
-  c.make_inputs = [=](const CaseDims& s) { return case_qkv_padded(s, seed, pad); };
+  AttentionCase c = qkv_case("softmax/" + name, N, M, seed, std::move(pad));
   // Dropout draws from a generator seeded afresh on every call, so each
   // evaluation of fn sees the same dropout mask.
   c.fn = [=](const std::vector<Tensor>& in) {
@@ -489,7 +485,7 @@ std::vector<AttentionCase> softmax_cases() {
   return {
       softmax_case("plain", 6, 6, {}, {}, 11, true),
       softmax_case("causal", 7, 7, {}, causal, 21, true),
-      softmax_case("mask", 6, 6, {1, 3}, {}, 31),
+      softmax_case("mask", 6, 6, kCasePad, {}, 31),
       softmax_case("causal+mask", 7, 7, {2, 0}, causal, 41),
       // Batch 1 has every key masked: its rows are 0 with zero gradient.
       softmax_case("cross+mask", 5, 8, {3, kEveryKey}, {}, 51),

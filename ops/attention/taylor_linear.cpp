@@ -264,13 +264,7 @@ Tensor z0_cuda(const Tensor& q) {
 }
 
 cuda::LinearCoreArgs core_args(const Dims4& s, DType dtype, const Tensor& z0) {
-  cuda::LinearCoreArgs a;
-  a.BH = s.B * s.H;
-  a.N = s.N;
-  a.M = s.M;
-  a.F = s.d + 1;
-  a.dv = s.dv;
-  a.dtype = dtype;
+  cuda::LinearCoreArgs a = core_sizes(s, s.d + 1, dtype);
   a.z0 = z0.raw_device_data();
   return a;
 }
@@ -321,14 +315,8 @@ std::vector<AttentionCase> taylor_linear_cases() {
   for (const Config& x :
        {Config{"self", 6, 6, false, true}, Config{"mask", 7, 7, true, false},
         Config{"cross", 5, 8, false, false}, Config{"cross+mask", 6, 9, true, false}}) {
-    AttentionCase c;
-    c.name = std::string("taylor_linear/") + x.name;
-    c.dims.N = x.N;
-    c.dims.M = x.M;
-    // Batch 0: the last key padded; batch 1: the last three.
-    c.make_inputs = [x](const CaseDims& s) {
-      return case_qkv_padded(s, 11, x.mask ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{});
-    };
+    AttentionCase c = qkv_case(std::string("taylor_linear/") + x.name, x.N, x.M, 11,
+                               x.mask ? kCasePad : std::vector<int64_t>{});
     c.fn = [](const std::vector<Tensor>& in) {
       return taylor_linear(in[0], in[1], in[2], case_input(in, 3));
     };
