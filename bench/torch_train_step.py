@@ -92,12 +92,24 @@ MODELS = {
 LISTOPS = (2000, 16, 512, 4, 8, 1024, 10)
 
 
-class ViT(nn.Module):
-    def __init__(self, image=28, patch=4, chans=1, dim=64, depth=4, heads=4, hidden=128, classes=10,
-                 attention="softmax"):
+class Patches(nn.Module):
+    """Images [B, C, H, W] -> patch tokens [B, (H / p) (W / p), dim]."""
+
+    def __init__(self, chans, dim, patch):
         super().__init__()
-        self.patch = nn.Conv2d(chans, dim, patch, patch)
-        n = (image // patch) ** 2
+        self.conv = nn.Conv2d(chans, dim, patch, patch)
+
+    def forward(self, x):
+        return self.conv(x).flatten(2).transpose(1, 2)
+
+
+class Classifier(nn.Module):
+    """Tokens (patches or a token embedding) of n positions, a CLS token, learned
+    positions, pre-norm blocks, CLS pooling: our ViT and sequence classifier."""
+
+    def __init__(self, tokens, n, dim, depth, heads, hidden, classes, attention="softmax"):
+        super().__init__()
+        self.tokens = tokens
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(torch.randn(1, n + 1, dim) * 0.02)
         self.blocks = nn.Sequential(*[Block(dim, heads, hidden, attention) for _ in range(depth)])
@@ -105,26 +117,7 @@ class ViT(nn.Module):
         self.head = nn.Linear(dim, classes)
 
     def forward(self, x):
-        x = self.patch(x).flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
-        return self.head(self.norm(self.blocks(x))[:, 0])
-
-
-class ListOps(nn.Module):
-    """Token embedding, a CLS token, learned positions, pre-norm blocks, CLS pooling."""
-
-    def __init__(self, attention="softmax"):
-        super().__init__()
-        n, vocab, dim, depth, heads, hidden, classes = LISTOPS
-        self.embed = nn.Embedding(vocab, dim)
-        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos = nn.Parameter(torch.randn(1, n + 1, dim) * 0.02)
-        self.blocks = nn.Sequential(*[Block(dim, heads, hidden, attention) for _ in range(depth)])
-        self.norm = nn.LayerNorm(dim, eps=EPS)
-        self.head = nn.Linear(dim, classes)
-
-    def forward(self, ids):
-        x = self.embed(ids)
+        x = self.tokens(x)
         x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
         return self.head(self.norm(self.blocks(x))[:, 0])
 
@@ -133,12 +126,13 @@ def torch_step_ms(model_name, attention, device, precision, batch, steps, warmup
     """Median ms of one step, and the peak memory in MB (GPU: allocator peak; CPU: not measured)."""
     torch.manual_seed(0)
     if model_name == "listops":
-        model = ListOps(attention).to(device)
-        classes = LISTOPS[-1]
-        x = torch.randint(1, LISTOPS[1], (batch, LISTOPS[0]), device=device)
+        n, vocab, dim, depth, heads, hidden, classes = LISTOPS
+        model = Classifier(nn.Embedding(vocab, dim), n, dim, depth, heads, hidden, classes, attention).to(device)
+        x = torch.randint(1, vocab, (batch, n), device=device)
     else:
         image, patch, chans, dim, depth, heads, hidden, classes = MODELS[model_name]
-        model = ViT(image, patch, chans, dim, depth, heads, hidden, classes, attention).to(device)
+        model = Classifier(Patches(chans, dim, patch), (image // patch) ** 2, dim, depth, heads, hidden, classes,
+                           attention).to(device)
         x = torch.randn(batch, chans, image, image, device=device)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
     y = torch.arange(batch, device=device) % classes

@@ -79,6 +79,14 @@ std::array<Histogram, 3> histograms(const Image& image) {
   return h;
 }
 
+// Each channel through the table lut_of(its histogram) builds.
+Image apply_histogram_luts(const Image& image, Lut (*lut_of)(const Histogram&)) {
+  const auto h = histograms(image);
+  std::array<Lut, 3> luts;
+  for (size_t c = 0; c < static_cast<size_t>(image.channels); ++c) luts[c] = lut_of(h[c]);
+  return apply_luts(image, luts);
+}
+
 // PIL's RGB -> L (Convert.c rgb2l): 16-bit fixed-point luma, rounded.
 uint8_t luma(const uint8_t* rgb) {
   return static_cast<uint8_t>(
@@ -253,20 +261,12 @@ void hsv_to_rgb(const uint8_t* hsv, uint8_t* rgb) {
 
 Image auto_contrast(const Image& image) {
   check_image(image, "auto_contrast");
-  const auto h = histograms(image);
-  std::array<Lut, 3> luts;
-  for (int64_t c = 0; c < image.channels; ++c)
-    luts[static_cast<size_t>(c)] = autocontrast_lut(h[static_cast<size_t>(c)]);
-  return apply_luts(image, luts);
+  return apply_histogram_luts(image, autocontrast_lut);
 }
 
 Image equalize(const Image& image) {
   check_image(image, "equalize");
-  const auto h = histograms(image);
-  std::array<Lut, 3> luts;
-  for (int64_t c = 0; c < image.channels; ++c)
-    luts[static_cast<size_t>(c)] = equalize_lut(h[static_cast<size_t>(c)]);
-  return apply_luts(image, luts);
+  return apply_histogram_luts(image, equalize_lut);
 }
 
 Image invert(const Image& image) {

@@ -59,6 +59,14 @@ limited() { # limited SECONDS CMD...: CMD under timeout, capped by the deadline
   ((t > 5)) || { echo "skipped (deadline): $*"; return 124; }
   timeout -k 5 "$t" "$@"
 }
+# cuda_tests NAME SECONDS FILTER: test_cuda's tests matching FILTER into
+# $out/NAME_tests.log, their verdicts printed; a failure fails the run.
+cuda_tests() {
+  limited "$2" "$root/bin/test_cuda" --gtest_filter="$3" > "$out/$1_tests.log" 2>&1
+  local rc=$?
+  echo "$1 tests rc=$rc"; grep -E '^\[  (FAILED|PASSED) ' "$out/$1_tests.log" | sort -u
+  ((rc == 0)) || status=1
+}
 if want tests; then
   # One process per suite, four at a time: a kernel that faults poisons its CUDA
   # context, so it fails its own suite, not every test after it. XML per suite.
@@ -89,11 +97,7 @@ if want mma; then
   # width 1024 (H = 1024 / d): ms forward and forward + backward, and the
   # forward's TFLOP/s (4 B H N^2 d).
   echo "== mma: test_cuda CudaFlashMma, CudaFlashCudnn, CudaAttentionSoftmax, CudaAttentionLocal"
-  limited 240 "$root/bin/test_cuda" --gtest_filter='CudaFlashMma.*:CudaFlashCudnn.*:CudaAttentionSoftmax.*:CudaAttentionLocal.*' \
-    > "$out/mma_tests.log" 2>&1
-  rc=$?
-  echo "mma tests rc=$rc"; grep -E '^\[  (FAILED|PASSED) ' "$out/mma_tests.log" | sort -u
-  ((rc == 0)) || status=1
+  cuda_tests mma 240 'CudaFlashMma.*:CudaFlashCudnn.*:CudaAttentionSoftmax.*:CudaAttentionLocal.*'
   echo "engine d N fwd_ms fwdbwd_ms fwd_TFLOP/s" | tee "$out/mma_bench.txt"
   for d in 64 128; do
     for n in 1024 4096 16384; do
@@ -118,11 +122,7 @@ if want linear; then
   # and efficient (non-causal) under each engine, bf16, 16k tokens a step
   # (B = 16384 / N), H = 16, d = 64: ms forward and forward + backward, peak MB.
   echo "== linear: test_cuda CudaLinearMma, CudaAttentionLinear"
-  limited 200 "$root/bin/test_cuda" --gtest_filter='CudaLinearMma.*:CudaAttentionLinear*' \
-    > "$out/linear_tests.log" 2>&1
-  rc=$?
-  echo "linear tests rc=$rc"; grep -E '^\[  (FAILED|PASSED) ' "$out/linear_tests.log" | sort -u
-  ((rc == 0)) || status=1
+  cuda_tests linear 200 'CudaLinearMma.*:CudaAttentionLinear*'
   echo "engine mechanism N fwd_ms fwdbwd_ms peak_MB" | tee "$out/linear_bench.txt"
   for m in linear/plain efficient/plain; do
     for n in 1024 8192 65536; do
@@ -140,10 +140,7 @@ if want optim; then
   # as not yet run): the optimizer tests, then the ViT-S/16 step (bf16, batch
   # 256) with one launch per tensor and with launches of many tensors.
   echo "== optim: test_cuda CudaOptim"
-  limited 120 "$root/bin/test_cuda" --gtest_filter='CudaOptim.*' > "$out/optim_tests.log" 2>&1
-  rc=$?
-  echo "optim tests rc=$rc"; grep -E '^\[  (FAILED|PASSED) ' "$out/optim_tests.log" | sort -u
-  ((rc == 0)) || status=1
+  cuda_tests optim 120 'CudaOptim.*'
   echo "multi-tensor ViT-S/16 step (bf16, batch 256): ours,batch,ms,images/s,peak MB" | tee "$out/optim_bench.txt"
   for mt in off on; do
     echo "$mt $(limited 120 "$root/bin/bench_train_step" --model s16 --device cuda --precision bf16 --batch 256 \
@@ -156,8 +153,7 @@ if want generate; then
   # against their state kept on the GPU (--state-on-gpu); then the test that
   # the tokens equal the CPU's.
   echo "== generate on the GPU: recomputing, then the state on the GPU"
-  limited 60 "$root/bin/test_cuda" --gtest_filter='CudaGeneration.*' > "$out/generate_tests.log" 2>&1
-  echo "generate tests rc=$?"; grep -E '^\[  (FAILED|PASSED) ' "$out/generate_tests.log" | sort -u
+  cuda_tests generate 60 'CudaGeneration.*'
   for flag in "" --state-on-gpu; do
     limited 150 "$root/bin/bench_generate" --device cuda --mechanisms linear,favor,efficient \
       --max-len 8192 --new-tokens 16 $flag 2>&1 | tee -a "$out/generate.log"

@@ -9,20 +9,12 @@
 # recipe refuses to start.
 #   tests/cli/test_lra_guide.sh PATH/TO/attnforge
 set -euo pipefail
-bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
-src="$(cd "$(dirname "$0")/../.." && pwd)"
-work="$(mktemp -d "${TMPDIR:-/tmp}/attnforge_lra.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
-
-awk '/<!-- lra-walkthrough -->/ {on = 1; next} /<!-- \/lra-walkthrough -->/ {on = 0} on' \
-  "$src/docs/USER_GUIDE.md" | sed '/^```/d' >"$work/walkthrough.sh"
+source "$(dirname "$0")/walkthrough.sh" "$1" lra-walkthrough
 for task in listops text retrieval image pathfinder; do
   grep -q "^attnforge data $task --from" "$work/walkthrough.sh" &&
     grep -q "^attnforge train recipes/lra/$task.yaml" "$work/walkthrough.sh" ||
     { echo "FAIL: the LRA walkthrough has no data and train step for $task"; exit 1; }
 done
-ln -s "$src/recipes" "$work/recipes"
-mkdir "$work/bin"
 cat >"$work/bin/attnforge" <<WRAP
 #!/usr/bin/env bash
 if [ "\$1" = train ]; then
@@ -83,8 +75,7 @@ for b in range(1, 6):
 write("cifar-10-batches-bin/test_batch.bin", b"".join(record(k, 200 + k) for k in range(10)))
 PY
 
-(cd "$work" && PATH="$work/bin:/usr/bin:$PATH" bash -euo pipefail walkthrough.sh) >"$work/out.log" 2>&1 ||
-  { echo "FAIL: the LRA walkthrough stopped:"; tail -40 "$work/out.log"; exit 1; }
+run_walkthrough
 fail=0
 for task in listops text retrieval image pathfinder; do
   grep -q "prepared LRA $task from" "$work/out.log" || { echo "FAIL: attnforge data $task said nothing"; fail=1; }

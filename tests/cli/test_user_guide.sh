@@ -6,20 +6,11 @@
 # are checked: what each step claims it made is there.
 #   tests/cli/test_user_guide.sh PATH/TO/attnforge
 set -euo pipefail
-bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
-src="$(cd "$(dirname "$0")/../.." && pwd)"
-work="$(mktemp -d "${TMPDIR:-/tmp}/attnforge_guide.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
-
-awk '/<!-- walkthrough -->/ {on = 1; next} /<!-- \/walkthrough -->/ {on = 0} on' \
-  "$src/docs/USER_GUIDE.md" | sed '/^```/d' >"$work/walkthrough.sh"
+source "$(dirname "$0")/walkthrough.sh" "$1" walkthrough
 [ "$(grep -c '^attnforge ' "$work/walkthrough.sh")" -ge 6 ] ||
   { echo "FAIL: the walkthrough block of docs/USER_GUIDE.md was not found"; exit 1; }
-ln -s "$src/recipes" "$work/recipes"
-mkdir "$work/bin"
 ln -s "$bin" "$work/bin/attnforge"
-(cd "$work" && PATH="$work/bin:/usr/bin:$PATH" bash -euo pipefail walkthrough.sh) >"$work/out.log" 2>&1 ||
-  { echo "FAIL: the walkthrough stopped:"; tail -40 "$work/out.log"; exit 1; }
+run_walkthrough
 
 fail=0
 check() { "$@" || { echo "FAIL: $*"; fail=1; }; }

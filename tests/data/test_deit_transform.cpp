@@ -166,12 +166,7 @@ TEST(DeitTransform, ImageFolderBatchesAreTheSameForAnyWorkerCountAndDifferBySeed
   f.transform.erasing.prob = 0.25;
   auto data = std::make_shared<ImageFolder>(f);
   const auto batches = [&](int workers, uint64_t seed) {
-    LoaderOptions o;
-    o.batch_size = 4;
-    o.workers = workers;
-    o.seed = seed;
-    o.repeats = 3;
-    DataLoader loader(data, o);
+    DataLoader loader(data, {.batch_size = 4, .seed = seed, .workers = workers, .repeats = 3});
     std::vector<std::vector<float>> out;
     for (int epoch = 0; epoch < 2; ++epoch)
       for (Batch b; loader.next(b);) out.push_back(b.input.to_vector<float>());

@@ -134,11 +134,7 @@ TEST(ListOps, ReaderErrorsNameFileAndLine) {
 }
 
 ListOpsGenConfig small_splits(int64_t train, int64_t val, int64_t test) {
-  ListOpsGenConfig c;
-  c.num_train = train;
-  c.num_val = val;
-  c.num_test = test;
-  return c;
+  return {.num_train = train, .num_val = val, .num_test = test};
 }
 
 TEST(ListOps, GeneratorStatisticsDefaultConfig) {

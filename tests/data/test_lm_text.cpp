@@ -39,11 +39,7 @@ std::vector<int64_t> tokens(std::string_view s, int64_t begin, int64_t end) {
 }
 
 LmSplitPoints points(int64_t train_end, int64_t valid_end, int64_t test_end) {
-  LmSplitPoints p;
-  p.train_end = train_end;
-  p.valid_end = valid_end;
-  p.test_end = test_end;
-  return p;
+  return {.train_end = train_end, .valid_end = valid_end, .test_end = test_end};
 }
 
 // A corpus file of `n` bytes in `dir`.
@@ -160,12 +156,7 @@ TEST(LmText, EvaluationBatchesPadTheShortLastWindow) {
       read_lm_corpus(c.path), LmSplit::valid,
       LmTextOptions{.seq_len = 8, .splits = points(200, 220, 300), .random_windows = false});
   ASSERT_EQ(valid->size(), 3);  // [200, 209), [208, 217), [216, 220)
-  LoaderOptions o;
-  o.batch_size = 3;
-  o.augment = false;
-  o.shuffle = false;
-  o.pad_id = 0;
-  DataLoader loader(valid, o);
+  DataLoader loader(valid, {.batch_size = 3, .shuffle = false, .pad_id = 0, .augment = false});
   const Batch b = loader.build(0, 0);
   ASSERT_EQ(b.target.shape(), (Shape{3, 8}));
   const auto mask = b.mask.to_vector<uint8_t>();

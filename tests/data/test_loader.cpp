@@ -115,11 +115,7 @@ std::vector<Batch> run_epochs(DataLoader& loader, int epochs) {
 }
 
 LoaderOptions options(int64_t batch_size, uint64_t seed, int workers) {
-  LoaderOptions o;
-  o.batch_size = batch_size;
-  o.seed = seed;
-  o.workers = workers;
-  return o;
+  return {.batch_size = batch_size, .seed = seed, .workers = workers};
 }
 
 // Rng keeps the Philox block of its last word for the next three: the words

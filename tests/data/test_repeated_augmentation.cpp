@@ -36,11 +36,7 @@ class StreamImages : public Dataset {
 };
 
 LoaderOptions options(int64_t repeats, int64_t batch = 6) {
-  LoaderOptions o;
-  o.batch_size = batch;
-  o.seed = 11;
-  o.repeats = repeats;
-  return o;
+  return {.batch_size = batch, .seed = 11, .repeats = repeats};
 }
 
 // Rows of a batch as (dataset index, augmentation draw).

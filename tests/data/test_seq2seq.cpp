@@ -97,10 +97,7 @@ TEST(CopyTask, TrainingDrawsFromTheRngAndEvaluationIsFixedPerIndex) {
 
 TEST(CopyTask, BatchesAreUnpaddedWithTargetsBesideTheDecoderInput) {
   auto task = std::make_shared<CopyTask>(CopyTaskOptions{.size = 128});
-  LoaderOptions o;
-  o.batch_size = 32;
-  o.seed = 1;
-  DataLoader loader(task, o);
+  DataLoader loader(task, {.batch_size = 32, .seed = 1});
   const Batch b = loader.build(0, 0);
   EXPECT_EQ(b.input.shape(), (Shape{32, 32}));
   EXPECT_EQ(b.input2.shape(), (Shape{32, 64}));
@@ -198,11 +195,8 @@ TEST(Seq2SeqTsv, BatchesPadTargetsWhereTheDecoderMaskIsFalse) {
   TempDir dir;
   const std::string path = dir.file("pairs.tsv");
   write_file(path, "abc\tx\nd\twxyz\n");
-  LoaderOptions o;
-  o.batch_size = 2;
-  o.shuffle = false;
-  o.augment = false;
-  DataLoader loader(std::make_shared<Seq2SeqTsv>(path), o);
+  DataLoader loader(std::make_shared<Seq2SeqTsv>(path),
+                    {.batch_size = 2, .shuffle = false, .augment = false});
   const Batch b = loader.build(0, 0);
   ASSERT_EQ(b.input.shape(), (Shape{2, 3}));
   ASSERT_EQ(b.input2.shape(), (Shape{2, 5}));

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -37,11 +38,15 @@ void write_idx(const fs::path& path, const std::vector<uint32_t>& dims) {
       .write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.size()));
 }
 
-// A Fashion-MNIST split ("train" or "t10k") of n images of side x side.
-void write_fashion_split(const fs::path& root, const std::string& prefix, uint32_t n,
-                         uint32_t side) {
-  write_idx(root / (prefix + "-images-idx3-ubyte"), {n, side, side});
-  write_idx(root / (prefix + "-labels-idx1-ubyte"), {n});
+// Fashion-MNIST's two splits: n_train images of side train_side ("train")
+// and n_test of side test_side ("t10k").
+void write_fashion_mnist(const fs::path& root, uint32_t n_train, uint32_t train_side,
+                         uint32_t n_test, uint32_t test_side) {
+  for (const auto& [prefix, n, side] :
+       {std::tuple{"train", n_train, train_side}, std::tuple{"t10k", n_test, test_side}}) {
+    write_idx(root / (std::string(prefix) + "-images-idx3-ubyte"), {n, side, side});
+    write_idx(root / (std::string(prefix) + "-labels-idx1-ubyte"), {n});
+  }
 }
 
 Recipe recipe(const std::string& dataset, const std::string& root) {
@@ -59,8 +64,7 @@ TaskData build(const Recipe& r, const TempDir&) {
 // first, naming no file.
 TEST(DataChecks, TrainAndEvalImagesOfDifferentSizesAreRefused) {
   TempDir dir;
-  write_fashion_split(dir.path(), "train", 3, 32);
-  write_fashion_split(dir.path(), "t10k", 3, 28);
+  write_fashion_mnist(dir.path(), 3, 32, 3, 28);
   expect_error([&] { build(recipe("fashion_mnist", dir.str()), dir); },
                {"training split's examples are f32 [1, 32, 32]",
                 "Fashion-MNIST train: 3 images 1x32x32 from " + dir.str(),
@@ -84,8 +88,7 @@ TEST(DataChecks, PathfinderSplitsOfDifferentSizesAreRefused) {
 
 TEST(DataChecks, AnEmptySplitIsRefused) {
   TempDir dir;
-  write_fashion_split(dir.path(), "train", 0, 28);
-  write_fashion_split(dir.path(), "t10k", 3, 28);
+  write_fashion_mnist(dir.path(), 0, 28, 3, 28);
   expect_error([&] { build(recipe("fashion_mnist", dir.str()), dir); },
                {"training split", "Fashion-MNIST train: 0 images", "no examples"});
 }
@@ -94,8 +97,7 @@ TEST(DataChecks, AnEmptySplitIsRefused) {
 // trainer that spun forever; the training loader now refuses it.
 TEST(DataChecks, ABatchLargerThanTheTrainingDataIsRefused) {
   TempDir dir;
-  write_fashion_split(dir.path(), "train", 4, 28);
-  write_fashion_split(dir.path(), "t10k", 3, 28);
+  write_fashion_mnist(dir.path(), 4, 28, 3, 28);
   Recipe r = recipe("fashion_mnist", dir.str());
   r.set("data.limit_train=2");
   r.set("loop.batch_size=5");
@@ -112,8 +114,7 @@ TEST(DataChecks, MaxImagePixelsDefaultsToTheDecodersLimit) {
 
 TEST(DataChecks, ModelImageSizeMismatchNamesTheData) {
   TempDir dir;
-  write_fashion_split(dir.path(), "train", 2, 28);
-  write_fashion_split(dir.path(), "t10k", 2, 28);
+  write_fashion_mnist(dir.path(), 2, 28, 2, 28);
   Recipe r = recipe("fashion_mnist", dir.str());
   r.set("model.type=vit");
   r.set("model.image_size=32");

@@ -40,6 +40,19 @@ inline Tensor padding_mask(int64_t B, int64_t M, const std::vector<int64_t>& pad
   return m;
 }
 
+// Inputs of an attention op that do not require grad: q [B, H, N, d],
+// k [B, H, M, d], v [B, H, M, dv], f64 uniform in [-1, 1) from seeds seed,
+// seed + 1, seed + 2.
+struct Qkv {
+  Tensor q, k, v;
+};
+inline Qkv qkv_inputs(int64_t B, int64_t H, int64_t N, int64_t M, int64_t d, int64_t dv,
+                      uint64_t seed) {
+  return {uniform({B, H, N, d}, seed, DType::f64, -1, 1, false),
+          uniform({B, H, M, d}, seed + 1, DType::f64, -1, 1, false),
+          uniform({B, H, M, dv}, seed + 2, DType::f64, -1, 1, false)};
+}
+
 // An attention op under test: fn(q, k, v) -> o.
 using QkvFn = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v)>;
 
@@ -159,9 +172,7 @@ inline void expect_no_causal_leak(const QkvFn& fn, const Tensor& q, const Tensor
 // unmasked in f32.
 inline void expect_no_causal_leak_masked_and_f32(
     const std::function<QkvFn(const Tensor& mask)>& make, int64_t N) {
-  const Tensor q = uniform({2, 2, N, 8}, 7, DType::f64, -1, 1, false),
-               k = uniform({2, 2, N, 8}, 8, DType::f64, -1, 1, false),
-               v = uniform({2, 2, N, 6}, 9, DType::f64, -1, 1, false);
+  const auto [q, k, v] = qkv_inputs(2, 2, N, N, 8, 6, 7);
   expect_no_causal_leak(make(Tensor()), q, k, v);
   expect_no_causal_leak(make(padding_mask(2, N, {0, 5})), q, k, v);
   expect_no_causal_leak(make(Tensor()), q.to(DType::f32), k.to(DType::f32), v.to(DType::f32));

@@ -130,24 +130,17 @@ struct Setting {
 };
 
 // Lengths past one causal chunk (64 positions), the last one partial.
+using Kernel = FavorKernel;
+using Stabilizer = FavorStabilizer;
 const Setting kSettings[] = {
-    {"softmax", {FavorKernel::softmax, false, FavorStabilizer::prefix}, false, 150},
-    {"softmax+cross+mask", {FavorKernel::softmax, false, FavorStabilizer::prefix}, true, 131},
-    {"softmax+causal+mask", {FavorKernel::softmax, true, FavorStabilizer::prefix}, true, 150},
-    {"softmax+causal+global+mask",
-     {FavorKernel::softmax, true, FavorStabilizer::global},
-     true,
-     150},
-    {"relu+mask", {FavorKernel::relu, false, FavorStabilizer::prefix}, true, 150},
-    {"relu+causal", {FavorKernel::relu, true, FavorStabilizer::prefix}, false, 150},
-    {"no_projection+cross+mask",
-     {FavorKernel::no_projection, false, FavorStabilizer::prefix},
-     true,
-     97},
-    {"no_projection+causal+mask",
-     {FavorKernel::no_projection, true, FavorStabilizer::prefix},
-     true,
-     150},
+    {"softmax", {Kernel::softmax, false, Stabilizer::prefix}, false, 150},
+    {"softmax+cross+mask", {Kernel::softmax, false, Stabilizer::prefix}, true, 131},
+    {"softmax+causal+mask", {Kernel::softmax, true, Stabilizer::prefix}, true, 150},
+    {"softmax+causal+global+mask", {Kernel::softmax, true, Stabilizer::global}, true, 150},
+    {"relu+mask", {Kernel::relu, false, Stabilizer::prefix}, true, 150},
+    {"relu+causal", {Kernel::relu, true, Stabilizer::prefix}, false, 150},
+    {"no_projection+cross+mask", {Kernel::no_projection, false, Stabilizer::prefix}, true, 97},
+    {"no_projection+causal+mask", {Kernel::no_projection, true, Stabilizer::prefix}, true, 150},
 };
 
 // Keys whose scale grows along the sequence, so that the prefix stabiliser
@@ -261,9 +254,7 @@ TEST(AttentionFavorCausal, NoLeakWithPrefixStabilizerAndOtherKernels) {
   const int64_t B = 2, H = 2, N = 150, d = 8, m = 16;
   Generator gw(3);
   const Tensor W = ops::attention::gaussian_orthogonal_random_matrix(m, d, 0, DType::f64, &gw);
-  const Tensor q = uniform({B, H, N, d}, 1, DType::f64, -1, 1, false),
-               k = uniform({B, H, N, d}, 2, DType::f64, -1, 1, false),
-               v = uniform({B, H, N, d}, 3, DType::f64, -1, 1, false);
+  const auto [q, k, v] = testing::qkv_inputs(B, H, N, N, d, d, 1);
   for (FavorKernel kernel : {FavorKernel::softmax, FavorKernel::relu, FavorKernel::no_projection}) {
     const Tensor Wk = kernel == FavorKernel::no_projection ? Tensor() : W;
     const FavorOptions opt{kernel, true, FavorStabilizer::prefix};
@@ -277,9 +268,7 @@ TEST(AttentionFavorCausal, GlobalStabilizerLeaks) {
   const int64_t B = 1, H = 1, N = 16, d = 8, m = 16;
   Generator gw(3);
   const Tensor W = ops::attention::gaussian_orthogonal_random_matrix(m, d, 0, DType::f64, &gw);
-  const Tensor q = uniform({B, H, N, d}, 1, DType::f64, -1, 1, false),
-               k = uniform({B, H, N, d}, 2, DType::f64, -1, 1, false),
-               v = uniform({B, H, N, d}, 3, DType::f64, -1, 1, false);
+  const auto [q, k, v] = testing::qkv_inputs(B, H, N, N, d, d, 1);
   Tensor k2 = k.clone();
   double* p = k2.data<double>();
   for (int64_t e = 0; e < d; ++e)

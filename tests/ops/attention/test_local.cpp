@@ -262,9 +262,7 @@ TEST(AttentionLocal, PeakMemoryGrowsLinearly) {
 }
 
 TEST(AttentionLocal, DropoutAdvancesTheStreamAndReplays) {
-  Tensor q = testing::uniform({1, 2, 12, 4}, 1, DType::f64, -1, 1, false),
-         k = testing::uniform({1, 2, 12, 4}, 2, DType::f64, -1, 1, false),
-         v = testing::uniform({1, 2, 12, 4}, 3, DType::f64, -1, 1, false);
+  const auto [q, k, v] = testing::qkv_inputs(1, 2, 12, 12, 4, 4, 1);
   LocalOptions o;
   o.window = 4;
   o.dropout = 0.5;

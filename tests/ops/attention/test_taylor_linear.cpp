@@ -92,9 +92,7 @@ TEST(AttentionTaylorLinear, MaskedKeysAreDroppedNotZeroed) {
 TEST(AttentionTaylorLinear, ScaleInvariantInQueriesAndKeys) {
   // Only the directions of q and k enter (both are L2-normalised).
   NoGradGuard no_grad;
-  const Tensor q = uniform({2, 1, 7, 3}, 41, DType::f64, -1, 1, false),
-               k = uniform({2, 1, 8, 3}, 42, DType::f64, -1, 1, false),
-               v = uniform({2, 1, 8, 2}, 43, DType::f64, -1, 1, false);
+  const auto [q, k, v] = testing::qkv_inputs(2, 1, 7, 8, 3, 2, 41);
   testing::expect_close(taylor_linear(ops::mul(q, 3.5), ops::mul(k, 0.25), v),
                         taylor_linear(q, k, v), 1e-14);
 }

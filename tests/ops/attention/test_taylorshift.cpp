@@ -174,9 +174,7 @@ TEST(AttentionTaylorShift, Float32MatchesFloat64) {
 // exactly the output of its unpadded prefix (output_normalized included).
 TEST(AttentionTaylorShift, PaddedKeysMatchTruncatedInput) {
   const int64_t H = 2, N = 9, M = 12, real = 8, d = 4, dv = 5;
-  const Tensor q = testing::uniform({1, H, N, d}, 5, DType::f64, -1, 1, false);
-  const Tensor k = testing::uniform({1, H, M, d}, 6, DType::f64, -1, 1, false);
-  const Tensor v = testing::uniform({1, H, M, dv}, 7, DType::f64, -1, 1, false);
+  const auto [q, k, v] = testing::qkv_inputs(1, H, N, M, d, dv, 5);
   const Tensor tau = testing::uniform({H}, 8, DType::f64, 0.5, 1.5, false);
   const Tensor mask = testing::padding_mask(1, M, {M - real});
   const Tensor kt = ops::narrow(k, 2, 0, real), vt = ops::narrow(v, 2, 0, real);
