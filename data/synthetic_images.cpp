@@ -28,27 +28,10 @@ Rgb hsv_to_rgb(double h, double s, double v) {
   const int sector = std::min(5, static_cast<int>(h));
   const double f = h - sector;
   const double p = v * (1 - s), q = v * (1 - s * f), t = v * (1 - s * (1 - f));
-  Rgb c;
-  switch (sector) {
-    case 0:
-      c = {v, t, p};
-      break;
-    case 1:
-      c = {q, v, p};
-      break;
-    case 2:
-      c = {p, v, t};
-      break;
-    case 3:
-      c = {p, q, v};
-      break;
-    case 4:
-      c = {t, p, v};
-      break;
-    default:
-      c = {v, p, q};
-      break;
-  }
+  // (r, g, b) in each sixth of the wheel, from red (h = 0) round to magenta.
+  const Rgb by_sector[6] = {Rgb{v, t, p}, Rgb{q, v, p}, Rgb{p, v, t},
+                            Rgb{p, q, v}, Rgb{t, p, v}, Rgb{v, p, q}};
+  Rgb c = by_sector[sector];
   for (double& x : c) x *= 255;
   return c;
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <optional>
 
 #include "core/error.h"
@@ -152,36 +153,40 @@ struct RootHelp {
 };
 
 RootHelp root_help(const Recipe& r) {
-  const std::string& kind = r.string("data.dataset");
-  if (kind == "image_folder")
-    return {"a folder with one sub-folder per split (data.train_split, data.eval_split: train/ "
-            "and val/), each with one folder of pictures per class (ImageNet: ILSVRC2012's "
-            "train and val images, val sorted into the 1000 class folders of train)",
-            "docs/USER_GUIDE.md, 'ImageNet-style training', says how to lay out ILSVRC2012's archives"};
-  if (kind == "pixels")
-    return {"LRA Image: a folder with train/, val/ and test/, one folder of pictures per class",
-            "attnforge data image --from cifar-10-batches-bin (CIFAR-10's binary release) "
-            "writes it to data/lra/image"};
-  if (kind == "listops")
-    return {"basic_train.tsv, basic_val.tsv and basic_test.tsv (LRA's listops-1000 folder)",
-            "attnforge data listops --from lra_release/lra_release/listops-1000 (LRA's release "
-            "archive, lra_release.gz) writes it to data/lra/listops"};
-  if (kind == "pathfinder")
-    return {"train/, val/ and test/, each in the layout of Linsley's generator (imgs/ and "
-            "metadata/)",
-            "attnforge data pathfinder --from "
-            "lra_release/lra_release/pathfinder32/curv_contour_length_14 (LRA's release archive) "
-            "splits it 80/10/10 into data/lra/pathfinder"};
-  if (kind == "text")
-    return {"train.tsv and test.tsv, one 'label<TAB>text' a line",
-            "attnforge data text --from aclImdb (IMDb's release, aclImdb_v1.tar.gz) writes them "
-            "to data/lra/text"};
-  if (kind == "retrieval")
-    return {"train.tsv, val.tsv and test.tsv, one 'label<TAB>text1<TAB>text2' (or LRA's AAN "
-            "row) a line",
-            "attnforge data retrieval --from lra_release/lra_release/tsv_data (LRA's release "
-            "archive) writes them to data/lra/retrieval"};
-  return {"the source's files", "docs/USER_GUIDE.md, 'Data'"};
+  static const std::map<std::string, RootHelp> kHelp = {
+      {"image_folder",
+       {"a folder with one sub-folder per split (data.train_split, data.eval_split: train/ "
+        "and val/), each with one folder of pictures per class (ImageNet: ILSVRC2012's "
+        "train and val images, val sorted into the 1000 class folders of train)",
+        "docs/USER_GUIDE.md, 'ImageNet-style training', says how to lay out ILSVRC2012's "
+        "archives"}},
+      {"pixels",
+       {"LRA Image: a folder with train/, val/ and test/, one folder of pictures per class",
+        "attnforge data image --from cifar-10-batches-bin (CIFAR-10's binary release) "
+        "writes it to data/lra/image"}},
+      {"listops",
+       {"basic_train.tsv, basic_val.tsv and basic_test.tsv (LRA's listops-1000 folder)",
+        "attnforge data listops --from lra_release/lra_release/listops-1000 (LRA's release "
+        "archive, lra_release.gz) writes it to data/lra/listops"}},
+      {"pathfinder",
+       {"train/, val/ and test/, each in the layout of Linsley's generator (imgs/ and "
+        "metadata/)",
+        "attnforge data pathfinder --from "
+        "lra_release/lra_release/pathfinder32/curv_contour_length_14 (LRA's release archive) "
+        "splits it 80/10/10 into data/lra/pathfinder"}},
+      {"text",
+       {"train.tsv and test.tsv, one 'label<TAB>text' a line",
+        "attnforge data text --from aclImdb (IMDb's release, aclImdb_v1.tar.gz) writes them "
+        "to data/lra/text"}},
+      {"retrieval",
+       {"train.tsv, val.tsv and test.tsv, one 'label<TAB>text1<TAB>text2' (or LRA's AAN "
+        "row) a line",
+        "attnforge data retrieval --from lra_release/lra_release/tsv_data (LRA's release "
+        "archive) writes them to data/lra/retrieval"}},
+  };
+  const auto it = kHelp.find(r.string("data.dataset"));
+  return it != kHelp.end() ? it->second
+                           : RootHelp{"the source's files", "docs/USER_GUIDE.md, 'Data'"};
 }
 
 bool can_generate(const Recipe& r) {
