@@ -69,13 +69,14 @@ int main() {
   std::printf(
       "| function | dtype | library | ns / element | max error (ULP) |\n|---|---|---|---|---|\n");
 // NAME is also libm's function, the reference.
-#define FORGE_MEASURE(T, V, NAME, SLEEF, MVEC, LO, HI)                                          \
-  measure<T, V>(                                                                                \
-      "SLEEF", #NAME, [](V v) { return SLEEF(v); }, [](double v) { return std::NAME(v); }, LO,  \
-      HI);                                                                                      \
-  measure<T, V>(                                                                                \
-      "libmvec", #NAME, [](V v) { return MVEC(v); }, [](double v) { return std::NAME(v); }, LO, \
-      HI);
+#define FORGE_MEASURE(T, V, NAME, SLEEF, MVEC, LO, HI)               \
+  {                                                                  \
+    double (*ref)(double) = [](double v) { return std::NAME(v); };   \
+    measure<T, V>(                                                   \
+        "SLEEF", #NAME, [](V v) { return SLEEF(v); }, ref, LO, HI);  \
+    measure<T, V>(                                                   \
+        "libmvec", #NAME, [](V v) { return MVEC(v); }, ref, LO, HI); \
+  }
 // Each function in f32 and f64 by its SLEEF (ULP: its accuracy suffix) and
 // libmvec names; inputs in [LO, HI32) and [LO, HI64).
 #define FORGE_FUNCTION(NAME, ULP, LO, HI32, HI64)                                               \
